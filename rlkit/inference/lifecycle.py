@@ -1,0 +1,194 @@
+"""Start, wait for and stop inference servers as subprocesses (used by tests and `rlkit train`).
+
+Servers are stopped by their own process group id, never by name. Output goes to a log file
+whose tail is included in any start-up error.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from rlkit.errors import UsageError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on `host`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise UsageError if something already listens on host:port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise UsageError(f"port {port} on {host} is already in use ({exc.strerror})") from exc
+
+
+def check_model_dir(model: str) -> None:
+    """A local model must be a directory with config.json and weights; HF names pass through."""
+    path = Path(model)
+    looks_local = path.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1
+    if not looks_local:
+        return
+    if not path.is_dir():
+        raise UsageError(f"model directory not found: {model}")
+    if not (path / "config.json").is_file():
+        raise UsageError(f"{model} is not a Hugging Face model directory (no config.json)")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise UsageError(f"{model} has no weight files (*.safetensors)")
+    try:
+        import json
+
+        json.loads((path / "config.json").read_text())
+    except ValueError as exc:
+        raise UsageError(f"{model}/config.json is not valid JSON: {exc}") from exc
+
+
+def default_engine_args(model: str) -> list[str]:
+    """Engine flags rlkit uses unless the user overrides them (small footprint on CPU)."""
+    args = ["--dtype", "bfloat16", "--max-model-len", "4096", "--seed", "0"]
+    if not _has_cuda():
+        args += ["--max-num-seqs", "64"]
+    else:
+        args += ["--gpu-memory-utilization", "0.5"]
+    return args
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def server_env() -> dict[str, str]:
+    """Environment for the server process: small CPU KV cache, unbuffered logs."""
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of RAM reserved for the KV cache
+    env.setdefault("VLLM_SERVER_DEV_MODE", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def server_command(model: str, host: str, port: int, extra_args: list[str]) -> list[str]:
+    """The argv that launches rlkit's vLLM server; user args come last and win."""
+    return [
+        sys.executable,
+        "-m",
+        "rlkit.inference.server",
+        "--model",
+        model,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *default_engine_args(model),
+        *extra_args,
+    ]
+
+
+@dataclass
+class ServerProcess:
+    """A running inference server subprocess."""
+
+    process: subprocess.Popen
+    url: str
+    log_path: Path
+    _log_file: object = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="ignore").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        """Block until /health answers 200; raise RuntimeError with the log tail otherwise."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"inference server exited with code {self.process.returncode} before it "
+                    f"was ready; log {self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(
+            f"inference server not ready after {timeout:.0f}s; log {self.log_path}:\n"
+            f"{self.log_tail()}"
+        )
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the server's process group, then SIGKILL what is left."""
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+            except ProcessLookupError:
+                pass
+        else:  # the leader is gone, children of its group may not be
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self._log_file is not None:
+            self._log_file.close()  # type: ignore[attr-defined]
+            self._log_file = None
+
+
+def start_server(
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    log_path: str | Path | None = None,
+    extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> ServerProcess:
+    """Launch a server in its own process group; call `.wait_ready()` then use `.url`."""
+    check_model_dir(model)
+    if port is None:
+        port = free_port(host)
+    else:
+        check_port_free(host, port)
+    log_path = Path(log_path) if log_path else Path(f"vllm-{port}.log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_file = open(log_path, "ab")
+    proc = subprocess.Popen(
+        server_command(model, host, port, extra_args or []),
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        env={**server_env(), **(env or {})},
+        start_new_session=True,
+    )
+    return ServerProcess(process=proc, url=f"http://{host}:{port}", log_path=log_path, _log_file=log_file)

@@ -1,0 +1,165 @@
+"""The rlkit inference server: vLLM's OpenAI-compatible server plus rlkit's weight-sync routes.
+
+Run as ``python -m rlkit.inference.server --model DIR [vLLM serve args]`` (what ``rlkit infer``
+launches). On top of vLLM's API (chat, completions, ``/pause?mode=keep``, ``/resume``) it adds:
+
+- ``GET  /rlkit/status``          -> {"policy_version", "model", "paused", "updating"}
+- ``POST /rlkit/update_weights``  {"path": DIR, "version": N?} -> {"policy_version"}
+  validates the directory against the served checkpoint (names, shapes), pauses generation in
+  ``keep`` mode (in-flight requests are frozen, not aborted), loads the weights in place on every
+  worker, bumps the policy version and resumes. A bad directory is a 400 and changes nothing.
+- every response carries an ``X-Policy-Version`` header with the version at response time, so a
+  client can tell which policy finished each request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from rlkit.errors import UsageError
+from rlkit.inference.weights import check_compatible, weight_signature
+
+log = logging.getLogger("rlkit.inference.server")
+
+WORKER_EXTENSION = "rlkit.inference.worker_ext.WeightSyncExtension"
+
+
+class UpdateWeightsRequest(BaseModel):
+    path: str
+    version: int | None = None
+
+
+class PolicyState:
+    """Per-server policy bookkeeping kept on ``app.state.rlkit``."""
+
+    def __init__(self, model: str, reference: dict[str, Any] | None) -> None:
+        self.model = model
+        self.version = 0
+        self.reference = reference
+        self.lock = asyncio.Lock()
+        self.updating = False
+
+
+class PolicyVersionHeader:
+    """ASGI middleware adding ``X-Policy-Version`` to every HTTP response."""
+
+    def __init__(self, app: Any, state: PolicyState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_version(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-policy-version", str(self.state.version).encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_version)
+
+
+def build_router() -> APIRouter:
+    router = APIRouter(prefix="/rlkit")
+
+    @router.get("/status")
+    async def status(request: Request) -> dict[str, Any]:
+        state: PolicyState = request.app.state.rlkit
+        engine = request.app.state.engine_client
+        return {
+            "policy_version": state.version,
+            "model": state.model,
+            "paused": await engine.is_paused(),
+            "updating": state.updating,
+        }
+
+    @router.post("/update_weights")
+    async def update_weights(body: UpdateWeightsRequest, request: Request) -> JSONResponse:
+        state: PolicyState = request.app.state.rlkit
+        engine = request.app.state.engine_client
+        try:
+            if state.reference is not None:
+                check_compatible(body.path, state.reference)
+            else:
+                weight_signature(body.path)
+        except UsageError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        async with state.lock:
+            state.updating = True
+            was_paused = await engine.is_paused()
+            try:
+                if not was_paused:
+                    await engine.pause_generation(mode="keep")
+                await engine.collective_rpc("rlkit_load_weights", args=(str(body.path),))
+                state.version = body.version if body.version is not None else state.version + 1
+                try:
+                    await engine.reset_prefix_cache()
+                except Exception:  # running requests can block a reset; stale prefixes are harmless
+                    log.debug("prefix cache reset skipped", exc_info=True)
+            except Exception as exc:
+                log.exception("weight update failed")
+                return JSONResponse({"error": f"weight update failed: {exc}"}, status_code=500)
+            finally:
+                if not was_paused:
+                    await engine.resume_generation()
+                state.updating = False
+        return JSONResponse({"policy_version": state.version})
+
+    return router
+
+
+def install(app: FastAPI, model: str) -> None:
+    """Attach rlkit's routes and the policy-version header to vLLM's FastAPI app."""
+    reference = None
+    if Path(model).is_dir():
+        reference = weight_signature(model)
+    app.state.rlkit = PolicyState(model, reference)
+    app.include_router(build_router())
+
+    app.middleware_stack = None  # vLLM built it already; Starlette rebuilds it on first call
+    app.add_middleware(PolicyVersionHeader, state=app.state.rlkit)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Start vLLM's server with rlkit's extension and routes."""
+    os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # enables /pause, /resume, /is_paused
+    import uvloop
+    from vllm.entrypoints.launchers import cli_args
+    from vllm.entrypoints.launchers.api_server import entry
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cli_env_setup()
+    parser = cli_args.make_arg_parser(FlexibleArgumentParser(description="rlkit inference server"))
+    args = parser.parse_args(argv)
+    configure_logging_from_args(args)
+    if not args.worker_extension_cls:
+        args.worker_extension_cls = WORKER_EXTENSION
+    cli_args.validate_parsed_serve_args(args)
+
+    original_build_app = entry.build_app
+
+    def build_app(*a: Any, **kw: Any) -> FastAPI:
+        app = original_build_app(*a, **kw)
+        install(app, args.model)
+        return app
+
+    entry.build_app = build_app
+    uvloop.run(entry.run_server(args))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

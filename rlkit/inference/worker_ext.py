@@ -1,0 +1,46 @@
+"""vLLM worker extension: load new policy weights in place from HF safetensors on disk.
+
+vLLM mixes this class into every worker (``--worker-extension-cls``); the API server reaches it
+with ``engine.collective_rpc("rlkit_load_weights", args=(path,))``. The weights go through
+vLLM's in-place reload, which handles fused layouts (qkv, gate/up, experts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+
+def iter_safetensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) from every ``*.safetensors`` file in a directory, in name order."""
+    from safetensors import safe_open
+
+    for file in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+class WeightSyncExtension:
+    """Methods callable on each vLLM worker through ``collective_rpc``."""
+
+    def rlkit_load_weights(self, path: str) -> int:
+        """Load every tensor under `path` into the running model; returns the tensor count.
+
+        Goes through vLLM's in-place reload, which re-applies the backend's post-load weight
+        processing (the CPU backend repacks linear weights after loading).
+        """
+        count = 0
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal count
+            for item in iter_safetensors(path):
+                count += 1
+                yield item
+
+        self.reload_weights(weights_iterator=counted())  # type: ignore[attr-defined]
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return count
