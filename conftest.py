@@ -1,0 +1,48 @@
+"""Shared pytest fixtures for the whole repository (tests/ and environments/*/tests).
+
+Models are built locally (no downloads) once per session. The real vLLM CPU server is started
+once per session and shared; tests that change its weights must restore them (or start their
+own server with `rlkit.inference.start_server`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny dense Qwen3 (HF format, bf16, local BPE tokenizer), seed 0."""
+    from rlkit.models import init_tiny
+
+    return init_tiny(tmp_path_factory.mktemp("models") / "tiny-qwen3", arch="qwen3", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3-MoE, seed 0."""
+    from rlkit.models import init_tiny
+
+    return init_tiny(tmp_path_factory.mktemp("models") / "tiny-qwen3-moe", arch="qwen3-moe", seed=0)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A real vLLM CPU server on 127.0.0.1 serving `tiny_model_dir`; model name is its path."""
+    from rlkit.inference import start_server
+
+    log = tmp_path_factory.mktemp("logs") / "vllm-session.log"
+    server = start_server(str(tiny_model_dir), log_path=log)
+    try:
+        server.wait_ready(timeout=600)
+        yield server
+    finally:
+        server.stop()
