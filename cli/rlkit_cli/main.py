@@ -6,6 +6,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from rlkit.errors import UsageError
 
@@ -26,33 +27,34 @@ def _register() -> None:
     app.add_typer(model.app, name="model")
     from rlkit_cli import infer
 
-    app.command(name="infer", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
-        infer.infer
-    )
+    app.command(
+        name="infer", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+    )(infer.infer)
+    from rlkit_cli import eval as eval_cli
+
+    app.add_typer(eval_cli.app, name="eval")
+    from rlkit_cli import train
+
+    app.command(
+        name="train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+    )(train.train)
+    from rlkit_cli import env as env_cli
+    from rlkit_cli import hub as hub_cli
+
+    app.add_typer(env_cli.app, name="env")
+    app.add_typer(hub_cli.app, name="hub")
 
 
 _register()
 
 
 def main() -> None:
-    """Console-script entry point: UsageError becomes a message and exit code 2."""
-    try:
-        app(standalone_mode=False)
-    except UsageError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}")
-        sys.exit(2)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        err_console.print("aborted")
-        sys.exit(130)
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
+    """Console-script entry point: UsageError becomes a one-line message and exit code 2.
 
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(2)
-        raise
+    Typer runs in standalone mode, so its own usage errors already exit with code 2.
+    """
+    try:
+        app()
+    except UsageError as exc:
+        err_console.print(Text.assemble(("error: ", "bold red"), str(exc)), soft_wrap=True)
+        sys.exit(2)

@@ -17,6 +17,7 @@ def init_tiny_cmd(
     size: str = typer.Option("tiny", help="tiny (<1M parameters, tests) or small (~30M)."),
     seed: int = typer.Option(0, help="Seed for the random weights (deterministic)."),
     force: bool = typer.Option(False, help="Overwrite a non-empty output directory."),
+    tie_embeddings: bool = typer.Option(False, help="Share input and output embeddings."),
 ) -> None:
     """Create a randomly initialised model plus a locally trained BPE tokenizer."""
     from rlkit.errors import UsageError
@@ -24,7 +25,9 @@ def init_tiny_cmd(
 
     if arch not in ("qwen3", "qwen3-moe"):
         raise UsageError(f"unknown --arch {arch!r}; choose qwen3 or qwen3-moe")
-    path = init_tiny(out, arch=arch, size=size, seed=seed, force=force)  # type: ignore[arg-type]
+    path = init_tiny(
+        out, arch=arch, size=size, seed=seed, force=force, tie_embeddings=tie_embeddings
+    )  # type: ignore[arg-type]
     import json
 
     meta = json.loads((path / "rlkit_model.json").read_text())

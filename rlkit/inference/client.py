@@ -43,6 +43,12 @@ class Generation:
     latency_s: float = 0.0
 
 
+def _response_version(resp: httpx.Response) -> int | None:
+    """The policy version the server reported when this response started."""
+    version = resp.headers.get("x-policy-version")
+    return int(version) if version is not None else None
+
+
 def _logprobs_from_chat(choice: dict[str, Any]) -> list[float]:
     content = (choice.get("logprobs") or {}).get("content") or []
     return [float(item["logprob"]) for item in content]
@@ -94,9 +100,9 @@ class InferenceClient:
         for attempt in range(self.max_retries + 1):
             try:
                 resp = await self.http.request(method, path, **kwargs)
-                version = resp.headers.get("x-policy-version")
+                version = _response_version(resp)
                 if version is not None:
-                    self.policy_version = int(version)
+                    self.policy_version = version
                 if resp.status_code < 400:
                     return resp
                 status = resp.status_code
@@ -180,7 +186,7 @@ class InferenceClient:
             message=message,
             usage=data.get("usage") or {},
             policy_version_start=start_version,
-            policy_version_end=self.policy_version,
+            policy_version_end=_response_version(resp),
             latency_s=loop.time() - t0,
         )
 
@@ -212,6 +218,6 @@ class InferenceClient:
             finish_reason=choice.get("finish_reason"),
             usage=data.get("usage") or {},
             policy_version_start=start_version,
-            policy_version_end=self.policy_version,
+            policy_version_end=_response_version(resp),
             latency_s=loop.time() - t0,
         )

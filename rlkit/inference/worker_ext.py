@@ -41,6 +41,22 @@ class WeightSyncExtension:
                 yield item
 
         self.reload_weights(weights_iterator=counted())  # type: ignore[attr-defined]
+        self._refresh_tied_lm_head()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         return count
+
+    def _refresh_tied_lm_head(self) -> None:
+        """Re-run the LM head's post-load processing when it shares the embedding weight.
+
+        With tied embeddings the checkpoint has no ``lm_head.weight``, so vLLM's reload never
+        re-processes the head; on CPU that leaves a stale prepacked (oneDNN) copy in use.
+        """
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        head = getattr(model, "lm_head", None)
+        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+        if head is None or embed is None or head.weight is not embed.weight:
+            return
+        method = getattr(head, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(head)

@@ -47,7 +47,9 @@ SHAPES: dict[str, dict[str, int]] = {
 MAX_POSITIONS = 4096
 
 
-def build_config(arch: Arch, size: Size, vocab_size: int, eos_id: int, pad_id: int):
+def build_config(
+    arch: Arch, size: Size, vocab_size: int, eos_id: int, pad_id: int, tie_embeddings: bool = False
+):
     """The transformers config for an architecture and size."""
     from transformers import Qwen3Config, Qwen3MoeConfig
 
@@ -60,7 +62,7 @@ def build_config(arch: Arch, size: Size, vocab_size: int, eos_id: int, pad_id: i
         num_key_value_heads=s["num_key_value_heads"],
         head_dim=64,
         max_position_embeddings=MAX_POSITIONS,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_embeddings,
         bos_token_id=eos_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
@@ -83,9 +85,16 @@ def build_config(arch: Arch, size: Size, vocab_size: int, eos_id: int, pad_id: i
 
 
 def init_tiny(
-    out: str | Path, arch: Arch = "qwen3", size: Size = "tiny", seed: int = 0, force: bool = False
+    out: str | Path,
+    arch: Arch = "qwen3",
+    size: Size = "tiny",
+    seed: int = 0,
+    force: bool = False,
+    tie_embeddings: bool = False,
 ) -> Path:
     """Create the model directory `out` (config, bf16 safetensors, tokenizer, chat template).
+
+    Embeddings are untied by default; `tie_embeddings=True` mirrors small Qwen3 checkpoints.
 
     Written to a temporary sibling first and renamed, so `out` is never half-written.
     """
@@ -102,7 +111,12 @@ def init_tiny(
 
     tok = train_tokenizer(SHAPES[size]["vocab_size"])
     config = build_config(
-        arch, size, tok.get_vocab_size(), tok.token_to_id(EOS_TOKEN), tok.token_to_id(PAD_TOKEN)
+        arch,
+        size,
+        tok.get_vocab_size(),
+        tok.token_to_id(EOS_TOKEN),
+        tok.token_to_id(PAD_TOKEN),
+        tie_embeddings,
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -114,7 +128,13 @@ def init_tiny(
         save_hf_tokenizer(tok, tmp, MAX_POSITIONS)
         gen = {"eos_token_id": config.eos_token_id, "pad_token_id": config.pad_token_id}
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-        meta = {"arch": arch, "size": size, "seed": seed, "parameters": model.num_parameters()}
+        meta = {
+            "arch": arch,
+            "size": size,
+            "seed": seed,
+            "tie_embeddings": tie_embeddings,
+            "parameters": model.num_parameters(),
+        }
         (tmp / "rlkit_model.json").write_text(json.dumps(meta, indent=2) + "\n")
         if out.exists():
             shutil.rmtree(out)

@@ -1,0 +1,157 @@
+"""`rlkit env ...`: scaffold, build, publish, install, pull and browse environment packages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="Create, publish and install environment packages.", no_args_is_help=True)
+console = Console()
+
+HUB_HELP = "Hub: 'local' (a directory under $RLKIT_HOME), a directory, or an http(s) URL."
+HubOption = typer.Option(None, "--hub", help=HUB_HELP + " Default: $RLKIT_HUB, config, local.")
+TokenOption = typer.Option(None, "--token", help="API token (default: $RLKIT_HUB_TOKEN).")
+
+
+@app.command("init")
+def init_cmd(
+    name: str = typer.Argument(..., help="Package name, e.g. my-env (module my_env)."),
+    path: Path = typer.Option(Path("."), "--path", "-p", help="Parent directory."),
+    description: str = typer.Option("", help="One-line description."),
+) -> None:
+    """Scaffold a working single-turn environment package."""
+    from rlkit.hub import init_env
+
+    dest = init_env(name, path, description)
+    console.print(f"created {dest}")
+
+
+@app.command("build")
+def build_cmd(
+    path: Path = typer.Argument(Path("."), help="Environment package directory."),
+    isolation: bool = typer.Option(
+        True, help="Build in an isolated environment (--no-isolation uses installed setuptools)."
+    ),
+) -> None:
+    """Build a wheel and an sdist into PATH/dist/."""
+    from rlkit.hub import build_env
+
+    with console.status(f"building {path}"):
+        files = build_env(path, isolation=isolation)
+    for file in files:
+        console.print(f"built {file}")
+
+
+@app.command("push")
+def push_cmd(
+    path: Path = typer.Argument(Path("."), help="Environment package directory."),
+    hub: str | None = HubOption,
+    token: str | None = TokenOption,
+    owner: str | None = typer.Option(None, help="Namespace (default: the token's owner)."),
+    private: bool | None = typer.Option(
+        None, "--private/--public", help="Visibility (default: public for new environments)."
+    ),
+) -> None:
+    """Publish the package's current version (building it first if dist/ lacks it)."""
+    from rlkit.hub import build_env, dist_files, open_hub
+    from rlkit.hub.scaffold import project_metadata
+
+    files = dist_files(path)
+    if len(files) != 2:
+        with console.status(f"building {path}"):
+            files = build_env(path)
+    target = open_hub(hub, token)
+    visibility = None if private is None else ("private" if private else "public")
+    with console.status(f"pushing {', '.join(f.name for f in files)} to {target.location}"):
+        card = target.push(files, owner=owner, visibility=visibility)
+    _, version = project_metadata(path)
+    console.print(f"published {card.owner}/{card.name}@{version} to {target.location}")
+
+
+@app.command("install")
+def install_cmd(
+    env_id: str = typer.Argument(..., help="OWNER/NAME[@VERSION]"),
+    hub: str | None = HubOption,
+    token: str | None = TokenOption,
+) -> None:
+    """pip-install an environment into the current interpreter (sha256 verified)."""
+    from rlkit.hub import install, open_hub
+
+    with console.status(f"installing {env_id}"):
+        version = install(env_id, open_hub(hub, token))
+    console.print(f"installed {env_id.split('@')[0]}@{version}")
+
+
+@app.command("pull")
+def pull_cmd(
+    env_id: str = typer.Argument(..., help="OWNER/NAME[@VERSION]"),
+    dest: Path = typer.Option(Path("."), "--dir", "-d", help="Directory to unpack into."),
+    hub: str | None = HubOption,
+    token: str | None = TokenOption,
+) -> None:
+    """Download an environment's source (sdist, sha256 verified) and unpack it."""
+    from rlkit.hub import open_hub, pull
+
+    console.print(f"unpacked {pull(env_id, dest, open_hub(hub, token))}")
+
+
+def _print_envs(rows: list) -> None:
+    table = Table("environment", "version", "tags", "summary")
+    for row in rows:
+        name = f"{row.owner}/{row.name}" + (" (private)" if row.visibility == "private" else "")
+        table.add_row(name, row.latest_version, ", ".join(row.tags), row.summary)
+    console.print(table if rows else "no environments")
+
+
+@app.command("list")
+def list_cmd(hub: str | None = HubOption, token: str | None = TokenOption) -> None:
+    """List the environments on the hub."""
+    from rlkit.hub import open_hub
+
+    _print_envs(open_hub(hub, token).search())
+
+
+@app.command("search")
+def search_cmd(
+    query: str = typer.Argument("", help="Text to find in owner/name or summary."),
+    tag: str | None = typer.Option(None, "--tag", help="Only environments with this tag."),
+    hub: str | None = HubOption,
+    token: str | None = TokenOption,
+) -> None:
+    """Search environments by name and tag."""
+    from rlkit.hub import open_hub
+
+    _print_envs(open_hub(hub, token).search(query, tag))
+
+
+@app.command("info")
+def info_cmd(
+    env_id: str = typer.Argument(..., help="OWNER/NAME"),
+    hub: str | None = HubOption,
+    token: str | None = TokenOption,
+    as_json: bool = typer.Option(False, "--json", help="Print the full card as JSON."),
+) -> None:
+    """Show an environment's card: versions, files with sha256, evaluation results."""
+    from rlkit.hub import open_hub, parse_env_id
+
+    card = open_hub(hub, token).card(parse_env_id(env_id))
+    if as_json:
+        print(card.model_dump_json(indent=2))
+        return
+    console.print(f"[bold]{card.owner}/{card.name}[/] {card.latest_version} ({card.visibility})")
+    console.print(card.summary)
+    console.print(f"tags: {', '.join(card.tags)}   license: {card.license}")
+    files = Table("version", "file", "sha256")
+    for version in card.versions:
+        for file in version.files:
+            files.add_row(version.version, file.filename, file.sha256)
+    console.print(files)
+    if card.evals:
+        board = Table("model", "version", "mean reward", "pass@k", "n", "date")
+        for e in sorted(card.evals, key=lambda e: e.mean_reward, reverse=True):
+            passes = " ".join(f"{k}={v:.3f}" for k, v in e.pass_at_k.items())
+            board.add_row(e.model, e.version, f"{e.mean_reward:.3f}", passes, str(e.n), e.date)
+        console.print(board)

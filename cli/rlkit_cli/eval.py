@@ -1,0 +1,165 @@
+"""`rlkit eval ENV_ID ...` runs an eval; `rlkit eval show RUN_DIR` shows one.
+
+`rlkit eval ENV_ID` is shorthand for `rlkit eval run ENV_ID` (an environment literally named
+`show` or `run` is reached with `rlkit eval run NAME`). Flags follow verifiers' `vf-eval`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from rlkit.errors import UsageError
+
+
+class _RunByDefault(TyperGroup):
+    """Route anything that is not a sub-command name to `run`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(
+    cls=_RunByDefault,
+    help="Evaluate a model behind an OpenAI-compatible API on an environment: "
+    "`rlkit eval ENV_ID -m MODEL ...` (same as `rlkit eval run ...`) or `rlkit eval show RUN_DIR`.",
+    no_args_is_help=True,
+)
+
+
+def _json_object(text: str | None, flag: str) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{flag} is not valid JSON ({exc}): {text!r}") from exc
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag} must be a JSON object like '{{\"key\": 1}}', got {text!r}")
+    return value
+
+
+@app.command("run")
+def run_cmd(
+    env_id: str | None = typer.Argument(None, help="Environment id (reverse-text, owner/name)."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model name sent to the API."),
+    base_url: str | None = typer.Option(
+        None, "--base-url", "-b", help="OpenAI-compatible base URL [http://127.0.0.1:8000/v1]."
+    ),
+    api_key_var: str | None = typer.Option(
+        None, "--api-key-var", "-k", help="Env variable holding the API key [OPENAI_API_KEY]."
+    ),
+    num_examples: int | None = typer.Option(
+        None, "--num-examples", "-n", min=1, help="Dataset rows to evaluate [5]."
+    ),
+    rollouts_per_example: int | None = typer.Option(
+        None, "--rollouts-per-example", "-r", min=1, help="Rollouts per row [3]."
+    ),
+    max_concurrent: int | None = typer.Option(
+        None, "--max-concurrent", "-c", min=1, help="Rollouts in flight [32]."
+    ),
+    max_tokens: int | None = typer.Option(
+        None, "--max-tokens", "-t", min=1, help="Max completion tokens per turn."
+    ),
+    temperature: float | None = typer.Option(
+        None, "--temperature", "-T", min=0.0, help="Sampling temperature."
+    ),
+    sampling: str | None = typer.Option(
+        None, "--sampling-args", "-S", help="Sampling arguments as a JSON object (wins over -t/-T)."
+    ),
+    env_args: str | None = typer.Option(
+        None, "--env-args", "-a", help="Environment loader arguments as a JSON object."
+    ),
+    output_dir: Path | None = typer.Option(
+        None, "--output-dir", "-o", help="Folder that receives the run folder [runs/eval]."
+    ),
+    timeout: float | None = typer.Option(None, "--timeout", help="Per-request timeout, s [600]."),
+    max_retries: int | None = typer.Option(
+        None, "--max-retries", min=0, help="Retries on 429/5xx/timeouts per request [5]."
+    ),
+    pass_threshold: float | None = typer.Option(
+        None, "--pass-threshold", help="pass@k success: score >= this [1.0]."
+    ),
+    pass_metric: str | None = typer.Option(
+        None, "--pass-metric", help="Metric scored for pass@k instead of the reward."
+    ),
+    resume: Path | None = typer.Option(
+        None, "--resume", help="Run folder to complete: reruns missing or errored rollouts."
+    ),
+    push: bool = typer.Option(False, "--push", help="Publish the results to the hub."),
+    hub: str | None = typer.Option(None, "--hub", help="Hub URL, or 'local' (with --push)."),
+) -> None:
+    """Run an eval (or resume one) and print its summary."""
+    from rlkit.config import validate
+    from rlkit.eval import EvalConfig, EvalInterrupted, load_run, run_eval
+    from rlkit.eval.report import run_summary, summary_table
+    from rlkit.eval.store import RunStore
+
+    given = {
+        "env_id": env_id,
+        "model": model,
+        "base_url": base_url,
+        "api_key_var": api_key_var,
+        "num_examples": num_examples,
+        "rollouts_per_example": rollouts_per_example,
+        "max_concurrent": max_concurrent,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "sampling": _json_object(sampling, "-S/--sampling-args"),
+        "env_args": _json_object(env_args, "-a/--env-args"),
+        "output_dir": output_dir,
+        "timeout": timeout,
+        "max_retries": max_retries,
+        "pass_threshold": pass_threshold,
+        "pass_metric": pass_metric,
+    }
+    given = {key: value for key, value in given.items() if value is not None}
+    if resume is not None:
+        stored = RunStore(resume).read_metadata().config
+        data = {**stored, **given}
+    elif env_id is None:
+        raise UsageError("missing ENV_ID: rlkit eval ENV_ID -m MODEL (or --resume RUN_DIR)")
+    else:
+        data = given
+    config = validate(EvalConfig, data, source="eval options")
+
+    err = Console(stderr=True)
+    try:
+        run_dir = run_eval(config, resume=resume, console=err)
+    except EvalInterrupted as exc:
+        err.print(
+            f"[yellow]interrupted[/]: finished rollouts are kept in {exc.run_dir}\n"
+            f"resume with: rlkit eval --resume {exc.run_dir}"
+        )
+        raise typer.Exit(130) from None
+    run = load_run(run_dir)
+    console = Console()
+    console.print(summary_table(run_summary(run), title=f"{config.env_id} | {config.model}"))
+    console.print(f"results: {run_dir}")
+    if push:
+        try:
+            from rlkit.hub import push_eval_results
+        except ImportError as exc:
+            raise UsageError(f"--push needs rlkit.hub.push_eval_results, unavailable: {exc}") from exc
+        console.print(f"pushed: {push_eval_results(run_dir, hub)}")
+
+
+@app.command("show")
+def show_cmd(
+    run_dir: Path = typer.Argument(..., help="A run folder written by `rlkit eval`."),
+    samples: int = typer.Option(5, "--samples", "-s", min=0, help="Rollouts to print."),
+    errors: bool = typer.Option(False, "--errors", help="Only rollouts that errored."),
+) -> None:
+    """Print a run's summary and page through its rollouts."""
+    from rlkit.eval import load_run
+    from rlkit.eval.report import show_run
+
+    show_run(Console(), load_run(run_dir), samples=samples, errors_only=errors)

@@ -1,0 +1,48 @@
+"""`rlkit train CONFIG.toml [--section.field VALUE ...]`: the whole RL job from one config."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from rlkit.errors import UsageError
+
+ROLES = ("all", "inference", "orchestrator", "trainer")
+
+
+def train(
+    ctx: typer.Context,
+    config: str = typer.Argument(..., help="TOML config (see examples/tiny-cpu/train.toml)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
+    role: str = typer.Option("all", "--role", help="all | inference | orchestrator | trainer."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in log.run_dir."),
+) -> None:
+    """Train a model with RL: vLLM servers, the async orchestrator and the FSDP2 trainer.
+
+    Any config field can be overridden after the config path, e.g.
+    `rlkit train cfg.toml --orchestrator.max_steps 20 --loss.name grpo`.
+    """
+    from rlkit.config import dump_toml, load_config
+    from rlkit.orchestrator.config import TrainConfig, check_environments
+
+    if role not in ROLES:
+        raise UsageError(f"--role {role!r} is not one of {', '.join(ROLES)}")
+    cfg = load_config(TrainConfig, config, list(ctx.args))
+    if dry_run:
+        check_environments(cfg)
+        typer.echo(dump_toml(cfg), nl=False)
+        return
+    from rlkit.train import run_train
+
+    result = run_train(cfg, role=role, resume=resume)  # type: ignore[arg-type]
+    evals = result.get("eval") or {}
+    if len(evals) >= 2:
+        first, last = min(evals), max(evals)
+        console = Console()
+        for env_id in evals[last]:
+            before = evals[first][env_id]["reward_mean"]
+            after = evals[last][env_id]["reward_mean"]
+            console.print(
+                f"[bold]{env_id}[/]: eval reward {before:.3f} (step {first}) -> "
+                f"{after:.3f} (step {last})"
+            )

@@ -1,0 +1,173 @@
+"""The code environment: extraction, grading, the offline set's references, loaders, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pytest
+from code_env import extract_code, load_environment
+from code_env.dataset import OFFLINE
+
+from rlkit import sandbox
+from rlkit.envs import Rollout
+from rlkit.errors import UsageError
+from rlkit.sandbox import SandboxResult
+
+PROBLEMS = [json.loads(line) for line in OFFLINE.read_text().splitlines()]
+
+
+def _answer(code: str) -> str:
+    return f"Here is my solution.\n```python\n{code}```\nDone."
+
+
+async def _score(env: Any, completions: list[str], problem_index: int = 0) -> list[Rollout]:
+    row = env.dataset[problem_index]
+    rollouts = []
+    for text in completions:
+        rollout = env.new_rollout(row)
+        rollout.completion = [{"role": "assistant", "content": text}]
+        rollouts.append(rollout)
+    await env.score_group(rollouts)
+    return rollouts
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("```python\na = 1\n```\ntext\n```python\nb = 2\n```", "b = 2\n"),
+        ("```py\nx = 1\n```", "x = 1\n"),
+        ("```\nprint(1)\n```", "print(1)\n"),
+        ("```python\nfirst\n```\n```bash\nls\n```", "first\n"),
+        ("<think>```python\nwrong\n```</think>```python\nright\n```", "right\n"),
+        ("print('bare program')", "print('bare program')"),
+        ("I do not know how to solve this.", None),
+        ("", None),
+    ],
+)
+def test_extract_code(text: str, code: str | None) -> None:
+    assert extract_code(text) == code
+
+
+def test_offline_set_shape() -> None:
+    env = load_environment()
+    assert env.env_id == "code" and len(env.dataset) == len(PROBLEMS) >= 20
+    styles = {json.loads(p["tests"])["style"] for p in PROBLEMS}
+    assert styles == {"stdio", "function"}
+    assert all(len(json.loads(p["tests"])["cases"]) <= 15 for p in PROBLEMS)
+    assert env.dataset[0]["prompt"][0]["role"] == "system"
+
+
+async def test_every_reference_solution_scores_one() -> None:
+    env = load_environment()
+    scored = await asyncio.gather(
+        *(_score(env, [_answer(p["reference"])], index) for index, p in enumerate(PROBLEMS))
+    )
+    for problem, [rollout] in zip(PROBLEMS, scored, strict=True):
+        assert rollout.error is None, (problem["id"], rollout.error)
+        assert rollout.reward == 1.0, (problem["id"], rollout.metrics)
+        assert rollout.metrics == {"pass_rate": 1.0, "all_passed": 1.0}
+
+
+async def test_known_wrong_solutions_score_as_expected() -> None:
+    env = load_environment()
+    all_mode = load_environment(reward_mode="all")
+    checked = 0
+    for index, problem in enumerate(PROBLEMS):
+        for wrong in problem["known_wrong"]:
+            [soft] = await _score(env, [_answer(wrong["code"])], index)
+            [hard] = await _score(all_mode, [_answer(wrong["code"])], index)
+            assert soft.reward == pytest.approx(wrong["reward"]), problem["id"]
+            assert hard.reward == 0.0 and soft.error is None
+            checked += 1
+    assert checked >= 5
+
+
+async def test_broken_programs_score_zero() -> None:
+    env = load_environment(timeout=1.0)
+    two_sum = 0
+    cheats = [
+        "No code here, sorry.",
+        _answer("def two_sum(nums, target):\n    return [0, 1"),  # syntax error
+        _answer("def two_sum(nums, target):\n    raise ValueError('nope')\n"),
+        _answer("def two_sum(nums, target):\n    while True:\n        pass\n"),
+        _answer("def other_name(nums, target):\n    return [0, 1]\n"),
+        # An object equal to everything must not pass: results are compared as JSON on the host.
+        _answer(
+            "class Any:\n    def __eq__(self, other):\n        return True\n"
+            "def two_sum(nums, target):\n    return Any()\n"
+        ),
+        # Printing a fake result line does not help either: the real return value comes last.
+        _answer(
+            "print('__rlkit_result__:[0, 1]')\ndef two_sum(nums, target):\n    return None\n"
+        ),
+    ]
+    rollouts = await _score(env, cheats, two_sum)
+    assert [r.reward for r in rollouts] == [0.0] * len(cheats)
+    assert all(r.error is None for r in rollouts)
+
+
+async def test_sandbox_failure_marks_the_rollout_errored(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def broken_run(code: str, **kwargs: Any) -> SandboxResult:
+        return SandboxResult(status="sandbox_error", stderr="bwrap: cannot mount")
+
+    monkeypatch.setattr(sandbox, "run", broken_run)
+    env = load_environment()
+    [rollout] = await _score(env, [_answer(PROBLEMS[0]["reference"])])
+    assert rollout.reward == 0.0
+    assert rollout.error is not None and "sandbox failed" in rollout.error
+
+
+def test_loads_apps_style_jsonl_and_parquet(tmp_path: Path) -> None:
+    apps = tmp_path / "apps.jsonl"
+    rows = [
+        {
+            "question": "Add two numbers.",
+            "input_output": json.dumps({"inputs": ["1 2\n", "3 4\n"], "outputs": ["3\n", "7\n"]}),
+        },
+        {
+            "question": "Double x.",
+            "input_output": json.dumps(
+                {"fn_name": "double", "inputs": [[1], [5]], "outputs": [[2], [10]]}
+            ),
+        },
+    ]
+    apps.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = load_environment(dataset=str(apps))
+    info = [json.loads(row["info"]["tests"]) for row in env.dataset]
+    assert info[0]["style"] == "stdio" and info[0]["cases"][1] == {"input": "3 4\n", "output": "7\n"}
+    assert info[1]["fn_name"] == "double" and info[1]["cases"][1]["output"] == 10
+
+    parquet = tmp_path / "problems.parquet"
+    datasets.Dataset.from_list(PROBLEMS[:3]).to_parquet(str(parquet))
+    env = load_environment(dataset=str(parquet), max_tests=2, num_examples=2)
+    assert len(env.dataset) == 2
+    assert all(len(json.loads(r["info"]["tests"])["cases"]) <= 2 for r in env.dataset)
+
+
+async def test_apps_style_problem_is_graded(tmp_path: Path) -> None:
+    apps = tmp_path / "apps.jsonl"
+    io = {"fn_name": "double", "inputs": [[1], [5], [0]], "outputs": [[2], [10], [0]]}
+    apps.write_text(json.dumps({"question": "Double x.", "input_output": json.dumps(io)}) + "\n")
+    env = load_environment(dataset=str(apps))
+    good, half = await _score(
+        env, [_answer("def double(x):\n    return 2 * x\n"), _answer("def double(x):\n    return 2\n")]
+    )
+    assert good.reward == 1.0 and half.reward == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"reward_mode": "most"}, "reward_mode"),
+        ({"max_tests": 0}, "max_tests"),
+        ({"dataset": "/nonexistent/problems.jsonl"}, "could not load dataset"),
+        ({"dataset": "no-such-owner/no-such-code-dataset"}, "could not load dataset"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        load_environment(**kwargs)

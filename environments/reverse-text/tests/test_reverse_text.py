@@ -1,0 +1,78 @@
+"""reverse-text: deterministic data, the LCS reward, dataset loading and a scored rollout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reverse_text import generate_texts, lcs_ratio, load_environment, sft_examples
+from rlkit.envs import load_environment as load_by_id
+from rlkit.errors import UsageError
+from rlkit.inference import InferenceClient
+from tests.fakes.fake_openai import FakeOpenAIServer
+
+
+def test_generated_data_is_deterministic_and_bounded() -> None:
+    env = load_environment(num_train_examples=50, num_eval_examples=20, min_len=3, max_len=6)
+    again = load_environment(num_train_examples=50, num_eval_examples=20, min_len=3, max_len=6)
+    train, evaluation = env.get_dataset(), env.get_eval_dataset()
+    assert train["question"] == again.get_dataset()["question"]
+    assert len(train) == 50 and len(evaluation) == 20
+    assert all(3 <= len(q) <= 6 and set(q) <= set("abcdefghij") for q in train["question"])
+    assert all(a == q[::-1] for q, a in zip(train["question"], train["answer"], strict=True))
+    assert not set(train["question"]) & set(evaluation["question"])
+    other_seed = load_environment(num_train_examples=50, num_eval_examples=20, seed=1)
+    assert other_seed.get_dataset()["question"] != train["question"]
+    assert train[0]["prompt"][0]["role"] == "system" and train[0]["prompt"][1]["role"] == "user"
+
+
+def test_lcs_ratio() -> None:
+    assert lcs_ratio("cba", "cba") == 1.0
+    assert lcs_ratio("", "cba") == 0.0
+    assert 0.0 < lcs_ratio("cbx", "cba") < 1.0
+
+
+def test_bad_lengths_are_rejected() -> None:
+    with pytest.raises(UsageError, match="min_len <= max_len"):
+        load_by_id("reverse-text", min_len=9, max_len=3)
+
+
+def test_sft_examples_are_correct_chat_rows() -> None:
+    rows = sft_examples(5, seed=3)
+    assert len(rows) == 5 and rows == sft_examples(5, seed=3)
+    for row in rows:
+        text = row["prompt"][-1]["content"]
+        assert row["completion"] == [{"role": "assistant", "content": text[::-1]}]
+
+
+def test_dataset_name_loads_a_local_file(tmp_path: Path) -> None:
+    path = tmp_path / "texts.jsonl"
+    texts = ["hello world", "rlkit", "abc", "xyz"]
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    env = load_by_id("reverse-text", dataset_name=str(path), num_eval_examples=1)
+    assert env.get_eval_dataset()["question"] == ["hello world"]
+    assert env.get_dataset()["answer"] == ["tiklr", "cba", "zyx"]
+    with pytest.raises(UsageError, match="no column 'body'"):
+        load_by_id("reverse-text", dataset_name=str(path), text_column="body")
+    with pytest.raises(UsageError, match="could not load dataset"):
+        load_by_id("reverse-text", dataset_name=str(tmp_path / "missing-dir-or-name"))
+
+
+async def test_rollouts_are_scored_by_lcs() -> None:
+    env = load_by_id("reverse-text", num_train_examples=4, num_eval_examples=2)
+    row = env.get_eval_dataset()[0]
+
+    def think_then_reverse(body: dict) -> str:
+        return "<think>\nflip it\n</think>\n" + body["messages"][-1]["content"][::-1]
+
+    with FakeOpenAIServer(responder=think_then_reverse) as server:
+        async with InferenceClient(server.url) as client:
+            good = await env.run_group(row, client, "fake-model", {}, n=2)
+        assert server.requests[0]["max_tokens"] == 64  # the environment's sampling default
+    with FakeOpenAIServer(responder=lambda body: "<think>unfinished") as server:
+        async with InferenceClient(server.url) as client:
+            (bad,) = await env.run_group(row, client, "fake-model", {}, n=1)
+    assert [r.reward for r in good] == [1.0, 1.0] and good[0].metrics == {"lcs_reward": 1.0}
+    assert bad.reward == 0.0 and bad.error is None

@@ -1,0 +1,134 @@
+"""The `Environment` base class: a dataset of tasks, a rollout procedure and a rubric.
+
+Rows have `prompt` (chat messages), `answer`, `info` (dict) and `example_id`; datasets given with
+`question` (+ an optional system prompt) instead of `prompt` are converted on construction, so
+every consumer (eval, orchestrator) sees one shape. Subclasses implement `rollout`; scoring and
+running a group of rollouts for one example are shared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from datasets import Dataset
+
+from rlkit.envs.data import quiet_datasets
+from rlkit.envs.parsers import Parser
+from rlkit.envs.rollout import Rollout
+from rlkit.envs.rubric import Rubric
+from rlkit.inference import InferenceClient
+
+Messages = list[dict[str, Any]]
+
+
+def clean_messages(messages: list[dict[str, Any]]) -> Messages:
+    """Drop the None keys Arrow adds when messages of different shapes share a column."""
+    return [{k: v for k, v in m.items() if v is not None} for m in messages]
+
+
+def format_dataset(dataset: Dataset, system_prompt: str | None = None) -> Dataset:
+    """Give a dataset the `prompt`, `answer`, `info`, `example_id` columns (keeping the rest)."""
+    columns = set(dataset.column_names)
+    if "prompt" not in columns and "question" not in columns:
+        raise ValueError(
+            f"dataset needs a 'prompt' or a 'question' column, has {sorted(columns)}"
+        )
+
+    def to_row(row: dict[str, Any], index: int) -> dict[str, Any]:
+        if "prompt" in columns:
+            prompt = clean_messages(row["prompt"])
+        else:
+            prompt = [{"role": "user", "content": row["question"]}]
+            if system_prompt:
+                prompt.insert(0, {"role": "system", "content": system_prompt})
+        answer = row.get("answer")
+        info = row.get("info") or {}
+        return {
+            "prompt": prompt,
+            "answer": "" if answer is None else str(answer),
+            "info": json.loads(info) if isinstance(info, str) else dict(info),
+            "example_id": row["example_id"] if "example_id" in columns else index,
+        }
+
+    with quiet_datasets():
+        return dataset.map(to_row, with_indices=True)
+
+
+class Environment:
+    """A task distribution plus how to roll out and score it; subclass and implement `rollout`."""
+
+    def __init__(
+        self,
+        dataset: Dataset | None = None,
+        eval_dataset: Dataset | None = None,
+        system_prompt: str | None = None,
+        parser: Parser | None = None,
+        rubric: Rubric | None = None,
+        sampling_defaults: dict[str, Any] | None = None,
+        env_id: str = "",
+    ) -> None:
+        if dataset is None and eval_dataset is None:
+            raise ValueError("an environment needs a dataset or an eval_dataset")
+        self.env_id = env_id
+        self.system_prompt = system_prompt
+        self.parser = parser or Parser()
+        self.rubric = rubric or Rubric(parser=self.parser)
+        self.dataset = format_dataset(dataset, system_prompt) if dataset is not None else None
+        self.eval_dataset = (
+            format_dataset(eval_dataset, system_prompt) if eval_dataset is not None else None
+        )
+        self.sampling_defaults: dict[str, Any] = dict(sampling_defaults or {})
+        self.version: str | None = None  # set by load_environment from the package metadata
+
+    def get_dataset(self, n: int = -1) -> Dataset:
+        """The training rows (the eval rows when there is no training set); first n if n > 0."""
+        ds = self.dataset if self.dataset is not None else self.eval_dataset
+        assert ds is not None
+        return ds.select(range(min(n, len(ds)))) if n > 0 else ds
+
+    def get_eval_dataset(self, n: int = -1) -> Dataset:
+        """The evaluation rows (the training rows when there is no eval set); first n if n > 0."""
+        ds = self.eval_dataset if self.eval_dataset is not None else self.dataset
+        assert ds is not None
+        return ds.select(range(min(n, len(ds)))) if n > 0 else ds
+
+    def sampling_for(self, sampling: dict[str, Any] | None) -> dict[str, Any]:
+        """The environment's sampling defaults overridden by the caller's."""
+        return {**self.sampling_defaults, **(sampling or {})}
+
+    def new_rollout(self, row: dict[str, Any]) -> Rollout:
+        """An empty rollout for a dataset row."""
+        return Rollout(
+            env_id=self.env_id,
+            example_id=row.get("example_id", 0),
+            prompt=clean_messages(row["prompt"]),
+            answer="" if row.get("answer") is None else str(row["answer"]),
+            info=dict(row.get("info") or {}),
+        )
+
+    async def rollout(
+        self, row: dict[str, Any], client: InferenceClient, model: str, sampling: dict[str, Any]
+    ) -> Rollout:
+        """Generate one conversation for `row`; never raises for model or env failures."""
+        raise NotImplementedError
+
+    async def score_group(self, rollouts: list[Rollout]) -> None:
+        """Fill reward, metrics and error of each rollout (group functions see all of them)."""
+        await self.rubric.score_group(rollouts)
+
+    async def run_group(
+        self,
+        row: dict[str, Any],
+        client: InferenceClient,
+        model: str,
+        sampling: dict[str, Any],
+        n: int,
+    ) -> list[Rollout]:
+        """n rollouts of one row concurrently, then scored together."""
+        rollouts = list(
+            await asyncio.gather(*(self.rollout(row, client, model, sampling) for _ in range(n)))
+        )
+        await self.score_group(rollouts)
+        return rollouts

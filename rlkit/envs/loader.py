@@ -1,0 +1,162 @@
+"""Find an environment by id and build it: `load_environment("owner/my-env@1.0", **kwargs)`.
+
+An id names a module: the `owner/` prefix and `@version` are stripped and `-` becomes `_`
+(`my-env` -> `my_env`). When that module does not exist or has no `load_environment` (e.g. `math`
+is the standard library's), `<name>_env` is tried, so the `math` environment lives in module
+`math_env`. Modules are imported from installed packages first, then from environment folders
+(`<folder>/<id>/`, added to sys.path) under `./environments`, the rlkit checkout's
+`environments/` and any folder listed in `$RLKIT_ENV_PATH`. Hub ids (`owner/name`) that are not
+importable are installed with `rlkit.hub.ensure_installed` and retried.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rlkit.envs.environment import Environment
+from rlkit.errors import UsageError
+
+ENV_PATH_VAR = "RLKIT_ENV_PATH"
+
+
+def parse_env_id(env_id: str) -> tuple[str | None, str, str | None]:
+    """(owner, name, version) of `owner/name@version` (owner and version optional)."""
+    spec = env_id.strip()
+    version = None
+    if "@" in spec:
+        spec, version = spec.split("@", 1)
+    owner = None
+    if "/" in spec:
+        owner, spec = spec.split("/", 1)
+    if not spec or "/" in spec:
+        raise UsageError(f"malformed environment id {env_id!r}; expected [OWNER/]NAME[@VERSION]")
+    return owner, spec, version
+
+
+def module_names(name: str) -> list[str]:
+    """Candidate module names for an environment name."""
+    base = name.replace("-", "_")
+    return [base, f"{base}_env"]
+
+
+def env_folders() -> list[Path]:
+    """Folders that hold one sub-folder per local environment, most specific first."""
+    folders = [Path(p) for p in os.environ.get(ENV_PATH_VAR, "").split(os.pathsep) if p]
+    folders += [Path.cwd() / "environments", Path(__file__).resolve().parents[2] / "environments"]
+    unique: list[Path] = []
+    for folder in folders:
+        if folder.is_dir() and folder.resolve() not in [u.resolve() for u in unique]:
+            unique.append(folder)
+    return unique
+
+
+def _import_env_module(name: str) -> ModuleType | None:
+    """The module that provides `load_environment` for `name`, or None."""
+    for module_name in module_names(name):
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:  # the environment exists but its dependency is missing
+                raise UsageError(
+                    f"environment {name!r} failed to import: missing module {exc.name!r}"
+                ) from exc
+            continue
+        if callable(getattr(module, "load_environment", None)):
+            return module
+    return None
+
+
+def _find_local(name: str) -> ModuleType | None:
+    """Import the environment from a local folder `<env folder>/<name>/` if there is one."""
+    for folder in env_folders():
+        for candidate in {name, name.replace("_", "-"), name.replace("-", "_")}:
+            env_dir = folder / candidate
+            if not env_dir.is_dir():
+                continue
+            if str(env_dir) not in sys.path:
+                sys.path.insert(0, str(env_dir))
+            importlib.invalidate_caches()
+            module = _import_env_module(name)
+            if module is not None:
+                return module
+    return None
+
+
+def list_environments() -> list[str]:
+    """Names of local environment folders and installed packages that depend on rlkit."""
+    names = {
+        p.name
+        for folder in env_folders()
+        for p in folder.iterdir()
+        if p.is_dir() and (p / "pyproject.toml").exists()
+    }
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        requires = dist.requires or []
+        if name and name != "rlkit" and any(r.split()[0].startswith("rlkit") for r in requires):
+            names.add(name)
+    return sorted(names)
+
+
+def _package_version(module: ModuleType) -> str | None:
+    top = module.__name__.split(".")[0]
+    for dist_name in importlib.metadata.packages_distributions().get(top, []):
+        try:
+            return importlib.metadata.version(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _unknown(env_id: str, name: str) -> UsageError:
+    known = list_environments()
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    listing = f" Known environments: {', '.join(known)}." if known and not close else ""
+    return UsageError(f"unknown environment {env_id!r}{hint}{listing}")
+
+
+def load_environment(env_id: str, **kwargs: Any) -> Environment:
+    """Import the environment named by `env_id` and call its `load_environment(**kwargs)`."""
+    owner, name, _version = parse_env_id(env_id)
+    module = _import_env_module(name) or _find_local(name)
+    if module is None and owner is not None:
+        try:
+            from rlkit.hub import ensure_installed
+        except ImportError:
+            ensure_installed = None
+        if ensure_installed is not None:
+            ensure_installed(env_id)
+            importlib.invalidate_caches()
+            module = _import_env_module(name)
+    if module is None:
+        raise _unknown(env_id, name)
+    try:
+        env = module.load_environment(**kwargs)
+    except (TypeError, ValueError) as exc:  # unknown kwarg or a value the environment rejects
+        raise UsageError(f"bad arguments for environment {name!r}: {exc}") from exc
+    env = _as_rlkit_env(env, name)
+    env.env_id = env.env_id or name
+    env.version = env.version or _package_version(module)
+    return env
+
+
+def _as_rlkit_env(env: Any, name: str) -> Environment:
+    """Accept rlkit environments and wrap verifiers ones."""
+    if isinstance(env, Environment):
+        return env
+    from rlkit.envs.verifiers import is_verifiers_env, wrap_verifiers_env
+
+    if is_verifiers_env(env):
+        return wrap_verifiers_env(env, env_id=name)
+    raise UsageError(
+        f"environment {name!r}: load_environment returned {type(env).__name__}, "
+        "not an rlkit.envs.Environment"
+    )

@@ -1,0 +1,67 @@
+"""The configuration of an eval run (what `rlkit eval` flags map to)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from rlkit.config import Config
+
+# Fields that decide which results a run produces; `--resume` refuses a run where any differs.
+# Where the model is served (base URL, key, timeouts, concurrency) can change between attempts.
+RESULT_FIELDS = (
+    "env_id",
+    "env_args",
+    "model",
+    "num_examples",
+    "rollouts_per_example",
+    "max_tokens",
+    "temperature",
+    "sampling",
+)
+
+
+class EvalConfig(Config):
+    """One evaluation of a model on an environment through an OpenAI-compatible API."""
+
+    env_id: str = Field("", description="Environment id, e.g. reverse-text or owner/name@1.0.")
+    env_args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the environment's loader."
+    )
+    model: str = Field("", description="Model name sent to the API.")
+    base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible base URL.")
+    api_key_var: str = Field(
+        "OPENAI_API_KEY", description="Environment variable holding the API key (unset: no key)."
+    )
+    num_examples: int = Field(5, ge=1, description="Number of dataset rows to evaluate.")
+    rollouts_per_example: int = Field(3, ge=1, description="Rollouts per row (k of avg@k).")
+    max_concurrent: int = Field(32, ge=1, description="Maximum rollouts in flight.")
+    max_tokens: int | None = Field(None, ge=1, description="Max completion tokens per turn.")
+    temperature: float | None = Field(None, ge=0, description="Sampling temperature.")
+    sampling: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra sampling arguments; they override max_tokens/temperature and the "
+        "environment's defaults.",
+    )
+    timeout: float = Field(600.0, gt=0, description="Per-request timeout in seconds.")
+    max_retries: int = Field(5, ge=0, description="Retries on 429/5xx/timeouts per request.")
+    pass_threshold: float = Field(1.0, description="A rollout passes when its score >= this.")
+    pass_metric: str | None = Field(
+        None, description="Metric used for pass@k instead of the reward."
+    )
+    output_dir: Path = Field(Path("runs/eval"), description="Folder that receives run folders.")
+
+    def result_fields(self) -> dict[str, Any]:
+        """The part of the config that must match for a run to be resumed."""
+        return self.model_dump(mode="json", include=set(RESULT_FIELDS))
+
+    def sampling_args(self, env_defaults: dict[str, Any]) -> dict[str, Any]:
+        """Environment defaults < -t/-T < the -S JSON."""
+        flags: dict[str, Any] = {}
+        if self.max_tokens is not None:
+            flags["max_tokens"] = self.max_tokens
+        if self.temperature is not None:
+            flags["temperature"] = self.temperature
+        return {**env_defaults, **flags, **self.sampling}

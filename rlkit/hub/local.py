@@ -1,0 +1,187 @@
+"""The embedded default hub: a directory (``$RLKIT_HOME/hub``) that needs no server.
+
+Layout: ``projects/<name>.json`` (the environment card), ``files/<name>/<file>`` (artifacts) and
+a static PEP 503 index under ``simple/`` regenerated on every push, so
+``pip install --index-url file://<root>/simple NAME`` works too. Writes hold an exclusive file
+lock and go through tmp + rename, so concurrent pushes never leave half-written state.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import getpass
+import hashlib
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from packaging.version import Version
+
+from rlkit.hub.artifacts import ArtifactError, ArtifactInfo, inspect_artifact
+from rlkit.hub.base import HubError, matches
+from rlkit.hub.names import EnvRef, validate_owner
+from rlkit.hub.records import (
+    EnvCard,
+    EnvSummary,
+    EvalRecord,
+    FileRecord,
+    VersionRecord,
+    Visibility,
+)
+from rlkit.hub.simple import IndexFile, project_list_html, project_page_html
+
+
+def default_owner() -> str:
+    """Owner for local pushes: $RLKIT_HUB_OWNER, else the login name made slug-safe."""
+    owner = os.environ.get("RLKIT_HUB_OWNER") or getpass.getuser()
+    return "".join(c if c.isalnum() else "-" for c in owner.lower()).strip("-") or "local"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class LocalHub:
+    """A directory hub; every reader and writer on this machine sees everything in it."""
+
+    def __init__(self, root: Path, owner: str | None = None) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.location = str(self.root)
+        self.owner = owner
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / ".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _card_path(self, name: str) -> Path:
+        return self.root / "projects" / f"{name}.json"
+
+    def _load(self, name: str) -> EnvCard | None:
+        path = self._card_path(name)
+        return EnvCard.model_validate_json(path.read_text()) if path.is_file() else None
+
+    def _save(self, card: EnvCard) -> None:
+        _write_atomic(self._card_path(card.name), card.model_dump_json(indent=2).encode())
+
+    def push(
+        self, files: list[Path], owner: str | None = None, visibility: Visibility | None = None
+    ) -> EnvCard:
+        owner = validate_owner(owner or self.owner or default_owner())
+        infos: list[tuple[Path, ArtifactInfo]] = []
+        for path in files:
+            try:
+                infos.append((path, inspect_artifact(Path(path).read_bytes(), Path(path).name)))
+            except ArtifactError as exc:
+                raise HubError(str(exc), 400) from exc
+        if not infos or len({(i.name, i.version) for _, i in infos}) != 1:
+            raise HubError("push needs files of exactly one name and version", 400)
+        first = infos[0][1]
+        with self._locked():
+            card = self._load(first.name) or EnvCard(owner=owner, name=first.name)
+            if card.owner != owner:
+                raise HubError(f"{first.name} belongs to {card.owner}, not {owner}", 403)
+            release = card.get_version(first.version)
+            if release is not None:
+                raise HubError(f"{owner}/{first.name}@{first.version} is already published", 409)
+            release = VersionRecord(version=first.version)
+            for path, info in infos:
+                dest = self.root / "files" / info.name / info.filename
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                tmp = dest.with_name(f".{dest.name}.tmp")
+                shutil.copyfile(path, tmp)
+                os.replace(tmp, dest)
+                release.files.append(
+                    FileRecord(
+                        filename=info.filename,
+                        sha256=info.sha256,
+                        size=info.size,
+                        packagetype=info.packagetype,
+                        requires_python=info.requires_python,
+                    )
+                )
+            card.versions.append(release)
+            card.latest_version = max_version(v.version for v in card.versions)
+            if card.latest_version == first.version:  # the newest release describes the env
+                card.summary, card.readme = first.summary, first.readme
+                card.readme_content_type = first.readme_content_type
+                card.tags, card.license = first.keywords, first.license
+            if visibility:
+                card.visibility = visibility
+            self._save(card)
+            self._write_index(card)
+        return card
+
+    def _write_index(self, card: EnvCard) -> None:
+        files = [
+            IndexFile(
+                f.filename,
+                f"../../files/{card.name}/{f.filename}",
+                f.sha256,
+                f.size,
+                f.requires_python,
+            )
+            for v in card.versions
+            for f in v.files
+        ]
+        page = project_page_html(card.name, files).encode()
+        _write_atomic(self.root / "simple" / card.name / "index.html", page)
+        names = sorted(p.stem for p in (self.root / "projects").glob("*.json"))
+        _write_atomic(self.root / "simple" / "index.html", project_list_html(names).encode())
+
+    def card(self, ref: EnvRef) -> EnvCard:
+        card = self._load(ref.name)
+        if card is None or (ref.owner and card.owner != ref.owner):
+            raise HubError(f"environment {ref.owner}/{ref.name} not found on {self.location}", 404)
+        return card
+
+    def search(self, query: str = "", tag: str | None = None) -> list[EnvSummary]:
+        cards = [
+            EnvCard.model_validate_json(p.read_text())
+            for p in sorted((self.root / "projects").glob("*.json"))
+        ]
+        rows = [EnvSummary(**c.model_dump(include=set(EnvSummary.model_fields))) for c in cards]
+        return [r for r in rows if matches(r, query, tag)]
+
+    def download(self, ref: EnvRef, file: FileRecord, dest_dir: Path) -> Path:
+        source = self.root / "files" / ref.name / file.filename
+        if not source.is_file():
+            raise HubError(f"{file.filename} is missing from {self.location}", 404)
+        dest = Path(dest_dir) / file.filename
+        shutil.copyfile(source, dest)
+        if sha256_file(dest) != file.sha256:
+            dest.unlink()
+            raise HubError(f"sha256 mismatch for {file.filename}: the artifact was altered", 400)
+        return dest
+
+    def add_eval(self, ref: EnvRef, version: str, record: EvalRecord) -> EvalRecord:
+        with self._locked():
+            card = self.card(ref)
+            if card.get_version(version) is None:
+                raise HubError(f"{ref.owner}/{ref.name} has no version {version}", 404)
+            record = record.model_copy(update={"version": version})
+            card.evals.append(record)
+            self._save(card)
+        return record
+
+    def index_url(self) -> str:
+        return (self.root / "simple").as_uri()
+
+
+def max_version(versions: Iterable[str]) -> str:
+    return str(max(versions, key=Version))

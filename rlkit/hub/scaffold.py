@@ -1,0 +1,117 @@
+"""Environment packages on disk: scaffold a new one, read its project metadata, build it.
+
+A scaffolded package is an ordinary setuptools project (wheel + sdist via the standard `build`
+frontend), so anything that installs Python packages can install an environment.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+from packaging.utils import parse_sdist_filename, parse_wheel_filename
+
+from rlkit.errors import UsageError
+from rlkit.hub.names import module_name, normalize, validate_name, validate_version
+
+_TEMPLATES = {
+    "pyproject.toml.jinja": "pyproject.toml",
+    "README.md.jinja": "README.md",
+    "module.py.jinja": "{module}/__init__.py",
+    "data.jsonl.jinja": "{module}/data.jsonl",
+    "test_env.py.jinja": "tests/test_{module}.py",
+    "gitignore.jinja": ".gitignore",
+}
+
+
+def init_env(name: str, parent: Path, description: str = "") -> Path:
+    """Create `parent/NAME/`, a working single-turn environment package; returns its path."""
+    validate_name(name)
+    dest = Path(parent) / name
+    if dest.exists() and any(dest.iterdir()):
+        raise UsageError(f"{dest} already exists and is not empty")
+    module = module_name(name)
+    context = {
+        "name": name,
+        "module": module,
+        "description": description or f"{name}: an rlkit environment (addition problems).",
+    }
+    jinja = Environment(
+        loader=PackageLoader("rlkit.hub", "templates/scaffold"),
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=dest.parent))
+    try:
+        for template, target in _TEMPLATES.items():
+            out = tmp / target.format(module=module)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(jinja.get_template(template).render(context))
+        if dest.exists():
+            dest.rmdir()
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def project_metadata(path: Path) -> tuple[str, str]:
+    """(normalised name, version) from `path/pyproject.toml`."""
+    pyproject = Path(path) / "pyproject.toml"
+    if not pyproject.is_file():
+        raise UsageError(f"{path} is not an environment package: no pyproject.toml")
+    try:
+        project = tomllib.loads(pyproject.read_text()).get("project", {})
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{pyproject}: invalid TOML: {exc}") from exc
+    if "name" not in project or "version" not in project:
+        raise UsageError(f"{pyproject}: [project] needs a static name and version")
+    return validate_name(project["name"]), validate_version(str(project["version"]))
+
+
+def dist_files(path: Path) -> list[Path]:
+    """The wheel and sdist in `path/dist/` for the project's current name and version."""
+    name, version = project_metadata(path)
+    found: list[Path] = []
+    for file in sorted((Path(path) / "dist").glob("*")):
+        try:
+            if file.name.endswith(".whl"):
+                fname, fversion, _, _ = parse_wheel_filename(file.name)
+            elif file.name.endswith(".tar.gz"):
+                fname, fversion = parse_sdist_filename(file.name)
+            else:
+                continue
+        except ValueError:
+            continue
+        if fname == normalize(name) and str(fversion) == version:
+            found.append(file)
+    return found
+
+
+def build_env(path: Path, isolation: bool = True) -> list[Path]:
+    """Build wheel + sdist into `path/dist/` with `python -m build`; returns the two files.
+
+    Isolated builds install the declared build requirements from the package index into a
+    temporary environment; `isolation=False` uses the current interpreter's setuptools.
+    """
+    path = Path(path).resolve()
+    project_metadata(path)  # fail early with a clear message
+    cmd = [sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(path / "dist")]
+    if not isolation:
+        cmd.append("--no-isolation")
+    proc = subprocess.run([*cmd, str(path)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
+        raise UsageError(f"building {path} failed:\n{tail}")
+    files = dist_files(path)
+    if len(files) != 2:
+        raise UsageError(f"build of {path} produced {[f.name for f in files]}, not wheel + sdist")
+    return files

@@ -1,0 +1,249 @@
+"""The hub server: a PEP 503/691 package index, the legacy upload API twine speaks, a JSON API
+for environment cards and evaluations, and web pages. `create_app` builds it; `serve` runs it.
+
+Authentication: an API token, sent as HTTP basic auth with user ``__token__`` (what pip and
+twine send) or as ``Authorization: Bearer``. Reads work anonymously for public environments;
+private ones answer 404 to everyone but their owner's tokens.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from pathlib import Path
+from typing import Annotated, Literal
+
+from fastapi import Body, FastAPI, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from pydantic import BaseModel
+from starlette.datastructures import UploadFile
+
+from rlkit.hub.artifacts import ArtifactError, inspect_artifact
+from rlkit.hub.base import HubError
+from rlkit.hub.names import normalize
+from rlkit.hub.readme import render_readme
+from rlkit.hub.records import EnvCard, EnvSummary, EvalRecord, Visibility
+from rlkit.hub.server.db import default_db_url, make_engine
+from rlkit.hub.server.store import HubStore
+from rlkit.hub.simple import (
+    HTML_TYPE,
+    JSON_TYPE,
+    project_list_html,
+    project_list_json,
+    project_page_html,
+    project_page_json,
+)
+
+HERE = Path(__file__).parent
+
+
+def request_token(request: Request) -> str | None:
+    """The API token in a request's Authorization header (basic `__token__:T` or bearer)."""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        return value.strip() or None
+    if scheme.lower() == "basic":
+        try:
+            user, _, password = base64.b64decode(value.strip()).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        return password if user == "__token__" and password else None
+    return None
+
+
+def negotiate(request: Request) -> str:
+    """PEP 691 content negotiation: JSON or HTML by Accept q-values (or ?format=)."""
+    wanted = request.query_params.get("format")
+    if wanted in (JSON_TYPE, HTML_TYPE, "text/html"):
+        return wanted
+    accept = request.headers.get("accept", "")
+    if not accept.strip():
+        return "text/html"
+    best, best_q = None, 0.0
+    for part in accept.split(","):
+        media, *params = (p.strip() for p in part.split(";"))
+        q = 1.0
+        for param in params:
+            if param.startswith("q="):
+                try:
+                    q = float(param[2:])
+                except ValueError:
+                    q = 0.0
+        choice = {"*/*": "text/html", "text/*": "text/html"}.get(media, media)
+        if choice in (JSON_TYPE, HTML_TYPE, "text/html") and q > best_q:
+            best, best_q = choice, q
+    if best is None:
+        raise HTTPException(406, "supported: application/vnd.pypi.simple.v1+json, text/html")
+    return best
+
+
+class VisibilityBody(BaseModel):
+    visibility: Visibility
+
+
+def create_app(data_dir: Path, db_url: str | None = None, max_upload_mb: float = 50.0) -> FastAPI:
+    """Build the hub application storing artifacts under `data_dir/files`."""
+    data_dir = Path(data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    store = HubStore(make_engine(db_url or default_db_url(data_dir)), data_dir / "files")
+    max_bytes = int(max_upload_mb * 1024 * 1024)
+    templates = Jinja2Templates(directory=HERE / "templates")
+    app = FastAPI(title="rlkit hub", docs_url="/api/docs", redoc_url=None)
+    app.state.store = store
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+
+    @app.exception_handler(HubError)
+    async def _hub_error(_request: Request, exc: HubError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+
+    def viewer(request: Request) -> str | None:
+        return store.owner_of(request_token(request))
+
+    def require_owner(request: Request) -> str:
+        token = request_token(request)
+        owner = store.owner_of(token)
+        if owner is None:
+            raise HTTPException(
+                401,
+                "missing API token" if token is None else "invalid API token",
+                headers={"WWW-Authenticate": 'Basic realm="rlkit hub"'},
+            )
+        return owner
+
+    # ---- PEP 503 / 691 simple index and files ----
+    def _index_response(kind: str, html_text: str, payload: dict) -> Response:
+        if kind == JSON_TYPE:
+            return JSONResponse(payload, media_type=JSON_TYPE)
+        return HTMLResponse(html_text, media_type=kind)
+
+    @app.get("/simple/")
+    def simple_index(request: Request) -> Response:
+        kind = negotiate(request)
+        names = store.project_names(viewer(request))
+        return _index_response(kind, project_list_html(names), project_list_json(names))
+
+    @app.get("/simple/{name}/")
+    def simple_project(name: str, request: Request) -> Response:
+        if normalize(name) != name:
+            return RedirectResponse(f"../{normalize(name)}/", status_code=301)
+        kind = negotiate(request)
+        versions, files = store.index_files(name, viewer(request))
+        return _index_response(
+            kind, project_page_html(name, files), project_page_json(name, versions, files)
+        )
+
+    @app.get("/simple/{name}")
+    def simple_project_slash(name: str) -> RedirectResponse:
+        return RedirectResponse(f"{normalize(name)}/", status_code=301)
+
+    @app.get("/files/{name}/{filename}")
+    def download(name: str, filename: str, request: Request) -> FileResponse:
+        path = store.file_path(name, filename, viewer(request))
+        return FileResponse(path, media_type="application/octet-stream", filename=filename)
+
+    # ---- legacy upload API (what `twine upload` speaks) ----
+    @app.post("/legacy/")
+    async def upload(request: Request) -> Response:
+        owner = await run_in_threadpool(require_owner, request)
+        length = request.headers.get("content-length")
+        if length is not None and int(length) > max_bytes:
+            raise HTTPException(413, f"upload larger than the {max_upload_mb:g} MB limit")
+        form = await request.form(max_files=1, max_fields=200, max_part_size=8 * 1024 * 1024)
+        if form.get(":action") != "file_upload":
+            raise HTTPException(400, "only :action=file_upload is supported")
+        content = form.get("content")
+        if not isinstance(content, UploadFile) or not content.filename:
+            raise HTTPException(400, "missing 'content' file part")
+        data = await content.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise HTTPException(413, f"upload larger than the {max_upload_mb:g} MB limit")
+        try:
+            info = inspect_artifact(data, content.filename)
+        except ArtifactError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        if normalize(str(form.get("name", ""))) != info.name or str(
+            form.get("version", "")
+        ) not in ("", info.version):
+            raise HTTPException(400, "form name/version do not match the uploaded file")
+        digest = str(form.get("sha256_digest", "") or "")
+        if digest and digest.lower() != info.sha256:
+            raise HTTPException(400, "sha256_digest does not match the uploaded content")
+        await run_in_threadpool(store.upload, owner, info, data)
+        return Response("OK", media_type="text/plain")
+
+    # ---- JSON API ----
+    @app.get("/api/v1/whoami")
+    def whoami(request: Request) -> dict:
+        return {"owner": require_owner(request)}
+
+    @app.get("/api/v1/envs")
+    def list_envs(
+        request: Request, q: str = "", tag: Annotated[str | None, Query()] = None
+    ) -> list[EnvSummary]:
+        return store.search(viewer(request), q, tag)
+
+    @app.get("/api/v1/envs/{owner}/{name}")
+    def env_card(owner: str, name: str, request: Request) -> EnvCard:
+        return store.card(owner, normalize(name), viewer(request))
+
+    @app.put("/api/v1/envs/{owner}/{name}")
+    def set_visibility(owner: str, name: str, body: VisibilityBody, request: Request) -> dict:
+        store.set_visibility(owner, normalize(name), require_owner(request), body.visibility)
+        return {"owner": owner, "name": normalize(name), "visibility": body.visibility}
+
+    @app.post("/api/v1/envs/{owner}/{name}/{version}/evals", status_code=201)
+    def add_eval(
+        owner: str, name: str, version: str, record: Annotated[EvalRecord, Body()], request: Request
+    ) -> EvalRecord:
+        return store.add_eval(owner, normalize(name), version, record, require_owner(request))
+
+    # ---- web pages ----
+    @app.get("/", response_class=HTMLResponse)
+    def page_list(request: Request, q: str = "", tag: str | None = None) -> HTMLResponse:
+        envs = store.search(viewer(request), q, tag or None)
+        return templates.TemplateResponse(
+            request, "list.html", {"envs": envs, "q": q, "tag": tag or ""}
+        )
+
+    @app.get("/envs/{owner}/{name}", response_class=HTMLResponse)
+    def page_env(owner: str, name: str, request: Request) -> HTMLResponse:
+        card = store.card(owner, normalize(name), viewer(request))
+        board = sorted(card.evals, key=lambda e: e.mean_reward, reverse=True)
+        base = str(request.base_url).rstrip("/")
+        return templates.TemplateResponse(
+            request,
+            "env.html",
+            {
+                "card": card,
+                "readme_html": render_readme(card.readme, card.readme_content_type),
+                "leaderboard": board,
+                "pass_keys": sorted({k for e in board for k in e.pass_at_k}, key=_k_order),
+                "hub_url": base,
+            },
+        )
+
+    return app
+
+
+def _k_order(key: str) -> tuple[int, str]:
+    digits = "".join(c for c in key if c.isdigit())
+    return (int(digits) if digits else 0, key)
+
+
+def serve(
+    data_dir: Path,
+    db_url: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_upload_mb: float = 50.0,
+    log_level: Literal["info", "warning", "error"] = "info",
+) -> None:
+    """Run the hub with uvicorn until interrupted."""
+    import uvicorn
+
+    uvicorn.run(
+        create_app(data_dir, db_url, max_upload_mb), host=host, port=port, log_level=log_level
+    )

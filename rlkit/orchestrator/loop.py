@@ -1,0 +1,220 @@
+"""The orchestrator's main loop: one batch per step for the trainer, new weights to the servers.
+
+Per step N (numbered from 1, as the trainer expects):
+1. `scheduler.next_batch()` (sync: the whole batch; c3po: the shortest pool prefix with C >= Phi),
+2. `write_batch` -> `run_dir/batches/step_N.pt`, then the orchestrator state for step N,
+3. wait for the trainer's `weights/step_N/STABLE`; while it trains, c3po keeps generating,
+4. load the weights on every server as policy version N; c3po purges over-retained rollouts,
+5. log the step's metrics (merged with the trainer's), evaluate every `eval.every` steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from rlkit.inference import ClientPool
+from rlkit.orchestrator.batching import GroupProcessor, make_batch
+from rlkit.orchestrator.config import TrainConfig, check_environments
+from rlkit.orchestrator.evaluation import evaluate
+from rlkit.orchestrator.metrics import MetricsLogger, read_trainer_record, step_record
+from rlkit.orchestrator.sampler import PromptSampler
+from rlkit.orchestrator.scheduler import C3POScheduler, Group, SyncScheduler
+from rlkit.orchestrator.source import EnvRolloutSource, ServersLost
+from rlkit.orchestrator.state import save_state
+from rlkit.trainer.batch import write_batch
+from rlkit.trainer.export import STABLE_MARKER, weights_dir
+
+
+class TrainerFailed(RuntimeError):
+    """The trainer process exited or never published the step's weights."""
+
+
+def make_scheduler(
+    cfg: TrainConfig, source: EnvRolloutSource, accept: GroupProcessor, version: int
+) -> SyncScheduler | C3POScheduler:
+    o = cfg.orchestrator
+    if o.scheduler == "sync":
+        return SyncScheduler(
+            source,
+            accept,
+            batch_groups=o.batch_groups,
+            max_off_policy_steps=o.max_off_policy_steps,
+            version=version,
+        )
+    return C3POScheduler(
+        source,
+        accept,
+        capacity=o.capacity,
+        token_budget=o.token_budget,
+        retention=o.retention,
+        max_off_policy_steps=o.max_off_policy_steps,
+        version=version,
+    )
+
+
+async def wait_for_weights(
+    run_dir: Path, step: int, timeout_s: float, trainer_exit: Callable[[], int | None] | None
+) -> Path:
+    """Block until the trainer publishes step N's weights; fail fast if the trainer died."""
+    path = weights_dir(run_dir, step)
+    deadline = time.monotonic() + timeout_s
+    while not (path / STABLE_MARKER).exists():
+        code = trainer_exit() if trainer_exit is not None else None
+        if code is not None:
+            raise TrainerFailed(f"the trainer exited with code {code} before publishing {path}")
+        if time.monotonic() > deadline:
+            raise TrainerFailed(
+                f"no weights at {path} after {timeout_s:.0f}s (orchestrator.weights_timeout_s)"
+            )
+        await asyncio.sleep(0.1)
+    return path
+
+
+async def trainer_record(run_dir: Path, step: int, wait_s: float = 10.0) -> dict[str, Any]:
+    """The trainer's metrics for `step` (it appends them right after publishing weights)."""
+    deadline = time.monotonic() + wait_s
+    while (record := read_trainer_record(run_dir, step)) is None:
+        if time.monotonic() > deadline:
+            return {}
+        await asyncio.sleep(0.1)
+    return record
+
+
+def merge_records(ours: dict[str, Any], trainer: dict[str, Any]) -> dict[str, Any]:
+    """Trainer keys join the record; ones we already have are kept as `trainer/<key>`."""
+    merged = dict(ours)
+    for key, value in trainer.items():
+        if key != "step":
+            merged[f"trainer/{key}" if key in ours else key] = value
+    return merged
+
+
+def _wandb_run(cfg: TrainConfig, console: Console) -> Any:
+    if not cfg.log.wandb:
+        return None
+    try:
+        import wandb
+    except ImportError:
+        console.print("[yellow]log.wandb = true but wandb is not installed; skipping W&B[/]")
+        return None
+    return wandb.init(
+        project=cfg.log.wandb_project,
+        dir=cfg.log.run_dir,
+        config=cfg.model_dump(mode="json"),
+        resume="allow",
+    )
+
+
+async def run_orchestrator(
+    cfg: TrainConfig,
+    urls: list[str],
+    *,
+    start_step: int = 0,
+    state: dict[str, Any] | None = None,
+    envs: dict[str, Any] | None = None,
+    trainer_exit: Callable[[], int | None] | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Run steps `start_step+1 .. max_steps`; returns {"eval": {step: summaries}}."""
+    console = console or Console(stderr=True)
+    o = cfg.orchestrator
+    run_dir = Path(cfg.log.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    envs = envs if envs is not None else check_environments(cfg)
+    sampler = PromptSampler(
+        {env_id: len(env.get_dataset()) for env_id, env in envs.items()},
+        {spec.id: spec.weight for spec in cfg.env},
+        o.difficulty,
+        seed=o.seed,
+    )
+    if state is not None:
+        sampler.load_state_dict(state["sampler"])
+    pool = ClientPool(
+        urls, timeout=cfg.inference.request_timeout_s, max_retries=cfg.inference.max_retries
+    )
+    source = EnvRolloutSource(
+        envs,
+        sampler,
+        pool,
+        cfg.model.path,
+        o.sampling,
+        o.group_size,
+        recover_timeout_s=cfg.inference.recover_timeout_s,
+        console=console,
+    )
+    processor = GroupProcessor(
+        advantage=o.advantage,
+        drop_zero_advantage=o.drop_zero_advantage,
+        solve_threshold=o.difficulty.solve_threshold,
+        sampler=sampler,
+    )
+    scheduler = make_scheduler(cfg, source, processor, version=start_step)
+    logger = MetricsLogger(run_dir, console, plot=cfg.log.plot, wandb_run=_wandb_run(cfg, console))
+    evals: dict[int, dict[str, Any]] = {}
+
+    async def run_eval(step: int) -> None:
+        evals[step] = await evaluate(
+            envs,
+            pool,
+            cfg.model.path,
+            o.sampling,
+            o.eval,
+            step=step,
+            run_dir=run_dir,
+            solve_threshold=o.difficulty.solve_threshold,
+            console=console,
+        )
+
+    try:
+        await pool.wait_healthy(cfg.inference.startup_timeout_s)
+        if start_step:
+            await source.update_weights(str(weights_dir(run_dir, start_step)), start_step)
+            console.print(f"resuming at step {start_step + 1} (policy version {start_step})")
+        elif o.eval.at_start:
+            await run_eval(0)
+        scheduler.take_idle_s()
+        for step in range(start_step + 1, o.max_steps + 1):
+            t0 = time.monotonic()
+            groups: list[Group] = []
+            while not groups:  # every group may have been filtered out (no signal)
+                groups = await scheduler.next_batch()
+            rollout_s = time.monotonic() - t0
+            batch = make_batch(step, groups, scheduler.version)
+            write_batch(batch, run_dir)
+            save_state(run_dir, step, {"sampler": sampler.state_dict()})
+            t1 = time.monotonic()
+            path = await wait_for_weights(run_dir, step, o.weights_timeout_s, trainer_exit)
+            await source.update_weights(str(path), step)
+            scheduler.on_policy_update(step)
+            train_s = time.monotonic() - t1
+            ours = step_record(
+                step,
+                batch,
+                processor.take_stats(),
+                scheduler.take_counters(),
+                rollout_time_s=rollout_s,
+                train_time_s=train_s,
+                step_time_s=time.monotonic() - t0,
+                idle_s=scheduler.take_idle_s(),
+            )
+            logger.log(merge_records(ours, await trainer_record(run_dir, step)))
+            if o.eval.every and step % o.eval.every == 0 and step != o.max_steps:
+                await run_eval(step)
+        if o.eval.at_end:
+            await scheduler.close()
+            await run_eval(o.max_steps)
+    except ServersLost as exc:
+        console.print(f"[bold red]stopping:[/] {exc}")
+        raise
+    finally:
+        await scheduler.close()
+        await pool.aclose()
+        if logger.wandb_run is not None:
+            logger.wandb_run.finish()
+    return {"eval": evals}

@@ -1,0 +1,164 @@
+"""Per-step metrics: `run_dir/metrics.jsonl`, one console line, W&B, and the PNG plot.
+
+The orchestrator's own numbers (rewards, phase times, idle fraction, staleness, purges) are
+merged with the trainer's record for the same step from `trainer_metrics.jsonl` (mismatch KL,
+F(tau), IcePop masked fractions, gradient norm, learning rate).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from rlkit.orchestrator.batching import GroupStats
+from rlkit.orchestrator.scheduler import Counters
+from rlkit.trainer.batch import TrainBatch
+
+PLOT_PANELS = (
+    ("reward", ("reward_mean",)),
+    ("mismatch KL (k3)", ("mismatch_kl",)),
+    ("IcePop masked fraction", ("icepop_masked_low_frac", "icepop_masked_high_frac")),
+    ("step time (s)", ("rollout_time_s", "train_time_s")),
+)
+
+
+def step_record(
+    step: int,
+    batch: TrainBatch,
+    stats: GroupStats,
+    counters: Counters,
+    *,
+    rollout_time_s: float,
+    train_time_s: float,
+    step_time_s: float,
+    idle_s: float,
+) -> dict[str, Any]:
+    """The orchestrator's side of one step's metrics."""
+    record: dict[str, Any] = {"step": step}
+    all_rewards = [r for rs in stats.rewards.values() for r in rs]
+    record["reward_mean"] = statistics.fmean(all_rewards) if all_rewards else None
+    for env_id, rewards in sorted(stats.rewards.items()):
+        record[f"reward_mean/{env_id}"] = statistics.fmean(rewards)
+        record[f"reward_std/{env_id}"] = statistics.pstdev(rewards)
+        record[f"solve_rate/{env_id}"] = statistics.fmean(stats.solved[env_id])
+    staleness = batch.meta["staleness"]
+    record.update(
+        batch_samples=len(batch.samples),
+        batch_tokens=batch.meta["tokens"],
+        rollout_time_s=rollout_time_s,
+        train_time_s=train_time_s,
+        step_time_s=step_time_s,
+        inference_idle_frac=min(1.0, idle_s / step_time_s) if step_time_s > 0 else 0.0,
+        tokens_per_s=stats.completion_tokens / step_time_s if step_time_s > 0 else 0.0,
+        staleness_mean=statistics.fmean(staleness) if staleness else 0.0,
+        staleness_max=max(staleness, default=0),
+        rollouts_launched=counters.launched,
+        rollouts_finished=counters.finished,
+        rollouts_purged=counters.purged,
+        rollouts_stale=counters.stale,
+        rollouts_errored=stats.errored,
+        zero_advantage_groups=stats.zero_advantage_groups,
+    )
+    for lag, count in sorted(Counter(staleness).items()):
+        record[f"staleness_hist/{lag}"] = count
+    return record
+
+
+def read_trainer_record(run_dir: Path, step: int) -> dict[str, Any] | None:
+    """The trainer's metrics line for `step`, if written yet."""
+    path = run_dir / "trainer_metrics.jsonl"
+    if not path.exists():
+        return None
+    for line in reversed(path.read_text().splitlines()):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written
+        if record.get("step") == step:
+            return record
+    return None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_jsonl(path: Path, max_step: int) -> None:
+    """Keep records up to `max_step` (a resumed run rewrites what came after its checkpoint)."""
+    if not path.exists():
+        return
+    kept = [r for r in read_jsonl(path) if r.get("step", 0) <= max_step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    os.replace(tmp, path)
+
+
+def write_plot(records: list[dict[str, Any]], out: Path) -> None:
+    """Reward, mismatch KL, masked fraction and phase times across steps, as one PNG (atomic)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    for ax, (title, keys) in zip(axes.flat, PLOT_PANELS, strict=True):
+        for key in keys:
+            points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, marker="o", markersize=3, label=key)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if len(keys) > 1:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    os.replace(tmp, out)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+class MetricsLogger:
+    """Appends step records to metrics.jsonl, prints a line, redraws the plot, feeds W&B."""
+
+    def __init__(
+        self, run_dir: Path, console: Console, *, plot: bool, wandb_run: Any = None
+    ) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.plot_path = run_dir / "metrics.png"
+        self.console = console
+        self.plot = plot
+        self.wandb_run = wandb_run
+
+    def log(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        r = record
+        masked = None
+        if r.get("icepop_masked_low_frac") is not None:
+            masked = r["icepop_masked_low_frac"] + r.get("icepop_masked_high_frac", 0.0)
+        self.console.print(
+            f"step {r['step']:>4} | reward {_fmt(r.get('reward_mean'), '.3f')} | "
+            f"kl {_fmt(r.get('mismatch_kl'), '.2e')} | masked {_fmt(masked, '.3f')} | "
+            f"rollout {r['rollout_time_s']:.1f}s train {r['train_time_s']:.1f}s | "
+            f"idle {r['inference_idle_frac']:.2f} | {r['tokens_per_s']:.0f} tok/s | "
+            f"stale {r['staleness_mean']:.2f} | purged {r['rollouts_purged']} | "
+            f"errored {r['rollouts_errored']}"
+        )
+        if self.plot:
+            write_plot(read_jsonl(self.path), self.plot_path)
+        if self.wandb_run is not None:
+            self.wandb_run.log({k: v for k, v in r.items() if v is not None}, step=r["step"])

@@ -1,0 +1,264 @@
+"""Rollout schedulers: `sync` (the baseline) and `c3po` (Ring-1T Algorithm 1, C3PO++).
+
+Both pull finished groups (G rollouts of one prompt) from a `RolloutSource` and hand the
+trainer one batch per step:
+
+- `SyncScheduler` launches the whole batch, waits for every group, returns it. Inference idles
+  while the trainer works and the slowest rollout sets the pace.
+- `C3POScheduler` keeps `capacity` rollouts in flight at all times. Each finished group goes
+  through `accept` (advantages and filters) into the training pool and adds its tokens to C;
+  the batch is the shortest prefix of the pool with C >= Phi (the token budget). Unfinished
+  groups keep running across weight updates (the server pauses, reloads and resumes them);
+  after each update, groups whose retention (policy updates spanned) exceeds sigma are purged.
+
+A group is identified by a unique `uid`; once taken into a batch it leaves the pool, so no
+rollout is trained on twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class RolloutSource(Protocol):
+    """Produces one scored group (G rollouts of one prompt); the orchestrator's env sampler.
+
+    `next_group()` returns `(env_id, example_index, rollouts)`.
+    """
+
+    group_size: int
+
+    async def next_group(self) -> tuple[str, int, list[Any]]: ...
+
+
+@dataclass
+class Group:
+    """A finished (or in-flight) group and the bookkeeping the schedulers need."""
+
+    uid: int
+    start_version: int
+    env_id: str = ""
+    index: int = -1  # example index in the environment's dataset
+    rollouts: list[Any] = field(default_factory=list)
+    samples: list[Any] = field(default_factory=list)  # trainable samples after `accept`
+    tokens: int = 0  # tokens counted against the budget
+
+
+def rollout_tokens(rollout: Any) -> int:
+    """Model-generated tokens of a rollout (what the budget Phi counts)."""
+    return sum(len(t.completion_token_ids) for t in rollout.turns)
+
+
+def rollout_versions(rollout: Any) -> list[int]:
+    """Every policy version that produced a turn of this rollout."""
+    out: list[int] = []
+    for turn in rollout.turns:
+        out += [v for v in (turn.policy_version_start, turn.policy_version_end) if v is not None]
+    return out
+
+
+def oldest_version(rollout: Any, default: int) -> int:
+    versions = rollout_versions(rollout)
+    return min(versions) if versions else default
+
+
+@dataclass
+class Counters:
+    """What the schedulers did since the last `take_counters()`; reported per step."""
+
+    launched: int = 0  # rollouts launched
+    finished: int = 0  # rollouts finished
+    purged: int = 0  # rollouts purged for retention > sigma
+    stale: int = 0  # rollouts dropped for max_off_policy_steps
+    failed_groups: int = 0  # groups whose source raised (server gone for good, bug)
+
+
+Accept = Callable[[Group], None]
+"""Fills `group.samples` and `group.tokens` from `group.rollouts` (advantages, filters)."""
+
+
+class _SchedulerBase:
+    def __init__(
+        self,
+        source: RolloutSource,
+        accept: Accept,
+        *,
+        max_off_policy_steps: int,
+        version: int = 0,
+    ) -> None:
+        self.source = source
+        self.accept = accept
+        self.max_off_policy_steps = max_off_policy_steps
+        self.version = version  # policy version the servers currently serve
+        self.counters = Counters()
+        self._uids = itertools.count()
+        self.error: BaseException | None = None  # a source failure that must stop the run
+        self.active = 0  # groups generating right now
+        self._idle_since: float | None = time.monotonic()
+        self._idle_s = 0.0
+
+    def take_counters(self) -> Counters:
+        counters, self.counters = self.counters, Counters()
+        return counters
+
+    def on_policy_update(self, version: int) -> None:
+        self.version = version
+
+    def _drop_stale(self, group: Group) -> None:
+        """Remove samples whose oldest turn is more than max_off_policy_steps behind."""
+        keep = []
+        for sample in group.samples:
+            if self.version - sample.policy_version > self.max_off_policy_steps:
+                self.counters.stale += 1
+                group.tokens -= sum(sample.loss_mask)
+            else:
+                keep.append(sample)
+        group.samples = keep
+
+    def take_idle_s(self) -> float:
+        """Seconds with no rollout in flight since the last call (inference idle time)."""
+        now = time.monotonic()
+        idle = self._idle_s
+        if self._idle_since is not None:
+            idle += now - self._idle_since
+            self._idle_since = now
+        self._idle_s = 0.0
+        return idle
+
+    async def _run(self, group: Group) -> Group:
+        self.active += 1
+        if self._idle_since is not None:
+            self._idle_s += time.monotonic() - self._idle_since
+            self._idle_since = None
+        try:
+            group.env_id, group.index, group.rollouts = await self.source.next_group()
+        finally:
+            self.active -= 1
+            if self.active == 0:
+                self._idle_since = time.monotonic()
+        self.counters.finished += len(group.rollouts)
+        self.accept(group)
+        return group
+
+    async def close(self) -> None:
+        """Cancel everything still in flight."""
+
+
+class SyncScheduler(_SchedulerBase):
+    """Generate the whole batch (`batch_groups` groups), then return it; nothing overlaps."""
+
+    def __init__(self, source: RolloutSource, accept: Accept, *, batch_groups: int, **kw: Any):
+        super().__init__(source, accept, **kw)
+        self.batch_groups = batch_groups
+
+    async def next_batch(self) -> list[Group]:
+        groups = [
+            Group(uid=next(self._uids), start_version=self.version)
+            for _ in range(self.batch_groups)
+        ]
+        self.counters.launched += self.batch_groups * self.source.group_size
+        done = await asyncio.gather(*(self._run(g) for g in groups))
+        for group in done:
+            self._drop_stale(group)
+        return [g for g in done if g.samples]
+
+    def in_flight(self) -> int:
+        return 0
+
+
+class C3POScheduler(_SchedulerBase):
+    """C3PO++: capacity Omega in flight, budget Phi per step, retention threshold sigma."""
+
+    def __init__(
+        self,
+        source: RolloutSource,
+        accept: Accept,
+        *,
+        capacity: int,
+        token_budget: int,
+        retention: int,
+        **kw: Any,
+    ) -> None:
+        super().__init__(source, accept, **kw)
+        self.capacity = capacity
+        self.token_budget = token_budget
+        self.retention = retention
+        self.pool: list[Group] = []  # finished groups waiting for a batch, in finish order
+        self.tasks: dict[asyncio.Task, Group] = {}
+        self._changed = asyncio.Event()
+
+    def in_flight(self) -> int:
+        return len(self.tasks) * self.source.group_size
+
+    def pool_tokens(self) -> int:
+        return sum(g.tokens for g in self.pool)
+
+    def fill(self) -> None:
+        """Launch groups until Omega rollouts are in flight (none while the next batch is full)."""
+        if self.error is not None:
+            return
+        g = self.source.group_size
+        room = max(self.capacity, g)
+        while self.in_flight() + g <= room and self.pool_tokens() < self.token_budget:
+            group = Group(uid=next(self._uids), start_version=self.version)
+            task = asyncio.create_task(self._run(group))
+            self.tasks[task] = group
+            self.counters.launched += g
+            task.add_done_callback(self._on_done)
+
+    def _on_done(self, task: asyncio.Task) -> None:
+        group = self.tasks.pop(task, None)
+        if group is None or task.cancelled():  # purged by on_policy_update
+            return
+        if task.exception() is not None:
+            self.counters.failed_groups += 1
+            self.error = task.exception()
+        elif self.version - group.start_version > self.retention:
+            self.counters.purged += len(group.rollouts)
+        else:
+            self._drop_stale(group)
+            if group.samples:
+                self.pool.append(group)
+        self._changed.set()
+        self.fill()
+
+    def on_policy_update(self, version: int) -> None:
+        """New weights are live: purge groups that spanned more than sigma updates."""
+        super().on_policy_update(version)
+        for task, group in list(self.tasks.items()):
+            if version - group.start_version > self.retention:
+                task.cancel()
+                self.tasks.pop(task)
+                self.counters.purged += self.source.group_size
+        for group in self.pool:
+            self._drop_stale(group)
+        self.pool = [g for g in self.pool if g.samples]
+        self.fill()
+
+    async def next_batch(self) -> list[Group]:
+        """Wait until the pool holds >= Phi tokens; return that shortest prefix of it."""
+        self.fill()
+        while True:
+            if self.error is not None:
+                raise self.error
+            total = 0
+            for i, group in enumerate(self.pool):
+                total += group.tokens
+                if total >= self.token_budget:
+                    batch, self.pool = self.pool[: i + 1], self.pool[i + 1 :]
+                    self.fill()
+                    return batch
+            self._changed.clear()
+            self.fill()
+            await self._changed.wait()
+
+    async def close(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.tasks.clear()

@@ -1,0 +1,11 @@
+"""Untrusted-code execution: bubblewrap isolation, rlimits, wall-clock timeouts, capped output.
+
+`await run(code, language="python", stdin="", timeout=10.0, memory_mb=512, files=None)` runs one
+program in a fresh sandbox; `PythonSession` keeps one sandboxed interpreter alive across cells
+(the Python tool of tool environments).
+"""
+
+from rlkit.sandbox.result import SandboxResult, Status
+from rlkit.sandbox.runner import active_backend, configure, run
+
+__all__ = ["SandboxResult", "Status", "active_backend", "configure", "run"]

@@ -1,0 +1,236 @@
+"""How to start one sandboxed program: the bubblewrap command line or the local fallback.
+
+`prepare_bwrap` / `prepare_local` return a `Launch` (argv + process settings) inside a context
+manager that owns everything the launch needs on the host (in-memory files, pipes, a temp dir)
+and releases it afterwards, so nothing a run wrote survives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from rlkit.sandbox.limits import MIB, Limits
+
+WORKDIR = "/sandbox"
+# Host uid/gid the sandbox runs as when rlkit itself runs as root: an escape lands as `nobody`,
+# not root, and the kernel applies RLIMIT_NPROC (it exempts root).
+NOBODY = 65534
+PROGRAM_NAMES = {"python": "main.py", "bash": "main.sh"}
+
+
+def sandbox_python() -> Path:
+    """The interpreter the sandbox runs: the system one if present, so no host prefix such as a
+    pyenv install under /root needs to be visible inside; else this interpreter's base prefix."""
+    system = Path("/usr/bin/python3")
+    if system.exists():
+        return system
+    return Path(sys.base_prefix) / "bin" / "python3"
+
+
+def interpreter(language: str) -> list[str]:
+    """The command that runs a program file written in `language`."""
+    if language == "python":
+        return [str(sandbox_python()), "-B"]
+    if language == "bash":
+        return ["/bin/bash"]
+    raise ValueError(f"unsupported sandbox language {language!r}; use one of {list(PROGRAM_NAMES)}")
+
+
+def check_relative(name: str) -> PurePosixPath:
+    """A `files` key must stay inside the working directory."""
+    path = PurePosixPath(name)
+    if path.is_absolute() or ".." in path.parts or not path.parts:
+        raise ValueError(f"sandbox file name {name!r} must be a relative path inside the workdir")
+    return path
+
+
+def as_bytes(content: str | bytes) -> bytes:
+    return content.encode() if isinstance(content, str) else content
+
+
+@dataclass
+class Launch:
+    """Everything `asyncio.create_subprocess_exec` needs for one sandboxed program."""
+
+    argv: list[str]
+    pass_fds: tuple[int, ...] = ()
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    user: int | None = None
+    preexec_fn: Callable[[], None] | None = None
+    # Read end of bwrap's --json-status-fd pipe: tells "never started" from "program failed".
+    status_fd: int | None = None
+    child_fds: list[int] = field(default_factory=list)
+
+    def close_child_fds(self) -> None:
+        """Close the descriptors only the child needs, once it has them."""
+        for fd in self.child_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.child_fds.clear()
+
+    def bwrap_status(self) -> dict[str, int]:
+        """Merge bwrap's JSON status documents ({"child-pid": ..}, {"exit-code": ..})."""
+        if self.status_fd is None:
+            return {}
+        os.set_blocking(self.status_fd, False)
+        chunks = []
+        with contextlib.suppress(BlockingIOError, OSError):
+            while chunk := os.read(self.status_fd, 65536):
+                chunks.append(chunk)
+        status: dict[str, int] = {}
+        decoder = json.JSONDecoder()
+        text, pos = b"".join(chunks).decode(errors="replace"), 0
+        while (pos := _skip_space(text, pos)) < len(text):
+            try:
+                doc, pos = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError:
+                break
+            status.update(doc)
+        return status
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def _memfd(name: str, content: bytes) -> int:
+    fd = os.memfd_create(name.replace("/", "_"), 0)
+    os.write(fd, content)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _system_binds(python: Path) -> list[str]:
+    """Read-only system: /usr plus the merged-/usr links, and the interpreter's prefix only when
+    it lives outside /usr. Nothing else of the host (no /etc, /home, /root, checkout) exists."""
+    binds = ["--ro-bind", "/usr", "/usr"]
+    for link in ("bin", "lib", "lib64", "sbin"):
+        host = Path("/") / link
+        if host.is_symlink():
+            binds += ["--symlink", os.readlink(host), f"/{link}"]
+        elif host.is_dir():
+            binds += ["--ro-bind", str(host), f"/{link}"]
+    if not python.is_relative_to("/usr"):
+        prefix = python.resolve().parent.parent
+        binds += ["--ro-bind", str(prefix), str(prefix)]
+    return binds
+
+
+@contextlib.contextmanager
+def prepare_bwrap(
+    code: str, language: str, files: dict[str, str | bytes], limits: Limits
+) -> Iterator[Launch]:
+    """A bubblewrap launch: every namespace unshared (no network), a fresh size-capped tmpfs as
+    the working directory holding `files`, the program read-only at /program, no host env."""
+    command = interpreter(language)
+    program = f"/program/{PROGRAM_NAMES[language]}"
+    launch = Launch(argv=[])
+    try:
+        status_read, status_write = os.pipe()
+        launch.status_fd = status_read
+        launch.child_fds.append(status_write)
+        program_fd = _memfd(program, code.encode())
+        launch.child_fds.append(program_fd)
+        file_args: list[str] = []
+        files_size = 0
+        for name, content in files.items():
+            path = check_relative(name)
+            data = as_bytes(content)
+            files_size += len(data)
+            fd = _memfd(name, data)
+            launch.child_fds.append(fd)
+            file_args += ["--file", str(fd), f"{WORKDIR}/{path}"]
+        work_size = 64 * MIB + 2 * files_size
+        launch.argv = [
+            "bwrap",
+            "--unshare-all",
+            "--unshare-user",
+            "--disable-userns",
+            "--die-with-parent",
+            "--new-session",
+            "--uid",
+            str(NOBODY),
+            "--gid",
+            str(NOBODY),
+            "--hostname",
+            "sandbox",
+            *_system_binds(Path(command[0])),
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            str(64 * MIB),
+            "--tmpfs",
+            "/tmp",
+            "--size",
+            str(work_size),
+            "--tmpfs",
+            WORKDIR,
+            *file_args,
+            "--ro-bind-data",
+            str(program_fd),
+            program,
+            # The sandbox's own root tmpfs: read-only too (non-recursive; /tmp and WORKDIR stay rw).
+            "--remount-ro",
+            "/",
+            "--chdir",
+            WORKDIR,
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            "/usr/bin:/bin",
+            "--setenv",
+            "HOME",
+            WORKDIR,
+            "--setenv",
+            "LANG",
+            "C.UTF-8",
+            "--json-status-fd",
+            str(status_write),
+            "--",
+            *limits.prlimit_args(),
+            *command,
+            program,
+        ]
+        launch.pass_fds = tuple(launch.child_fds)
+        launch.user = NOBODY if os.geteuid() == 0 else None
+        yield launch
+    finally:
+        launch.close_child_fds()
+        if launch.status_fd is not None:
+            os.close(launch.status_fd)
+
+
+@contextlib.contextmanager
+def prepare_local(
+    code: str, language: str, files: dict[str, str | bytes], limits: Limits
+) -> Iterator[Launch]:
+    """The no-isolation fallback: a private temp dir, rlimits and a minimal environment only."""
+    workdir = Path(tempfile.mkdtemp(prefix="rlkit-sandbox-"))
+    try:
+        for name, content in files.items():
+            target = workdir / check_relative(name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(as_bytes(content))
+        program = workdir / PROGRAM_NAMES[language]
+        program.write_text(code)
+        yield Launch(
+            argv=[*interpreter(language), str(program)],
+            cwd=str(workdir),
+            env={"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8"},
+            preexec_fn=limits.apply,
+        )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

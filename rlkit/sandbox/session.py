@@ -1,0 +1,136 @@
+"""A persistent sandboxed Python interpreter: state survives across cells (a notebook for tools).
+
+One bubblewrap'd (or, without bubblewrap, local) `python3` runs `repl_server.py` for the
+session's lifetime; cells go over stdin as JSON lines and answers come back the same way. A cell
+that exceeds its wall-clock timeout or crashes the interpreter kills the whole sandbox; the next
+cell starts a fresh one (its state is gone, and the result says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from rlkit.sandbox.launch import prepare_bwrap, prepare_local
+from rlkit.sandbox.limits import Limits
+from rlkit.sandbox.process import classify, kill_tree, spawn
+from rlkit.sandbox.result import Status
+from rlkit.sandbox.runner import active_backend
+
+REPL_SOURCE = (Path(__file__).parent / "repl_server.py").read_text()
+
+
+class CellResult(BaseModel):
+    """Outcome of one cell: combined stdout+stderr (capped) and how the cell ended.
+
+    `status` uses the sandbox vocabulary: "ok", "runtime_error" (the cell raised), "timeout",
+    "memory", "output_limit" (output was truncated) or "sandbox_error".
+    """
+
+    status: Status
+    output: str = ""
+    duration: float = 0.0
+    restarted: bool = False  # the interpreter died during this cell; its state is lost
+
+
+class PythonSession:
+    """`async with PythonSession() as py: await py.execute("x = 1"); await py.execute("x")`."""
+
+    def __init__(
+        self,
+        *,
+        timeout: float = 10.0,
+        memory_mb: int = 512,
+        output_limit: int = 16384,
+        lifetime_cpu_s: float = 600.0,
+        files: dict[str, str | bytes] | None = None,
+    ) -> None:
+        self.timeout = timeout
+        self.output_limit = output_limit
+        # rlimits cover the whole interpreter lifetime, so CPU is a session budget.
+        self.limits = Limits(timeout=lifetime_cpu_s, memory_mb=memory_mb)
+        self.files = files or {}
+        self._proc: asyncio.subprocess.Process | None = None
+        self._stack: contextlib.ExitStack | None = None
+        self._lock = asyncio.Lock()
+
+    async def __aenter__(self) -> PythonSession:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    async def _start(self) -> asyncio.subprocess.Process:
+        prepare = prepare_bwrap if active_backend() == "bwrap" else prepare_local
+        self._stack = contextlib.ExitStack()
+        launch = self._stack.enter_context(
+            prepare(REPL_SOURCE, "python", self.files, self.limits)
+        )
+        launch.argv.append(str(self.output_limit))
+        # Replies carry up to output_limit characters, JSON-escaped (at most 6 bytes each).
+        self._proc = await spawn(launch, line_limit=6 * self.output_limit + 4096)
+        return self._proc
+
+    async def execute(self, code: str, timeout: float | None = None) -> CellResult:
+        """Run one cell in the session's namespace; never raises for what the cell does."""
+        async with self._lock:
+            start = time.monotonic()
+            proc = self._proc if self.alive else await self._start()
+            assert proc.stdin and proc.stdout
+            try:
+                proc.stdin.write((json.dumps({"code": code}) + "\n").encode())
+                await proc.stdin.drain()
+                line = await asyncio.wait_for(proc.stdout.readline(), timeout or self.timeout)
+            except TimeoutError:
+                await self.close()
+                return CellResult(
+                    status="timeout", duration=time.monotonic() - start, restarted=True
+                )
+            except (BrokenPipeError, ConnectionResetError, ValueError):
+                line = b""  # the interpreter is gone (or answered garbage): handled below
+            duration = time.monotonic() - start
+            if not line:
+                status = await self._died()
+                return CellResult(status=status, duration=duration, restarted=True)
+            reply = json.loads(line)
+            status: Status = "ok"
+            if reply["error"]:
+                status = "memory" if "MemoryError" in reply["output"][-2000:] else "runtime_error"
+            elif reply["truncated"]:
+                status = "output_limit"
+            return CellResult(status=status, output=reply["output"], duration=duration)
+
+    async def _died(self) -> Status:
+        """Classify an interpreter that stopped answering, then clean up."""
+        assert self._proc is not None and self._proc.stderr is not None
+        proc = self._proc
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 2.0)
+        stderr = b""
+        with contextlib.suppress(TimeoutError):
+            stderr = await asyncio.wait_for(proc.stderr.read(65536), 1.0)
+        code = proc.returncode
+        await self.close()
+        if code is None or (code == 1 and b"bwrap:" in stderr):
+            return "sandbox_error"
+        return classify(128 - code if code < 0 else code, stderr.decode(errors="replace"))
+
+    async def close(self) -> None:
+        """Kill the interpreter and everything it started; the next cell starts a new one."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            kill_tree(proc.pid)
+            await proc.wait()
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None

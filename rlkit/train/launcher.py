@@ -1,0 +1,255 @@
+"""`rlkit train`: start the inference servers, the trainer and the orchestrator for one run.
+
+`role="all"` runs everything on this machine: vLLM server(s) and the trainer as child
+processes (each in its own process group), the orchestrator in this process. A server that
+dies is relaunched on its port and the orchestrator brings it back to the current weights.
+Ctrl-C (or any failure) stops every child by process group; the trainer's last checkpoint plus
+the orchestrator's state of that step make `--resume` continue the step count.
+Other roles run one part for multi-machine setups: `inference` serves until interrupted,
+`trainer` runs the trainer in the foreground, `orchestrator` talks to `inference.urls`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+from rich.console import Console
+
+from rlkit.config import dump_toml
+from rlkit.errors import UsageError
+from rlkit.inference import ServerProcess, start_server
+from rlkit.orchestrator.config import TrainConfig, check_environments
+from rlkit.orchestrator.loop import run_orchestrator
+from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
+
+Role = Literal["all", "inference", "orchestrator", "trainer"]
+
+
+def trainer_command(config_path: Path, nproc: int, resume: bool) -> list[str]:
+    """One process, or torchrun with `nproc` ranks (FSDP2; gloo on CPU)."""
+    args = ["-m", "rlkit.trainer.main", "--config", str(config_path), "--mode", "rl"]
+    if resume:
+        args.append("--resume")
+    if nproc == 1:
+        return [sys.executable, *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *args]
+
+
+def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM the child's process group, SIGKILL what is left after `timeout`."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+    try:  # grandchildren of an exited leader
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class ServerFleet:
+    """The inference servers this run launched, with a watchdog that relaunches dead ones."""
+
+    def __init__(self, cfg: TrainConfig, log_dir: Path, console: Console) -> None:
+        self.cfg = cfg
+        self.log_dir = log_dir
+        self.console = console
+        self.servers: list[ServerProcess] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._watchdog: threading.Thread | None = None
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    def _launch(self, i: int, port: int | None) -> ServerProcess:
+        inf = self.cfg.inference
+        return start_server(
+            self.cfg.model.path,
+            host=inf.host,
+            port=port,
+            log_path=self.log_dir / f"inference-{i}.log",
+            extra_args=list(inf.extra_args),
+        )
+
+    def start(self) -> None:
+        inf = self.cfg.inference
+        for i in range(inf.num_servers):
+            self.servers.append(self._launch(i, inf.base_port + i if inf.base_port else None))
+        self.console.print(f"starting {len(self.servers)} inference server(s): {self.urls}")
+
+    def wait_ready(self) -> None:
+        for server in self.servers:
+            server.wait_ready(self.cfg.inference.startup_timeout_s)
+        if self.cfg.inference.restart_dead_servers:
+            self._watchdog = threading.Thread(target=self._watch, daemon=True)
+            self._watchdog.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(1.0):
+            with self._lock:
+                for i, server in enumerate(self.servers):
+                    if server.process.poll() is None or self._stop.is_set():
+                        continue
+                    port = int(server.url.rsplit(":", 1)[1])
+                    self.console.print(
+                        f"[yellow]inference server {server.url} exited with code "
+                        f"{server.process.returncode}; relaunching[/]"
+                    )
+                    server.stop()
+                    try:
+                        self.servers[i] = self._launch(i, port)
+                    except UsageError as exc:  # the port is taken now: nothing to do but report
+                        self.console.print(f"[red]cannot relaunch {server.url}: {exc}[/]")
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            for server in self.servers:
+                server.stop()
+
+
+class TrainerProcess:
+    """The trainer as a child process group writing to `run_dir/logs/trainer.log`."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool) -> None:
+        config_path = run_dir / "trainer.toml"
+        tmp = run_dir / ".trainer.toml.tmp"
+        tmp.write_text(dump_toml(cfg.trainer_config()))
+        os.replace(tmp, config_path)
+        self.log_path = run_dir / "logs" / "trainer.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            trainer_command(config_path, cfg.trainer.nproc, resume),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+
+    def exit_code(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def log_tail(self, lines: int = 30) -> str:
+        text = self.log_path.read_text(errors="ignore").splitlines()
+        return "\n".join(text[-lines:])
+
+    def stop(self) -> None:
+        stop_process_group(self.proc)
+        self._log.close()
+
+
+def prepare_run_dir(cfg: TrainConfig, resume: bool) -> tuple[int, dict[str, Any] | None]:
+    """Check or roll back the run directory and save the resolved config; nothing started."""
+    run_dir = Path(cfg.log.run_dir)
+    if resume:
+        start_step, state = prepare_resume(run_dir)
+    else:
+        check_fresh_run_dir(run_dir)
+        start_step, state = 0, None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(dump_toml(cfg))
+    return start_step, state
+
+
+def run_train(cfg: TrainConfig, role: Role = "all", resume: bool = False) -> dict[str, Any]:
+    """Run `role` of the training job described by `cfg` (see the module docstring)."""
+    console = Console(stderr=True)
+    run_dir = Path(cfg.log.run_dir)
+    if role == "orchestrator" and not cfg.inference.urls:
+        raise UsageError("inference.urls: --role orchestrator needs the servers' URLs")
+    envs: dict[str, Any] = {}
+    if role in ("all", "orchestrator"):
+        envs = check_environments(cfg)  # an unknown env id fails here, before anything starts
+    if role == "trainer":
+        run_dir.mkdir(parents=True, exist_ok=True)
+        trainer = TrainerProcess(cfg, run_dir, resume)
+        try:
+            code = trainer.proc.wait()
+        finally:
+            trainer.stop()
+        if code:
+            raise RuntimeError(f"trainer exited with code {code}:\n{trainer.log_tail()}")
+        return {}
+    if role == "inference":
+        fleet = ServerFleet(cfg, run_dir / "logs", console)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fleet.start()
+            fleet.wait_ready()
+            console.print(f"serving {cfg.model.path} at {fleet.urls}; Ctrl-C to stop")
+            threading.Event().wait()
+        finally:
+            fleet.stop()
+        return {}
+    start_step, state = prepare_run_dir(cfg, resume)
+    if role == "orchestrator":
+        return asyncio.run(
+            run_orchestrator(
+                cfg, list(cfg.inference.urls), start_step=start_step, state=state, envs=envs
+            )
+        )
+    return _run_all(cfg, run_dir, start_step, state, envs, resume, console)
+
+
+def _run_all(
+    cfg: TrainConfig,
+    run_dir: Path,
+    start_step: int,
+    state: dict[str, Any] | None,
+    envs: dict[str, Any],
+    resume: bool,
+    console: Console,
+) -> dict[str, Any]:
+    fleet = ServerFleet(cfg, run_dir / "logs", console)
+    trainer: TrainerProcess | None = None
+    try:
+        if not cfg.inference.urls:
+            fleet.start()
+        trainer = TrainerProcess(cfg, run_dir, resume=resume and start_step > 0)
+        console.print(f"trainer pid {trainer.proc.pid}, log {trainer.log_path}")
+        fleet.wait_ready()
+        urls = list(cfg.inference.urls) or fleet.urls
+        try:
+            result = asyncio.run(
+                run_orchestrator(
+                    cfg,
+                    urls,
+                    start_step=start_step,
+                    state=state,
+                    envs=envs,
+                    trainer_exit=trainer.exit_code,
+                    console=console,
+                )
+            )
+        except Exception as exc:
+            if trainer.exit_code():
+                raise RuntimeError(f"{exc}\ntrainer log tail:\n{trainer.log_tail()}") from exc
+            raise
+        code = trainer.wait(timeout=120)
+        if code:
+            raise RuntimeError(f"trainer exited with code {code}:\n{trainer.log_tail()}")
+        return result
+    finally:
+        if trainer is not None:
+            trainer.stop()
+        fleet.stop()

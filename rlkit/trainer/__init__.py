@@ -1,0 +1,1 @@
+"""FSDP2 trainer: losses, advantages, logprobs, batches, checkpoints and weight export."""

@@ -1,0 +1,102 @@
+"""The batch format between the orchestrator (writer) and the trainer (reader).
+
+One file per optimiser step, `run_dir/batches/step_{step:06d}.pt`, written atomically (tmp +
+rename) so the trainer never sees half a batch. The payload is plain Python lists and numbers,
+so `torch.load(weights_only=True)` can read it safely. Each sample is one whole conversation:
+`token_ids`, a `loss_mask` (1 = model token that counts), the engine's `inference_logprobs`
+(0.0 where the mask is 0), one scalar `advantage` and the `policy_version` that generated it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+
+
+class MalformedBatchError(ValueError):
+    """A batch file that the trainer refuses to train on; the message names sample and field."""
+
+
+class TrainSample(BaseModel):
+    token_ids: list[int]
+    loss_mask: list[int]
+    inference_logprobs: list[float]
+    advantage: float
+    policy_version: int
+    env_id: str = ""
+    reward: float = 0.0
+
+
+class TrainBatch(BaseModel):
+    step: int
+    samples: list[TrainSample]
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.samples)
+
+
+def batch_path(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / "batches" / f"step_{step:06d}.pt"
+
+
+def write_batch(batch: TrainBatch, run_dir: str | Path) -> Path:
+    """Write `batch` to its step file atomically; returns the path."""
+    path = batch_path(run_dir, batch.step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(batch.model_dump(), f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def _check_sample(i: int, s: TrainSample) -> None:
+    n = len(s.token_ids)
+    where = f"sample {i}"
+    if n < 2:
+        raise MalformedBatchError(f"{where}: token_ids has {n} tokens, need at least 2")
+    for field in ("loss_mask", "inference_logprobs"):
+        if len(getattr(s, field)) != n:
+            raise MalformedBatchError(
+                f"{where}: {field} has {len(getattr(s, field))} entries, token_ids has {n}"
+            )
+    if any(m not in (0, 1) for m in s.loss_mask):
+        raise MalformedBatchError(f"{where}: loss_mask must contain only 0 and 1")
+    if s.loss_mask[0] == 1:
+        raise MalformedBatchError(f"{where}: loss_mask[0] is 1 but the first token has no context")
+    if any(t < 0 for t in s.token_ids):
+        raise MalformedBatchError(f"{where}: token_ids contains a negative id")
+    if not all(math.isfinite(x) for x in s.inference_logprobs):
+        raise MalformedBatchError(f"{where}: inference_logprobs contains NaN or inf")
+    if not math.isfinite(s.advantage):
+        raise MalformedBatchError(f"{where}: advantage is {s.advantage}")
+
+
+def read_batch(path: str | Path) -> TrainBatch:
+    """Load and validate one batch file; any problem raises MalformedBatchError."""
+    path = Path(path)
+    try:
+        raw = torch.load(path, weights_only=True)
+    except Exception as exc:
+        raise MalformedBatchError(f"{path}: cannot load batch: {exc}") from exc
+    try:
+        batch = TrainBatch.model_validate(raw)
+    except Exception as exc:
+        raise MalformedBatchError(f"{path}: {exc}") from exc
+    if not batch.samples:
+        raise MalformedBatchError(f"{path}: batch has no samples")
+    for i, sample in enumerate(batch.samples):
+        try:
+            _check_sample(i, sample)
+        except MalformedBatchError as exc:
+            raise MalformedBatchError(f"{path}: {exc}") from None
+    return batch

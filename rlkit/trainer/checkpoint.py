@@ -1,0 +1,146 @@
+"""Exact, resumable checkpoints: sharded model + optimiser via torch.distributed.checkpoint.
+
+Layout: `run_dir/checkpoints/step_{N:06d}/` holds DCP shards of the model and AdamW state
+(each rank writes its own shard, so saving scales and a run can resume on another world size)
+plus `extra_rank{r}.pt` with the scheduler, step, data position and every RNG state.
+A checkpoint is written into `.tmp_step_N`, fsynced, renamed, and only then the `latest`
+pointer file is replaced atomically, so a crash at any moment leaves the previous checkpoint
+usable and never a half-written one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from rlkit.errors import UsageError
+from rlkit.trainer import dist
+
+
+def checkpoints_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def _fsync_tree(path: Path) -> None:
+    for file in path.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    data_state: dict[str, Any],
+    keep_last: int,
+) -> Path:
+    """Collective: every rank must call it. Returns the final checkpoint directory."""
+    root = checkpoints_dir(run_dir)
+    final = root / f"step_{step:06d}"
+    tmp = root / f".tmp_step_{step:06d}"
+    if dist.is_main():
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    extra = {
+        "step": step,
+        "scheduler": scheduler.state_dict(),
+        "data": data_state,
+        "rng": rng_state(),
+        "world_size": dist.world_size(),
+    }
+    torch.save(extra, tmp / f"extra_rank{dist.rank()}.pt")
+    dist.barrier()
+    if dist.is_main():
+        _fsync_tree(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        pointer = root / ".latest.tmp"
+        pointer.write_text(final.name + "\n")
+        os.replace(pointer, root / "latest")
+        _prune(root, keep_last)
+    dist.barrier()
+    return final
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    done = sorted(p for p in root.glob("step_*") if p.is_dir())
+    for old in done[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def resolve_checkpoint(run_dir: str | Path, resume: str) -> Path | None:
+    """`latest` -> the pointed-to checkpoint (None when the run has none yet), else a path."""
+    if not resume:
+        return None
+    if resume == "latest":
+        pointer = checkpoints_dir(run_dir) / "latest"
+        if not pointer.is_file():
+            return None
+        path = checkpoints_dir(run_dir) / pointer.read_text().strip()
+    else:
+        path = Path(resume)
+    if not (path / ".metadata").is_file():
+        raise UsageError(f"checkpoint {path} not found or incomplete (no DCP .metadata)")
+    return path
+
+
+def load_checkpoint(
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> dict[str, Any]:
+    """Collective: restore model, optimiser, scheduler and RNG; returns {step, data}."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+    extra_file = path / f"extra_rank{dist.rank()}.pt"
+    if not extra_file.is_file():
+        extra_file = path / "extra_rank0.pt"  # resumed on more ranks than were saved
+    extra = torch.load(extra_file, weights_only=False)
+    scheduler.load_state_dict(extra["scheduler"])
+    set_rng_state(extra["rng"])
+    return {"step": extra["step"], "data": extra["data"]}

@@ -1,0 +1,115 @@
+"""Trainer configuration models (TOML sections), shared by RL (`rlkit train`) and SFT.
+
+`TrainerConfig` is what `python -m rlkit.trainer.main --config X.toml` reads; the orchestrator's
+full `rlkit train` config embeds its sections (`model`, `optim`, `loss`, `ckpt`, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from rlkit.config import Config
+
+
+class ModelConfig(Config):
+    path: str = Field("", description="Local HF model directory or HF model name to train.")
+    activation_checkpointing: bool = Field(
+        False, description="Recompute each decoder layer in backward to save activation memory."
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="Compute dtype: auto = bf16 mixed precision on GPU, fp32 on CPU."
+    )
+
+
+class OptimConfig(Config):
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate of AdamW.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW beta1, beta2.")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Clip the global gradient norm to this.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps from 0 to the peak lr.")
+    schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="LR after warm-up: constant, or cosine decay to min_lr_ratio."
+    )
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of lr.")
+
+
+class LossConfig(Config):
+    name: str = Field(
+        "icepop", description="Policy loss: icepop | grpo | tis | cispo | gspo | gppo."
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword params of the loss (alpha, beta, eps_low, eps_high, agg, ...).",
+    )
+    recompute_old_logprobs: bool = Field(
+        False,
+        description="Recompute pi_train(theta_old) with a no-grad pass before the update; "
+        "with one optimiser step per batch the detached current logprobs are identical.",
+    )
+
+
+class CkptConfig(Config):
+    interval: int = Field(0, ge=0, description="Save a checkpoint every N steps (0 = never).")
+    keep_last: int = Field(2, ge=1, description="Keep only the newest N checkpoints.")
+    resume: str = Field(
+        "", description="'latest' to resume from run_dir's latest checkpoint, or a checkpoint dir."
+    )
+
+
+class WeightsConfig(Config):
+    publish: bool = Field(True, description="Publish HF safetensors after every RL step.")
+    keep_last: int = Field(3, ge=1, description="Keep only the newest N published weight dirs.")
+
+
+class TrainerConfig(Config):
+    """Everything the FSDP2 trainer needs for RL; SFT adds its `data` section (see SFTConfig)."""
+
+    run_dir: str = Field("runs/train", description="Directory for batches, weights, checkpoints.")
+    seed: int = Field(0, description="Seed for torch, python and numpy RNGs.")
+    deterministic: bool = Field(
+        False, description="torch.use_deterministic_algorithms(True) for bitwise reproducibility."
+    )
+    max_steps: int = Field(0, ge=0, description="Stop after this many steps (0 = no limit).")
+    micro_batch_tokens: int = Field(
+        4096, gt=0, description="Most tokens per packed micro-batch; lower it if memory runs out."
+    )
+    packing: bool = Field(
+        True, description="Pack several samples per micro-batch row; off = one padded row each."
+    )
+    logprob_chunk_size: int = Field(
+        1024, gt=0, description="Tokens per chunk when computing logprobs from hidden states."
+    )
+    batch_timeout_s: float = Field(
+        3600.0, gt=0, description="RL: how long to wait for the orchestrator's next batch."
+    )
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Model to train.")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="AdamW and LR schedule.")
+    loss: LossConfig = Field(default_factory=LossConfig, description="RL policy loss.")
+    ckpt: CkptConfig = Field(default_factory=CkptConfig, description="Checkpointing.")
+    weights: WeightsConfig = Field(
+        default_factory=WeightsConfig, description="Weight publication for inference servers."
+    )
+
+
+class SFTDataConfig(Config):
+    path: str = Field(
+        "",
+        description="JSONL file (rows with `messages`, or `prompt` + `completion` message lists) "
+        "or an HF dataset name.",
+    )
+    split: str = Field("train", description="Split to use when `path` is an HF dataset name.")
+    max_seq_len: int = Field(2048, gt=0, description="Truncate tokenised conversations to this.")
+    epochs: int = Field(1, ge=1, description="Passes over the data (max_steps stops earlier).")
+    batch_tokens: int = Field(
+        8192, gt=0, description="Tokens per optimiser step (samples are grouped up to this)."
+    )
+    shuffle: bool = Field(True, description="Shuffle samples each epoch (seeded).")
+
+
+class SFTConfig(TrainerConfig):
+    """`rlkit sft CONFIG.toml`: the trainer plus chat data; writes `run_dir/final`."""
+
+    data: SFTDataConfig = Field(default_factory=SFTDataConfig, description="Chat data.")

@@ -1,0 +1,211 @@
+"""The training step shared by RL and SFT: micro-batches, accumulation, clipping, skip on NaN.
+
+Every rank reads the whole step's samples and builds the same micro-batch list; micro-batch j
+runs on rank j % world_size and a rank with fewer micro-batches repeats its first one with the
+loss multiplied by 0, so every rank issues the same FSDP collectives. Each micro-batch loss is
+divided by the batch's global count (tokens or sequences) over world_size, because FSDP2
+averages gradients over ranks: the summed gradient then equals one big batch's exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rlkit.errors import UsageError
+from rlkit.trainer import checkpoint, dist, export
+from rlkit.trainer.config import TrainerConfig
+from rlkit.trainer.model import load_policy
+from rlkit.trainer.optim import build_optimizer
+from rlkit.trainer.packing import MicroBatch, Sequence, make_micro_batches
+
+# loss_fn(micro_batch, logprobs [S, T], old_logprobs [S, T] | None, entropy [S, T], normalizer)
+LossFn = Callable[[MicroBatch, Tensor, Tensor | None, Tensor, float], tuple[Tensor, dict]]
+# How each per-micro-batch metric combines over micro-batches and ranks.
+SUMMED_METRICS = {"num_tokens", "num_sequences", "seq_rejected"}
+LOSS_METRICS = {"loss", "policy_loss", "ref_kl", "sft_loss"}
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in text or "failed to allocate" in text or "can't allocate" in text
+    )
+
+
+@dataclass
+class StepResult:
+    metrics: dict[str, float]
+    skipped: bool
+
+
+class Trainer:
+    """Owns the FSDP2 policy, AdamW, LR schedule, checkpoints and weight export."""
+
+    def __init__(self, cfg: TrainerConfig, total_steps: int) -> None:
+        from transformers import AutoConfig, AutoTokenizer
+
+        self.cfg = cfg
+        self.device = dist.init_distributed()
+        seed_everything(cfg.seed)
+        if cfg.deterministic:
+            torch.use_deterministic_algorithms(True)
+        self.export_dtype = AutoConfig.from_pretrained(cfg.model.path).dtype or torch.bfloat16
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+        self.policy = load_policy(cfg.model, self.device, cfg.logprob_chunk_size)
+        self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim, total_steps)
+        self.params = [p for p in self.policy.parameters() if p.requires_grad]
+
+    # ---- forward ---------------------------------------------------------------------------
+    def logprobs(self, mb: MicroBatch) -> tuple[Tensor, Tensor]:
+        """Logprobs and entropy of the counted targets, laid out as [S, T] (0 elsewhere)."""
+        d = self.device
+        lp, ent = self.policy(
+            mb.input_ids.to(d), mb.position_ids.to(d), mb.flat_index.to(d), mb.targets.to(d)
+        )
+        slot = (mb.target_slot[0].to(d), mb.target_slot[1].to(d))
+        zeros = torch.zeros(mb.shape, device=d, dtype=lp.dtype)
+        return zeros.index_put(slot, lp), zeros.index_put(slot, ent.detach())
+
+    def _local(self, mbs: list[MicroBatch]) -> list[tuple[MicroBatch, float]]:
+        """This rank's micro-batches with a loss weight (0 for padding repeats)."""
+        world, rank = dist.world_size(), dist.rank()
+        mine = [(mb, 1.0) for mb in mbs[rank::world]]
+        per_rank = math.ceil(len(mbs) / world)
+        fill = mine[0][0] if mine else mbs[0]
+        return mine + [(fill, 0.0)] * (per_rank - len(mine))
+
+    # ---- one optimiser step ----------------------------------------------------------------
+    def compute_gradients(
+        self, seqs: list[Sequence], loss_fn: LossFn, normalizer: float, recompute_old: bool = False
+    ) -> tuple[dict[str, float], bool, int]:
+        """Forward/backward over this rank's micro-batches; grads accumulate in the params.
+
+        Returns (metrics reduced over ranks, whether any loss was non-finite, micro-batches).
+        """
+        mbs = make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.cfg.packing)
+        local = self._local(mbs)
+        olds = [self._no_grad_logprobs(mb) for mb, _ in local] if recompute_old else None
+        norm = normalizer / dist.world_size()
+        sums: dict[str, float] = {}
+        nonfinite = 0.0
+        for i, (mb, weight) in enumerate(local):
+            try:
+                lp, ent = self.logprobs(mb)
+                loss, metrics = loss_fn(mb, lp, olds[i] if olds else None, ent, norm)
+                (loss * weight).backward()
+            except Exception as exc:
+                if _is_oom(exc):
+                    raise UsageError(
+                        f"out of memory on a micro-batch of {mb.num_tokens} tokens: lower "
+                        f"micro_batch_tokens (now {self.cfg.micro_batch_tokens}) or enable "
+                        "model.activation_checkpointing"
+                    ) from exc
+                raise
+            nonfinite += 0.0 if math.isfinite(float(loss.detach())) else weight
+            self._accumulate(sums, metrics, weight)
+        nonfinite = dist.all_reduce_sum([nonfinite])[0]
+        return self._reduce(sums), nonfinite > 0, len(mbs)
+
+    def train_step(
+        self, seqs: list[Sequence], loss_fn: LossFn, normalizer: float, recompute_old: bool = False
+    ) -> StepResult:
+        """One optimiser step; a non-finite loss or gradient norm skips it (grads dropped)."""
+        t0 = time.perf_counter()
+        self.policy.train()
+        metrics, nonfinite, n_mbs = self.compute_gradients(seqs, loss_fn, normalizer, recompute_old)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = float(grad_norm)
+        skipped = nonfinite or not math.isfinite(grad_norm)
+        lr = self.scheduler.get_last_lr()[0]
+        if not skipped:
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - t0
+        tokens = sum(len(s.token_ids) for s in seqs)
+        metrics.update(
+            grad_norm=grad_norm,
+            lr=lr,
+            skipped=float(skipped),
+            step_time_s=elapsed,
+            tokens=float(tokens),
+            tokens_per_s=tokens / elapsed,
+            micro_batches=float(n_mbs),
+        )
+        return StepResult(metrics=metrics, skipped=skipped)
+
+    @torch.no_grad()
+    def _no_grad_logprobs(self, mb: MicroBatch) -> Tensor:
+        return self.logprobs(mb)[0]
+
+    @staticmethod
+    def _accumulate(sums: dict[str, float], metrics: dict[str, float], weight: float) -> None:
+        """Sum per micro-batch values; token means are weighted by the micro-batch's tokens."""
+        tokens = float(metrics.get("num_tokens", 1.0)) * weight
+        sums["_tokens"] = sums.get("_tokens", 0.0) + tokens
+        for key, value in metrics.items():
+            value = float(value)
+            if key in SUMMED_METRICS or key in LOSS_METRICS:
+                sums[key] = sums.get(key, 0.0) + value * weight
+            else:
+                sums[key] = sums.get(key, 0.0) + value * tokens
+
+    def _reduce(self, sums: dict[str, float]) -> dict[str, float]:
+        keys = sorted(sums)
+        totals = dict(zip(keys, dist.all_reduce_sum([sums[k] for k in keys]), strict=True))
+        tokens = max(totals.pop("_tokens"), 1.0)
+        out: dict[str, float] = {}
+        for key, value in totals.items():
+            if key in SUMMED_METRICS:
+                out[key] = value
+            elif key in LOSS_METRICS:
+                out[key] = value / dist.world_size()
+            else:
+                out[key] = value / tokens
+        return out
+
+    # ---- checkpoints and weights -----------------------------------------------------------
+    def save_checkpoint(self, step: int, data_state: dict[str, Any]) -> Path:
+        return checkpoint.save_checkpoint(
+            self.cfg.run_dir,
+            step,
+            self.policy,
+            self.optimizer,
+            self.scheduler,
+            data_state,
+            self.cfg.ckpt.keep_last,
+        )
+
+    def maybe_resume(self) -> tuple[int, dict[str, Any]]:
+        """(last completed step, data state) from `ckpt.resume`, or (0, {}) for a fresh run."""
+        path = checkpoint.resolve_checkpoint(self.cfg.run_dir, self.cfg.ckpt.resume)
+        if path is None:
+            return 0, {}
+        state = checkpoint.load_checkpoint(path, self.policy, self.optimizer, self.scheduler)
+        return state["step"], state["data"]
+
+    def export(self, out: Path, extra: dict | None = None) -> Path | None:
+        return export.export_hf(self.policy, out, self.tokenizer, self.export_dtype, extra)
+
+    def close(self) -> None:
+        dist.close_distributed()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

@@ -1,0 +1,64 @@
+"""Publish the policy as an HF model directory that vLLM (and `from_pretrained`) can load.
+
+The sharded parameters are gathered to rank 0 on CPU, cast to the checkpoint's original dtype
+and written with `save_pretrained` (which also reverts transformers' in-memory fused layouts,
+e.g. MoE experts, to the on-disk names vLLM expects), plus the tokenizer files. The directory
+is built under a temporary name, renamed into place, and only then marked with a `STABLE` file
+so a reader that waits for `STABLE` never sees a partial model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from rlkit.trainer import dist
+from rlkit.trainer.model import PolicyModel
+
+STABLE_MARKER = "STABLE"
+
+
+def weights_dir(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / "weights" / f"step_{step:06d}"
+
+
+def export_hf(
+    policy: PolicyModel, out: Path, tokenizer, dtype: torch.dtype, extra: dict | None = None
+) -> Path | None:
+    """Collective. Rank 0 writes `out` atomically (with STABLE marker); returns it on rank 0."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full = get_model_state_dict(policy, options=options)
+    if not dist.is_main():
+        dist.barrier()
+        return None
+    state = {k.removeprefix("lm."): v.to(dtype) for k, v in full.items()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".tmp_{out.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    lm = policy.lm
+    saved_dtype = lm.config.dtype
+    lm.config.dtype = dtype
+    try:
+        lm.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+    finally:
+        lm.config.dtype = saved_dtype
+    tokenizer.save_pretrained(tmp)
+    if extra:
+        (tmp / "rlkit_export.json").write_text(json.dumps(extra, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    (out / STABLE_MARKER).write_text("")
+    dist.barrier()
+    return out
+
+
+def prune_weights(run_dir: str | Path, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` published weight dirs (rank 0 only)."""
+    done = sorted(p for p in (Path(run_dir) / "weights").glob("step_*") if p.is_dir())
+    for old in done[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)

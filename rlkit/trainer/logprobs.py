@@ -1,0 +1,157 @@
+"""Per-token logprobs (and entropy) of sampled tokens without full-vocabulary fp32 logits.
+
+The naive path builds `[N, V]` fp32 logits for the whole sequence, keeps them (and a log-softmax
+of the same size) for backward and materialises a third `[N, V]` gradient: at a 152k vocabulary
+and 8k tokens that is ~5 GB each. `chunked_logprobs` walks the sequence in chunks of
+`chunk_size` rows, keeps only the per-token log-normaliser between forward and backward and
+recomputes each chunk's logits in backward, so the peak extra memory is one `[chunk_size, V]`
+fp32 block. The price is one more `hidden @ weight.T` matmul. Used by RL and SFT alike.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _check_inputs(
+    hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk_size: int = 1
+) -> None:
+    """Shape/value errors here name the argument; deep inside a matmul they would not."""
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden must be [N, H], got shape {tuple(hidden.shape)}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be [V, H], got shape {tuple(weight.shape)}")
+    if weight.shape[1] != hidden.shape[1]:
+        raise ValueError(
+            f"hidden size mismatch: hidden is {tuple(hidden.shape)}, weight is "
+            f"{tuple(weight.shape)} (expected weight [V, {hidden.shape[1]}])"
+        )
+    if targets.shape != (hidden.shape[0],):
+        raise ValueError(
+            f"targets must be [N] = [{hidden.shape[0]}], got shape {tuple(targets.shape)}"
+        )
+    if targets.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"targets must be integer token ids, got dtype {targets.dtype}")
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
+        raise ValueError(
+            f"targets must be token ids in [0, {weight.shape[0]}), got range "
+            f"[{int(targets.min())}, {int(targets.max())}] (mask padding with a valid id)"
+        )
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+
+
+def _fp32_logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
+    """fp32 logits (of one chunk); the matmul runs in the parameters' dtype like an LM head."""
+    logits = (hidden @ weight.T).float()
+    if temperature != 1.0:
+        logits.div_(temperature)
+    return logits
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    """Autograd function: forward and backward both loop over row chunks of `hidden`."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        hidden: Tensor,
+        weight: Tensor,
+        targets: Tensor,
+        chunk_size: int,
+        temperature: float,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor]:
+        n = hidden.shape[0]
+        logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        log_norm = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
+        for start in range(0, n, chunk_size):
+            end = min(start + chunk_size, n)
+            logits = _fp32_logits(hidden[start:end], weight, temperature)
+            lse = torch.logsumexp(logits, dim=-1)
+            log_norm[start:end] = lse
+            logprobs[start:end] = logits.gather(1, targets[start:end, None]).squeeze(1) - lse
+            if with_entropy:
+                # H = lse - sum(p * logits), computed in place on the chunk's logits.
+                weighted = logits.sub(lse[:, None]).exp_().mul_(logits).sum(-1)
+                entropy[start:end] = lse - weighted
+            del logits
+        ctx.save_for_backward(hidden, weight, targets, log_norm)
+        ctx.chunk_size = chunk_size
+        ctx.temperature = temperature
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad_logprobs: Tensor, _grad_entropy: Tensor
+    ) -> tuple[Tensor | None, ...]:
+        hidden, weight, targets, log_norm = ctx.saved_tensors
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        # Accumulate in fp32 across chunks so bf16 weights do not lose precision per chunk.
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        grad_weight = grad_weight if need_weight else None
+        grad_logprobs = grad_logprobs.float()
+        n, step = hidden.shape[0], ctx.chunk_size
+        for start in range(0, n, step):
+            end = min(start + step, n)
+            g = grad_logprobs[start:end]
+            logits = _fp32_logits(hidden[start:end], weight, ctx.temperature)
+            # d logprob / d logits = onehot(target) - softmax; built in place in the logits buffer.
+            grad_logits = logits.sub_(log_norm[start:end, None]).exp_().mul_(-g[:, None])
+            grad_logits.scatter_add_(1, targets[start:end, None], g[:, None])
+            if ctx.temperature != 1.0:
+                grad_logits.div_(ctx.temperature)
+            if grad_hidden is not None:
+                grad_hidden[start:end] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.T, hidden[start:end].float())
+            del logits, grad_logits
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_hidden, grad_weight, None, None, None, None
+
+
+def chunked_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probabilities of `targets` under logits `hidden @ weight.T / temperature`.
+
+    hidden [N, H] (final hidden states), weight [V, H] (LM head), targets [N] (the next tokens).
+    Returns fp32 (logprobs [N], entropy [N] or None). Gradients flow to hidden and weight and
+    match `naive_logprobs` within fp32 tolerance; entropy is a diagnostic and has no gradient.
+    Peak extra memory is one [chunk_size, V] fp32 block instead of several [N, V] ones.
+    """
+    _check_inputs(hidden, weight, targets, temperature, chunk_size)
+    logprobs, entropy = _ChunkedLogprobs.apply(
+        hidden, weight, targets, chunk_size, temperature, with_entropy
+    )
+    return logprobs, entropy if with_entropy else None
+
+
+def naive_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Reference implementation: full [N, V] fp32 logits and log-softmax (tests, benchmarks)."""
+    _check_inputs(hidden, weight, targets, temperature)
+    log_probs_all = torch.log_softmax(_fp32_logits(hidden, weight, temperature), dim=-1)
+    logprobs = log_probs_all.gather(1, targets[:, None]).squeeze(1)
+    if not with_entropy:
+        return logprobs, None
+    with torch.no_grad():
+        entropy = -(log_probs_all.exp() * log_probs_all).sum(-1)
+    return logprobs, entropy

@@ -1,0 +1,140 @@
+"""Turn a list of samples into micro-batches of at most `micro_batch_tokens` tokens.
+
+Packed: several whole samples share one row; `position_ids` restart at 0 for every sample, and
+transformers derives a block-diagonal causal mask from those restarts (sdpa/eager on CPU, varlen
+flash-attention on GPU), so no token attends across a sample boundary. Padded: one sample per
+row, right-padded; with a causal mask padding never influences real tokens.
+
+Only the positions whose next token counts (loss mask 1) are kept for the LM head, so prompt,
+environment and padding tokens cost no vocabulary projection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rlkit.errors import UsageError
+
+
+@dataclass
+class Sequence:
+    """One training sequence as the trainer sees it (RL sample or SFT conversation)."""
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    inference_logprobs: list[float]
+    advantage: float = 0.0
+
+
+@dataclass
+class MicroBatch:
+    """Model inputs for one forward pass plus per-sample targets laid out as [S, T-1]."""
+
+    input_ids: Tensor  # [R, L]
+    position_ids: Tensor  # [R, L]
+    flat_index: Tensor  # [N] row-major index into [R*L] of the hidden state predicting a target
+    targets: Tensor  # [N] next-token ids at counted positions
+    target_slot: tuple[Tensor, Tensor]  # ([N] sample index, [N] shifted position) into [S, T-1]
+    loss_mask: Tensor  # [S, T-1] float
+    inference_logprobs: Tensor  # [S, T-1]
+    advantages: Tensor  # [S]
+    num_tokens: int  # real (non-padding) tokens
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.loss_mask.shape[0], self.loss_mask.shape[1]
+
+
+def _bins_packed(lengths: list[int], capacity: int) -> list[list[int]]:
+    """First-fit decreasing: sample indices grouped so each group's total length <= capacity."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        for b, free in enumerate(room):
+            if lengths[i] <= free:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - lengths[i])
+    return bins
+
+
+def _bins_padded(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Longest first; rows are added while rows * longest <= capacity."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    for i in order:
+        if bins and (len(bins[-1]) + 1) * lengths[bins[-1][0]] <= capacity:
+            bins[-1].append(i)
+        else:
+            bins.append([i])
+    return bins
+
+
+def _build(seqs: list[Sequence], rows: list[list[int]]) -> MicroBatch:
+    """Lay out `rows` (each a list of indices into `seqs`) as one micro-batch."""
+    order = [i for row in rows for i in row]
+    row_len = max(sum(len(seqs[i].token_ids) for i in row) for row in rows)
+    n_rows = len(rows)
+    input_ids = torch.zeros(n_rows, row_len, dtype=torch.long)
+    position_ids = torch.zeros(n_rows, row_len, dtype=torch.long)
+    t_max = max(len(seqs[i].token_ids) for i in order) - 1
+    loss_mask = torch.zeros(len(order), t_max)
+    inf_lp = torch.zeros(len(order), t_max)
+    advantages = torch.tensor([seqs[i].advantage for i in order], dtype=torch.float32)
+    flat, targets, slot_s, slot_t = [], [], [], []
+    s = 0
+    for r, row in enumerate(rows):
+        start = 0
+        for i in row:
+            seq = seqs[i]
+            n = len(seq.token_ids)
+            input_ids[r, start : start + n] = torch.tensor(seq.token_ids)
+            position_ids[r, start : start + n] = torch.arange(n)
+            if start + n < row_len:  # padding continues counting so it is not a new sequence
+                position_ids[r, start + n :] = torch.arange(n, n + row_len - start - n)
+            mask = torch.tensor(seq.loss_mask[1:], dtype=torch.float32)
+            loss_mask[s, : n - 1] = mask
+            inf_lp[s, : n - 1] = torch.tensor(seq.inference_logprobs[1:], dtype=torch.float32)
+            pos = mask.nonzero().squeeze(1)
+            flat.append(r * row_len + start + pos)
+            targets.append(torch.tensor(seq.token_ids, dtype=torch.long)[1:][pos])
+            slot_s.append(torch.full_like(pos, s))
+            slot_t.append(pos)
+            start += n
+            s += 1
+    return MicroBatch(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        flat_index=torch.cat(flat),
+        targets=torch.cat(targets),
+        target_slot=(torch.cat(slot_s), torch.cat(slot_t)),
+        loss_mask=loss_mask,
+        inference_logprobs=inf_lp * loss_mask,
+        advantages=advantages,
+        num_tokens=sum(len(seqs[i].token_ids) for i in order),
+    )
+
+
+def make_micro_batches(
+    seqs: list[Sequence], micro_batch_tokens: int, packing: bool = True
+) -> list[MicroBatch]:
+    """Split `seqs` into micro-batches; deterministic for the same input."""
+    lengths = [len(s.token_ids) for s in seqs]
+    for i, n in enumerate(lengths):
+        if n > micro_batch_tokens:
+            raise UsageError(
+                f"sample {i} has {n} tokens, more than micro_batch_tokens={micro_batch_tokens}; "
+                "raise micro_batch_tokens or shorten the data (max_seq_len)"
+            )
+    if packing:
+        return [_build(seqs, [group]) for group in _bins_packed(lengths, micro_batch_tokens)]
+    return [
+        _build(seqs, [[i] for i in group]) for group in _bins_padded(lengths, micro_batch_tokens)
+    ]

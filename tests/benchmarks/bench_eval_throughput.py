@@ -1,0 +1,161 @@
+"""Eval throughput at concurrency 256 against a fixed-latency fake OpenAI server.
+
+Ideal throughput is concurrency / latency requests per second. The same environment (a
+verifiers-style reverse-text `vf.SingleTurnEnv`, written once) runs through rlkit's eval loop
+(`rlkit.eval.run_eval_async`, via rlkit's verifiers adapter, writing results.jsonl as it goes)
+and through verifiers' own loop (`env.evaluate(...)` with an `AsyncOpenAI` client), one after
+the other, against the same fake server running in its own process. Prints one JSON line with
+both fractions of the ideal and their ratio.
+
+    .venv/bin/python tests/benchmarks/bench_eval_throughput.py [--requests 1024] [--latency 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+ENV_SOURCE = '''
+"""Reverse-text in verifiers' classic API (shape of the 2025 `reverse_text` environment)."""
+
+import difflib
+
+import verifiers as vf
+from datasets import Dataset
+
+
+def lcs_ratio(completion, answer) -> float:
+    text = completion[-1]["content"] if isinstance(completion, list) else completion
+    return difflib.SequenceMatcher(None, text, answer).ratio()
+
+
+def load_environment(num_examples: int = 256) -> vf.SingleTurnEnv:
+    texts = [f"the quick brown fox {i} jumps over the lazy dog" for i in range(num_examples)]
+    dataset = Dataset.from_list([{"question": t, "answer": t[::-1]} for t in texts])
+    return vf.SingleTurnEnv(
+        dataset=dataset,
+        system_prompt="Reverse the text character by character.",
+        parser=vf.Parser(),
+        rubric=vf.Rubric(funcs=[lcs_ratio], weights=[1.0]),
+    )
+'''
+
+
+def start_fake_server(latency: float) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.fake_openai", "--latency", str(latency)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    deadline = time.monotonic() + 30
+    import httpx
+
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url.removesuffix("/v1") + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("fake server did not start")
+
+
+def bench_rlkit(url: str, n: int, r: int, concurrency: int, out: Path) -> float:
+    from rlkit.eval import EvalConfig, load_run, run_eval_async
+
+    config = EvalConfig(
+        env_id="bench-reverse-text",
+        env_args={"num_examples": n},
+        model="fake-model",
+        base_url=url,
+        num_examples=n,
+        rollouts_per_example=r,
+        max_concurrent=concurrency,
+        output_dir=out,
+    )
+    t0 = time.perf_counter()
+    run_dir = asyncio.run(run_eval_async(config))
+    elapsed = time.perf_counter() - t0
+    run = load_run(run_dir)
+    assert len(run.results) == n * r and run.metadata.summary["errors"] == 0
+    return elapsed
+
+
+def bench_verifiers(url: str, n: int, r: int, concurrency: int) -> float:
+    from bench_reverse_text import load_environment
+    from openai import AsyncOpenAI
+
+    env = load_environment(num_examples=n)
+    client = AsyncOpenAI(base_url=url, api_key="unused", max_retries=5, timeout=600)
+    t0 = time.perf_counter()
+    results = env.evaluate(
+        client, "fake-model", num_examples=n, rollouts_per_example=r, max_concurrent=concurrency
+    )
+    elapsed = time.perf_counter() - t0
+    assert len(results.reward) == n * r
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=1024)
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--latency", type=float, default=1.0)
+    parser.add_argument("--rollouts-per-example", type=int, default=4)
+    args = parser.parse_args()
+    r = args.rollouts_per_example
+    n = args.requests // r
+    ideal = args.concurrency / args.latency
+    report: dict[str, object] = {
+        "bench": "eval_throughput",
+        "requests": n * r,
+        "concurrency": args.concurrency,
+        "latency_s": args.latency,
+        "ideal_rps": ideal,
+    }
+
+    try:
+        report["verifiers_version"] = importlib.metadata.version("verifiers")
+    except importlib.metadata.PackageNotFoundError:
+        # both loops run the verifiers environment, so there is nothing to compare without it
+        report["error"] = "verifiers is not installed (pip install 'rlkit[verifiers]')"
+        print(json.dumps(report))
+        return
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env_dir = Path(tmp) / "envs" / "bench-reverse-text"
+        env_dir.mkdir(parents=True)
+        (env_dir / "bench_reverse_text.py").write_text(textwrap.dedent(ENV_SOURCE))
+        os.environ["RLKIT_ENV_PATH"] = str(Path(tmp) / "envs")
+        sys.path.insert(0, str(env_dir))
+        proc, url = start_fake_server(args.latency)
+        try:
+            rlkit_rps = n * r / bench_rlkit(url, n, r, args.concurrency, Path(tmp) / "out")
+            verifiers_rps = n * r / bench_verifiers(url, n, r, args.concurrency)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    report["rlkit_rps"] = rlkit_rps
+    report["rlkit_fraction_of_ideal"] = rlkit_rps / ideal
+    report["verifiers_rps"] = verifiers_rps
+    report["verifiers_fraction_of_ideal"] = verifiers_rps / ideal
+    report["ratio_rlkit_over_verifiers"] = rlkit_rps / verifiers_rps
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""A fake OpenAI-compatible server for tests: FastAPI + uvicorn on 127.0.0.1, vLLM-shaped replies.
+
+It stands in for a *remote* API (rate limits, 5xx, latency) so eval and client code can be tested
+without a model. Replies look like vLLM's: `prompt_token_ids`, per-choice `token_ids` and one
+`logprobs.content` entry per completion token. Tokens are UTF-8 bytes (token id = byte value), so
+token counts are easy to predict in tests.
+
+    with FakeOpenAIServer(latency=0.1, fail_rate=0.2) as server:
+        client = InferenceClient(server.url)   # server.url ends in /v1
+        ...
+        server.stats[429]                      # how many 429s were served
+
+The responder maps the request body to the reply: a string (assistant content) or a message dict
+(`content`, optional `tool_calls`). The default reverses the last user message, so the
+reverse-text environment scores 1.0. Run standalone (for benchmarks, in another process) with
+``python -m tests.fakes.fake_openai --latency 1.0`` which prints its base URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+Responder = Callable[[dict[str, Any]], str | dict[str, Any]]
+
+
+def _text_of(content: Any) -> str:
+    """Message content as text (OpenAI allows a list of typed parts)."""
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content or ""
+
+
+def reverse_last_user(body: dict[str, Any]) -> str:
+    """Default responder: the last user message reversed (or the prompt reversed)."""
+    for message in reversed(body.get("messages") or []):
+        if message.get("role") == "user":
+            return _text_of(message.get("content"))[::-1]
+    prompt = body.get("prompt", "")
+    return prompt[::-1] if isinstance(prompt, str) else ""
+
+
+def _tokens(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def _logprob(token_id: int) -> float:
+    """A deterministic, plausible logprob per token (tests only check shape and finiteness)."""
+    return -0.05 - (token_id % 7) * 0.1
+
+
+def _render_chat(messages: list[dict[str, Any]]) -> str:
+    return "".join(f"<|{m.get('role')}|>{_text_of(m.get('content'))}\n" for m in messages)
+
+
+class FakeOpenAIServer:
+    """Context manager running the fake API in a background thread; `.url` is the /v1 base URL."""
+
+    def __init__(
+        self,
+        responder: Responder = reverse_last_user,
+        latency: float = 0.0,
+        fail_rate: float = 0.0,
+        fail_statuses: Iterable[int] = (429, 500),
+        script: Iterable[int] = (),
+        models: Iterable[str] = ("fake-model",),
+        seed: int = 0,
+        port: int = 0,
+    ) -> None:
+        self.responder = responder
+        self.latency = latency
+        self.fail_rate = fail_rate
+        self.fail_statuses = list(fail_statuses)
+        self.script = list(script)  # statuses returned by the first requests, in order
+        self.models = list(models)
+        self.rng = random.Random(seed)
+        self.stats: Counter[int] = Counter()  # HTTP status -> count, generation routes only
+        self.requests: list[dict[str, Any]] = []  # bodies of successful generation requests
+        self.app = self._build_app()
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", port))
+        self.port: int = self._sock.getsockname()[1]
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    # ---- request handling -------------------------------------------------------------------
+    def _failure(self) -> int | None:
+        if self.script:
+            status = self.script.pop(0)
+            return status if status >= 400 else None
+        if self.fail_rate and self.rng.random() < self.fail_rate:
+            return self.rng.choice(self.fail_statuses)
+        return None
+
+    async def _gate(self) -> JSONResponse | None:
+        """Apply latency and injected failures; a response means 'fail with this'."""
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        status = self._failure()
+        if status is None:
+            return None
+        self.stats[status] += 1
+        error = {"message": f"injected failure {status}", "type": "fake", "code": status}
+        return JSONResponse({"error": error}, status_code=status)
+
+    def _reply(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[int], str]:
+        """(assistant message, completion token ids, finish reason) for a request body."""
+        out = self.responder(body)
+        message = {"role": "assistant", "content": out} if isinstance(out, str) else dict(out)
+        message.setdefault("role", "assistant")
+        tool_calls = message.get("tool_calls") or []
+        text = _text_of(message.get("content")) + "".join(
+            f"<tool_call>{json.dumps(call['function'])}</tool_call>" for call in tool_calls
+        )
+        token_ids = _tokens(text)
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        finish = "tool_calls" if tool_calls else "stop"
+        if limit is not None and len(token_ids) > int(limit):
+            token_ids = token_ids[: int(limit)]
+            message["content"] = bytes(token_ids).decode("utf-8", errors="ignore")
+            message.pop("tool_calls", None)
+            finish = "length"
+        return message, token_ids, finish
+
+    def _build_app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/health")
+        async def health() -> dict[str, str]:
+            return {"status": "ok"}
+
+        @app.get("/v1/models")
+        async def models() -> dict[str, Any]:
+            data = [{"id": m, "object": "model", "owned_by": "fake"} for m in self.models]
+            return {"object": "list", "data": data}
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Any:
+            body = await request.json()
+            if failed := await self._gate():
+                return failed
+            message, token_ids, finish = self._reply(body)
+            prompt_ids = _tokens(_render_chat(body.get("messages") or []))
+            choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+            if body.get("logprobs"):
+                content = [
+                    {"token": bytes([t]).decode("latin-1"), "logprob": _logprob(t), "bytes": [t]}
+                    for t in token_ids
+                ]
+                choice["logprobs"] = {"content": [{**c, "top_logprobs": []} for c in content]}
+            if body.get("return_token_ids"):
+                choice["token_ids"] = token_ids
+            return self._envelope(body, "chat.completion", choice, prompt_ids, token_ids)
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Any:
+            body = await request.json()
+            if failed := await self._gate():
+                return failed
+            prompt = body.get("prompt", "")
+            prompt_ids = list(prompt) if isinstance(prompt, list) else _tokens(prompt)
+            message, token_ids, finish = self._reply(body)
+            choice: dict[str, Any] = {
+                "index": 0,
+                "text": message.get("content") or "",
+                "finish_reason": finish,
+            }
+            if body.get("logprobs") is not None:
+                choice["logprobs"] = {
+                    "tokens": [bytes([t]).decode("latin-1") for t in token_ids],
+                    "token_logprobs": [_logprob(t) for t in token_ids],
+                    "top_logprobs": None,
+                    "text_offset": list(range(len(token_ids))),
+                }
+            if body.get("return_token_ids"):
+                choice["token_ids"] = token_ids
+                choice["prompt_token_ids"] = prompt_ids
+            return self._envelope(body, "text_completion", choice, prompt_ids, token_ids)
+
+        return app
+
+    def _envelope(
+        self,
+        body: dict[str, Any],
+        kind: str,
+        choice: dict[str, Any],
+        prompt_ids: list[int],
+        token_ids: list[int],
+    ) -> JSONResponse:
+        self.stats[200] += 1
+        self.requests.append(body)
+        usage = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(token_ids),
+            "total_tokens": len(prompt_ids) + len(token_ids),
+        }
+        reply: dict[str, Any] = {
+            "id": f"fake-{uuid.uuid4().hex[:12]}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": body.get("model", ""),
+            "choices": [choice],
+            "usage": usage,
+        }
+        if body.get("return_token_ids") and kind == "chat.completion":
+            reply["prompt_token_ids"] = prompt_ids
+        return JSONResponse(reply)  # skips FastAPI's slow jsonable_encoder walk
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    def _config(self) -> uvicorn.Config:
+        return uvicorn.Config(
+            self.app, log_level="warning", access_log=False, lifespan="off", backlog=4096
+        )
+
+    def start(self) -> FakeOpenAIServer:
+        self._server = uvicorn.Server(self._config())
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("fake OpenAI server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+        self._sock.close()
+
+    def __enter__(self) -> FakeOpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def serve_forever(self) -> None:
+        """Serve on the current (main) thread until SIGINT/SIGTERM; for standalone use."""
+        uvicorn.Server(self._config()).run(sockets=[self._sock])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Fake OpenAI-compatible server for tests.")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--fail-rate", type=float, default=0.0)
+    args = parser.parse_args()
+    server = FakeOpenAIServer(latency=args.latency, fail_rate=args.fail_rate, port=args.port)
+    print(server.url, flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""`rlkit eval` end to end against the fake OpenAI-compatible server (no model needed).
+
+Covers: a custom environment in a temporary folder found by its id, reverse-text and math with
+token ids and logprobs recorded, retries on 429/500, failures recorded without ending the run,
+SIGINT then --resume (exactly n*r results), `eval show`, and up-front usage errors (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rlkit.eval import load_run
+from rlkit_cli.main import main
+from tests.fakes.fake_openai import FakeOpenAIServer
+
+RLKIT = str(Path(sys.executable).parent / "rlkit")  # the console script of this venv
+
+CUSTOM_ENV = '''
+"""A custom environment: answer with the word reversed."""
+
+from datasets import Dataset
+
+from rlkit.envs import Parser, Rubric, SingleTurnEnv
+
+
+def exact(completion, answer) -> float:
+    return float(completion[-1]["content"].strip() == answer)
+
+
+def length_ratio(completion, answer) -> float:
+    return min(len(completion[-1]["content"]), len(answer)) / max(len(answer), 1)
+
+
+def load_environment(num_words: int = 40, system_prompt: str | None = None) -> SingleTurnEnv:
+    words = [f"word{i:03d}-abc" for i in range(num_words)]
+    dataset = Dataset.from_list([{"question": w, "answer": w[::-1]} for w in words])
+    return SingleTurnEnv(
+        dataset=dataset,
+        system_prompt=system_prompt,
+        parser=Parser(),
+        rubric=Rubric([exact, length_ratio], weights=[1.0, 0.0]),
+        sampling_defaults={"max_tokens": 64},
+    )
+'''
+
+
+@pytest.fixture
+def custom_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A ~30-line environment package in a temporary folder, found through RLKIT_ENV_PATH."""
+    env_dir = tmp_path / "envs" / "word-flip"
+    env_dir.mkdir(parents=True)
+    (env_dir / "word_flip.py").write_text(textwrap.dedent(CUSTOM_ENV))
+    (env_dir / "pyproject.toml").write_text('[project]\nname = "word-flip"\nversion = "0.1.0"\n')
+    monkeypatch.setenv("RLKIT_ENV_PATH", str(tmp_path / "envs"))
+    return "word-flip"
+
+
+def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: str):
+    """Run `rlkit ARGS` in-process; returns (exit code, stdout + stderr)."""
+    monkeypatch.setattr(sys, "argv", ["rlkit", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out + err
+
+
+def only_run_dir(output_dir: Path) -> Path:
+    (run_dir,) = list(output_dir.iterdir())
+    return run_dir
+
+
+def check_complete_run(run_dir: Path, n: int, r: int) -> list[dict]:
+    """n*r lines, one per (example, rollout) key, each with token ids and matching logprobs."""
+    lines = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    keys = {(rec["example_index"], rec["rollout_index"]) for rec in lines}
+    assert len(lines) == n * r == len(keys)
+    assert keys == {(i, j) for i in range(n) for j in range(r)}
+    for rec in lines:
+        assert rec["error"] is None, rec["error"]
+        assert rec["turns"], rec
+        for turn in rec["turns"]:
+            assert turn["prompt_token_ids"] and turn["completion_token_ids"]
+            assert len(turn["completion_logprobs"]) == len(turn["completion_token_ids"])
+        assert rec["usage"]["completion_tokens"] > 0
+        assert "generation_s" in rec["timings"]
+    metadata = json.loads((run_dir / "metadata.json").read_text())
+    assert metadata["status"] == "complete"
+    assert metadata["summary"]["num_rollouts"] == n * r
+    return lines
+
+
+def test_custom_env_discovered_and_evaluated(custom_env, tmp_path, monkeypatch, capsys) -> None:
+    with FakeOpenAIServer() as server:
+        code, output = run_cli(
+            monkeypatch, capsys, "eval", custom_env, "-m", "fake-model", "-b", server.url,
+            "-n", "4", "-r", "3", "-T", "0.5", "-o", str(tmp_path / "out"),
+        )  # fmt: skip
+    assert code == 0, output
+    run_dir = only_run_dir(tmp_path / "out")
+    lines = check_complete_run(run_dir, n=4, r=3)
+    assert all(rec["reward"] == 1.0 for rec in lines)
+    assert server.requests[0]["temperature"] == 0.5 and server.requests[0]["max_tokens"] == 64
+    assert "pass@2" in output and "avg@3" in output
+    metadata = json.loads((run_dir / "metadata.json").read_text())
+    assert metadata["env_id"] == custom_env and metadata["model"] == "fake-model"
+    assert metadata["sampling"] == {"max_tokens": 64, "temperature": 0.5}
+    assert metadata["summary"]["pass_at_k"]["pass@3"] == 1.0
+
+    code, output = run_cli(monkeypatch, capsys, "eval", "show", str(run_dir), "--samples", "2")
+    assert code == 0
+    assert "example 0 rollout 1" in output and "example 1 rollout 0" not in output
+    assert "reward mean" in output
+
+
+def test_retries_on_429_and_500_are_invisible_in_results(custom_env, tmp_path) -> None:
+    from rlkit.eval import EvalConfig, run_eval
+
+    script = [429, 500, 429, 503]
+    with FakeOpenAIServer(script=script, fail_rate=0.3, seed=3) as server:
+        config = EvalConfig(
+            env_id=custom_env, model="fake-model", base_url=server.url, num_examples=6,
+            rollouts_per_example=2, max_retries=8, output_dir=tmp_path / "out",
+        )  # fmt: skip
+        # the client's backoff starts at 0.5 s; failures here are few, so the test stays short
+        run_dir = run_eval(config)
+    assert server.stats[429] >= 2 and server.stats[500] + server.stats[503] >= 2
+    assert server.stats[200] == 12
+    check_complete_run(run_dir, n=6, r=2)
+
+
+def test_failures_are_recorded_then_resume_reruns_them(custom_env, tmp_path, monkeypatch, capsys):
+    with FakeOpenAIServer(fail_rate=1.0, fail_statuses=[500]) as server:
+        code, output = run_cli(
+            monkeypatch, capsys, "eval", custom_env, "-m", "fake-model", "-b", server.url,
+            "-n", "3", "-r", "2", "--max-retries", "0", "-o", str(tmp_path / "out"),
+        )  # fmt: skip
+        assert code == 0, output
+        run_dir = only_run_dir(tmp_path / "out")
+        run = load_run(run_dir)
+        assert len(run.results) == 6 and all("HTTP 500" in r.rollout.error for r in run.results)
+        assert run.metadata.summary["errors"] == 6
+
+        # a changed sampling configuration is refused and leaves the run untouched
+        code, output = run_cli(
+            monkeypatch, capsys, "eval", "--resume", str(run_dir), "-T", "0.9", "-b", server.url
+        )
+        assert code == 2 and "temperature: run has None, now 0.9" in output
+
+        server.fail_rate = 0.0
+        code, output = run_cli(monkeypatch, capsys, "eval", "--resume", str(run_dir))
+    assert code == 0, output
+    assert server.stats[200] == 6
+    check_complete_run(run_dir, n=3, r=2)
+
+
+def test_sigint_then_resume_gives_exactly_n_times_r(custom_env, tmp_path) -> None:
+    n, r = 30, 2
+    with FakeOpenAIServer(latency=0.25) as server:
+        cmd = [
+            RLKIT, "eval", custom_env, "-m", "fake-model",
+            "-b", server.url, "-n", str(n), "-r", str(r), "-c", "4", "-o", str(tmp_path / "out"),
+        ]  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                results = list(tmp_path.glob("out/*/results.jsonl"))
+                if results and len(results[0].read_text().splitlines()) >= 8:
+                    break
+                assert proc.poll() is None, proc.communicate()
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 130, err.decode()
+        assert "rlkit eval --resume" in err.decode()
+        run_dir = only_run_dir(tmp_path / "out")
+        interrupted = load_run(run_dir)
+        assert interrupted.metadata.status == "interrupted"
+        assert 8 <= len(interrupted.results) < n * r
+
+        resumed = subprocess.run(
+            [RLKIT, "eval", "--resume", str(run_dir), "-c", "32"],
+            capture_output=True, timeout=120,
+        )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr.decode()
+    assert f"{n * r - len(interrupted.results)} rollouts to run" in resumed.stderr.decode()
+    check_complete_run(run_dir, n=n, r=r)
+
+
+def test_unreachable_url_unknown_model_unknown_env_exit_2(custom_env, monkeypatch, capsys):
+    from rlkit.inference import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    code, output = run_cli(monkeypatch, capsys, "eval", custom_env, "-m", "x", "-b", dead)
+    assert code == 2 and "cannot reach" in output and "-b/--base-url" in output
+
+    with FakeOpenAIServer() as server:
+        code, output = run_cli(
+            monkeypatch, capsys, "eval", custom_env, "-m", "fake-modle", "-b", server.url
+        )
+    assert code == 2 and "is not served" in output and "fake-model" in output
+    assert server.stats[200] == 0
+
+    code, output = run_cli(monkeypatch, capsys, "eval", "word-flp", "-m", "x", "-b", dead)
+    assert code == 2 and "unknown environment" in output and "word-flip" in output

@@ -1,0 +1,160 @@
+"""The real vLLM CPU server: logprobs and token ids, in-place weight updates, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlkit.errors import UsageError
+from rlkit.inference import InferenceClient, InferenceError, ServerProcess, start_server
+from rlkit.models import init_tiny
+
+pytestmark = pytest.mark.slow
+PROMPT_IDS = [5, 6, 7, 8, 9, 10, 11, 12]
+
+
+def hf_logprobs(model_dir: Path, prompt: list[int], completion: list[int]) -> list[float]:
+    """Logprobs transformers assigns to `completion` after `prompt` (fp32 from bf16 weights)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, :-1].float()
+    lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
+    return lp[len(prompt) - 1 :].tolist()
+
+
+async def test_chat_returns_token_ids_and_one_logprob_per_token(
+    vllm_server: ServerProcess, tiny_model_dir: Path
+) -> None:
+    async with InferenceClient(vllm_server.url) as client:
+        gen = await client.chat(
+            [{"role": "user", "content": "Reverse: hello"}],
+            model=str(tiny_model_dir),
+            sampling={"max_tokens": 24, "temperature": 1.0, "seed": 1},
+        )
+    assert 0 < len(gen.completion_token_ids) <= 24
+    assert len(gen.completion_logprobs) == len(gen.completion_token_ids)
+    assert all(lp <= 0.0 for lp in gen.completion_logprobs)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert tok.decode(gen.completion_token_ids, skip_special_tokens=True) == gen.text
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": "Reverse: hello"}], add_generation_prompt=True, tokenize=False
+    )
+    assert gen.prompt_token_ids == tok(rendered, add_special_tokens=False).input_ids
+    assert gen.policy_version_end == 0
+
+
+@pytest.fixture(scope="module")
+def tied_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """Served weights, replacement weights (other seed) and an incompatible (MoE) checkpoint."""
+    root = tmp_path_factory.mktemp("tied")
+    served = init_tiny(root / "served", seed=0, tie_embeddings=True)
+    new = init_tiny(root / "new", seed=7, tie_embeddings=True)
+    moe = init_tiny(root / "moe", arch="qwen3-moe", seed=0, tie_embeddings=True)
+    return served, new, moe
+
+
+@pytest.fixture(scope="module")
+def own_server(tied_models: tuple[Path, Path, Path], tmp_path_factory) -> Iterator[ServerProcess]:
+    """A private server (its weights change), serving a tied-embedding model like small Qwen3s."""
+    log = tmp_path_factory.mktemp("logs") / "vllm-update.log"
+    server = start_server(str(tied_models[0]), log_path=log)
+    try:
+        server.wait_ready(timeout=600)
+        yield server
+    finally:
+        server.stop()
+
+
+async def greedy(client: InferenceClient, model: str, max_tokens: int = 12) -> tuple[list, list]:
+    sampling = {"max_tokens": max_tokens, "temperature": 0.0}
+    gen = await client.completion(PROMPT_IDS, model=model, sampling=sampling)
+    return gen.completion_token_ids, gen.completion_logprobs
+
+
+async def test_bad_updates_are_refused_and_old_weights_kept(
+    own_server: ServerProcess, tied_models: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    served, _, moe = tied_models
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    async with InferenceClient(own_server.url, max_retries=0) as client:
+        before = await greedy(client, str(served))
+        version = (await client.status())["policy_version"]
+        for bad in (tmp_path / "absent", empty, corrupt, moe):
+            with pytest.raises(InferenceError) as info:
+                await client.update_weights(str(bad))
+            assert info.value.status == 400, str(info.value)
+        assert (await client.status())["policy_version"] == version
+        assert await greedy(client, str(served)) == before
+
+
+async def test_update_in_flight_matches_transformers(
+    own_server: ServerProcess, tied_models: tuple[Path, Path, Path]
+) -> None:
+    served, new, _ = tied_models
+    model = str(served)
+    long = {"max_tokens": 200, "temperature": 1.0, "ignore_eos": True}
+    async with InferenceClient(own_server.url) as client:
+        version = (await client.status())["policy_version"]
+        in_flight = [
+            asyncio.create_task(client.completion(PROMPT_IDS, model=model, sampling=long))
+            for _ in range(8)
+        ]
+        await asyncio.sleep(0.3)
+        assert not all(t.done() for t in in_flight), "requests finished before the update"
+        new_version = await client.update_weights(str(new))
+        spanning = [t for t in in_flight if not t.done()]
+        results = await asyncio.gather(*in_flight)
+        assert new_version == version + 1
+        assert all(len(r.completion_token_ids) == 200 for r in results), "in-flight request cut"
+        assert spanning, "no request spanned the update"
+        assert all(t.result().policy_version_start == version for t in spanning)
+        assert all(t.result().policy_version_end == new_version for t in spanning)
+
+        tokens, logprobs = await greedy(client, model)
+    expected = hf_logprobs(new, PROMPT_IDS, tokens)
+    assert logprobs == pytest.approx(expected, abs=0.05)
+    old = hf_logprobs(served, PROMPT_IDS, tokens)
+    assert max(abs(a - b) for a, b in zip(old, logprobs)) > 0.05, "still serving old weights"
+
+
+async def test_pause_keep_holds_requests_until_resume(
+    own_server: ServerProcess, tied_models: tuple[Path, Path, Path]
+) -> None:
+    async with InferenceClient(own_server.url) as client:
+        await client.pause(mode="keep")
+        try:
+            task = asyncio.create_task(
+                client.completion(PROMPT_IDS, str(tied_models[0]), {"max_tokens": 8})
+            )
+            await asyncio.sleep(1.0)
+            assert not task.done()
+            assert (await client.status())["paused"] is True
+        finally:
+            await client.resume()
+        gen = await asyncio.wait_for(task, timeout=60)
+        assert len(gen.completion_token_ids) == 8
+
+
+def test_start_server_refuses_busy_port(tiny_model_dir: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        with pytest.raises(UsageError, match="already in use"):
+            start_server(str(tiny_model_dir), port=sock.getsockname()[1])
+
+
+def test_unknown_route_and_bad_body_are_4xx(vllm_server: ServerProcess) -> None:
+    resp = httpx.post(f"{vllm_server.url}/rlkit/update_weights", json={"nope": 1}, timeout=10)
+    assert resp.status_code == 422

@@ -1,0 +1,48 @@
+"""`rlkit eval` flag validation: bad input exits with code 2 and a message naming the flag."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from rlkit_cli.main import main
+
+
+def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: str):
+    monkeypatch.setattr(sys, "argv", ["rlkit", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out + err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-a", "{not json"], "-a/--env-args is not valid JSON"),
+        (["-S", "[1, 2]"], "-S/--sampling-args must be a JSON object"),
+        (["-S", "{'temperature': 1}"], "-S/--sampling-args is not valid JSON"),
+        (["-n", "0"], "--num-examples"),
+        (["-r", "0"], "--rollouts-per-example"),
+        (["-c", "0"], "--max-concurrent"),
+    ],
+)
+def test_bad_flags_exit_2(monkeypatch, capsys, args: list[str], message: str) -> None:
+    code, output = run_cli(monkeypatch, capsys, "eval", "reverse-text", "-m", "m", *args)
+    assert code == 2
+    assert message in " ".join(output.split())
+
+
+def test_missing_env_id_and_missing_run_dir_exit_2(monkeypatch, capsys, tmp_path) -> None:
+    code, output = run_cli(monkeypatch, capsys, "eval", "-m", "m")
+    assert code == 2 and "missing ENV_ID" in output
+    code, output = run_cli(monkeypatch, capsys, "eval", "--resume", str(tmp_path))
+    assert code == 2 and "not an eval run directory" in output
+    code, output = run_cli(monkeypatch, capsys, "eval", "show", str(tmp_path))
+    assert code == 2 and "not an eval run directory" in output
+
+
+def test_help_lists_run_and_show(monkeypatch, capsys) -> None:
+    code, output = run_cli(monkeypatch, capsys, "eval", "--help")
+    assert code == 0 and "show" in output and "run" in output

@@ -1,0 +1,198 @@
+"""Orchestrator pieces without servers: config validation, sampler, batching, metrics, state."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlkit.config import load_config
+from rlkit.envs import Rollout, Turn
+from rlkit.errors import UsageError
+from rlkit.orchestrator.batching import GroupProcessor, make_batch
+from rlkit.orchestrator.config import DifficultyConfig, TrainConfig
+from rlkit.orchestrator.metrics import MetricsLogger, step_record, truncate_jsonl
+from rlkit.orchestrator.sampler import PromptSampler
+from rlkit.orchestrator.scheduler import Counters, Group
+from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume, save_state
+from rlkit.trainer.batch import read_batch, write_batch
+
+BASE = """
+[model]
+path = "/tmp/model"
+[[env]]
+id = "reverse-text"
+[orchestrator]
+token_budget = 512
+sampling = { max_tokens = 64 }
+"""
+
+
+def config(tmp_path: Path, text: str = BASE, overrides: list[str] | None = None) -> TrainConfig:
+    path = tmp_path / "train.toml"
+    path.write_text(text)
+    return load_config(TrainConfig, path, overrides)
+
+
+def test_config_defaults_and_overrides(tmp_path: Path) -> None:
+    cfg = config(tmp_path, overrides=["--orchestrator.group_size", "4", "loss.name=grpo"])
+    assert cfg.orchestrator.group_size == 4 and cfg.loss.name == "grpo"
+    trainer = cfg.trainer_config()
+    assert trainer.run_dir == cfg.log.run_dir and trainer.model.path == "/tmp/model"
+    assert trainer.max_steps == cfg.orchestrator.max_steps
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("orchestrator.token_budget=-5", "orchestrator.token_budget"),
+        ("orchestrator.token_budget=10", "orchestrator.token_budget"),
+        ("orchestrator.capacity=2", "orchestrator.capacity"),
+        ("orchestrator.schedular=sync", "orchestrator.schedular"),
+        ("orchestrator.scheduler=fast", "orchestrator.scheduler"),
+        ("trainer.run_dir=/x", "trainer.run_dir"),
+        (
+            "orchestrator.difficulty={easy_fraction = 0.8, hard_fraction = 0.3}",
+            "easy_fraction + hard_fraction",
+        ),
+    ],
+)
+def test_bad_config_names_the_field(tmp_path: Path, override: str, field: str) -> None:
+    with pytest.raises(UsageError, match=field.replace(".", r"\.").replace("+", r"\+")):
+        config(tmp_path, overrides=[override])
+
+
+def test_cli_bad_config_exits_2_and_starts_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "train.toml"
+    run_dir = tmp_path / "run"
+    path.write_text(BASE.replace("reverse-text", "no-such-env-xyz"))
+    rlkit = str(Path(sys.executable).parent / "rlkit")
+    cli = [rlkit, "train", str(path), f"--log.run_dir={run_dir}"]
+    proc = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "env.0.id" in proc.stderr
+    assert not run_dir.exists()
+    proc = subprocess.run(
+        [*cli, "--orchestrator.token_budget", "-1"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2 and "orchestrator.token_budget" in proc.stderr
+    assert not run_dir.exists()
+
+
+def test_sampler_mixes_by_weight_and_moves_difficulty() -> None:
+    sampler = PromptSampler(
+        {"a": 10, "b": 10},
+        {"a": 3.0, "b": 1.0},
+        DifficultyConfig(easy_fraction=0.0, hard_fraction=0.0),
+        seed=0,
+    )
+    draws = [sampler.sample() for _ in range(400)]
+    share_a = sum(env == "a" for env, _ in draws) / len(draws)
+    assert 0.65 < share_a < 0.85
+    sampler.observe("a", 3, [1.0, 1.0])  # solved every time -> easy, never drawn (fraction 0)
+    sampler.observe("a", 4, [0.0, 0.0])  # never solved -> hard
+    sampler.observe("a", 5, [1.0, 0.0])  # in between -> normal
+    assert sampler.counts("a") == {"easy": 1, "normal": 8, "hard": 1}
+    assert all(i not in (3, 4) for env, i in (sampler.sample() for _ in range(200)) if env == "a")
+
+
+def test_sampler_state_round_trip_continues_the_stream() -> None:
+    settings = DifficultyConfig(easy_fraction=0.2, hard_fraction=0.2)
+    a = PromptSampler({"x": 7, "y": 5}, {"x": 1.0, "y": 1.0}, settings, seed=3)
+    for _ in range(9):
+        a.sample()
+    a.observe("x", 2, [1.0])
+    a.observe("y", 1, [0.0])
+    state = json.loads(json.dumps(a.state_dict()))
+    b = PromptSampler({"x": 7, "y": 5}, {"x": 1.0, "y": 1.0}, settings, seed=3)
+    b.load_state_dict(state)
+    assert [a.sample() for _ in range(30)] == [b.sample() for _ in range(30)]
+
+
+def rollout(reward: float, n: int = 3, error: str | None = None, version: int = 0) -> Rollout:
+    turn = Turn(
+        prompt_token_ids=[1, 2],
+        completion_token_ids=[3] * n,
+        completion_logprobs=[-0.1] * n,
+        policy_version_start=version,
+        policy_version_end=version,
+    )
+    return Rollout(env_id="e", turns=[turn], reward=reward, error=error)
+
+
+def test_group_processor_advantages_errors_and_zero_signal(tmp_path: Path) -> None:
+    proc = GroupProcessor(advantage="drgrpo", drop_zero_advantage=True, solve_threshold=1.0)
+    group = Group(uid=0, start_version=0, env_id="e", index=0)
+    group.rollouts = [rollout(1.0), rollout(0.0), rollout(0.5, error="reward function raised")]
+    proc(group)
+    assert [s.advantage for s in group.samples] == [0.5, -0.5]
+    assert group.tokens == 6
+    flat = Group(uid=1, start_version=0, env_id="e", index=1)
+    flat.rollouts = [rollout(1.0), rollout(1.0)]
+    proc(flat)
+    assert flat.samples == [] and flat.tokens == 0
+    stats = proc.take_stats()
+    assert stats.errored == 1 and stats.zero_advantage_groups == 1
+    assert stats.rewards["e"] == [1.0, 0.0, 1.0, 1.0]
+    batch = make_batch(1, [group], version=0)
+    back = read_batch(write_batch(batch, tmp_path))
+    assert back.meta["group_uids"] == [0] and len(back.samples) == 2
+    assert back.samples[0].loss_mask == [0, 0, 1, 1, 1]
+
+
+def test_metrics_record_log_and_plot(tmp_path: Path) -> None:
+    proc = GroupProcessor(advantage="grpo", drop_zero_advantage=True, solve_threshold=1.0)
+    group = Group(uid=0, start_version=0, env_id="e", index=0)
+    group.rollouts = [rollout(1.0, version=0), rollout(0.0, version=1)]
+    proc(group)
+    batch = make_batch(1, [group], version=1)
+    record = step_record(
+        1,
+        batch,
+        proc.take_stats(),
+        Counters(launched=2, finished=2),
+        rollout_time_s=2.0,
+        train_time_s=1.0,
+        step_time_s=3.0,
+        idle_s=1.5,
+    )
+    assert record["reward_mean/e"] == 0.5 and record["solve_rate/e"] == 0.5
+    assert record["staleness_hist/0"] == 1 and record["staleness_hist/1"] == 1
+    assert record["inference_idle_frac"] == 0.5
+    from rich.console import Console
+
+    logger = MetricsLogger(tmp_path, Console(file=open(tmp_path / "out.txt", "w")), plot=True)
+    for step in (1, 2):
+        logger.log({**record, "step": step, "mismatch_kl": 1e-3, "icepop_masked_low_frac": 0.01})
+    assert (tmp_path / "metrics.png").stat().st_size > 1000
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+    truncate_jsonl(tmp_path / "metrics.jsonl", 1)
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_resume_rolls_back_to_trainer_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "checkpoints" / "step_000002" / ".metadata").write_text("")
+    (run / "checkpoints" / "latest").write_text("step_000002")
+    for step in (1, 2, 3):
+        (run / "weights" / f"step_{step:06d}").mkdir(parents=True)
+        (run / "weights" / f"step_{step:06d}" / "STABLE").write_text("")
+        save_state(run, step, {"sampler": {"marker": step}})
+        (run / "batches").mkdir(exist_ok=True)
+        (run / "batches" / f"step_{step:06d}.pt").write_text("x")
+        with open(run / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step}) + "\n")
+    with pytest.raises(UsageError, match="--resume"):
+        check_fresh_run_dir(run)
+    step, state = prepare_resume(run)
+    assert step == 2 and state is not None and state["sampler"] == {"marker": 2}
+    assert sorted(p.name for p in (run / "batches").iterdir()) == [
+        "step_000001.pt",
+        "step_000002.pt",
+    ]
+    assert not (run / "weights" / "step_000003").exists()
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2

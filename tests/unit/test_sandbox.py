@@ -1,0 +1,134 @@
+"""rlkit.sandbox: limits, classification and the basic statuses of real bubblewrap runs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from rlkit import sandbox
+from rlkit.sandbox import launch as launch_mod
+from rlkit.sandbox.limits import MIB, Limits
+from rlkit.sandbox.process import classify
+from rlkit.sandbox.session import PythonSession
+
+
+@pytest.fixture(autouse=True)
+def _bwrap_backend() -> None:
+    if sandbox.active_backend() != "bwrap":
+        pytest.skip("bubblewrap is not usable on this machine")
+
+
+def test_limits_become_prlimit_arguments() -> None:
+    args = Limits(timeout=2.5, memory_mb=128).prlimit_args()
+    assert args[0] == "prlimit" and args[-1] == "--"
+    assert "--cpu=4:5" in args
+    assert f"--as={128 * MIB}" in args
+    assert "--nproc=64" in args
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "stderr", "status"),
+    [
+        (0, "", "ok"),
+        (1, "Traceback...\nValueError: bad\n", "runtime_error"),
+        (1, "Traceback...\nMemoryError\n", "memory"),
+        (128 + 9, "", "memory"),
+        (128 + 11, "", "memory"),
+        (128 + 24, "", "timeout"),
+        (3, "", "runtime_error"),
+    ],
+)
+def test_classify(exit_code: int, stderr: str, status: str) -> None:
+    assert classify(exit_code, stderr) == status
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../x", "a/../../b", ""])
+def test_file_names_must_stay_in_the_workdir(name: str) -> None:
+    with pytest.raises(ValueError, match="relative path"):
+        launch_mod.check_relative(name)
+
+
+async def test_ok_with_stdin_and_files() -> None:
+    code = "import sys\nprint(sys.stdin.read().upper(), open('data/in.txt').read(), end='')"
+    result = await sandbox.run(code, stdin="abc", files={"data/in.txt": "xyz"})
+    assert (result.status, result.exit_code, result.stdout) == ("ok", 0, "ABC xyz")
+    assert result.duration > 0
+
+
+async def test_runtime_error_keeps_the_traceback() -> None:
+    result = await sandbox.run("raise ValueError('boom')")
+    assert result.status == "runtime_error" and result.exit_code == 1
+    assert "ValueError: boom" in result.stderr
+
+
+async def test_timeout_memory_and_output_limit() -> None:
+    spin, mem, out = await asyncio.gather(
+        sandbox.run("while True: pass", timeout=1),
+        sandbox.run("x = bytearray(2 << 30)", memory_mb=256),
+        sandbox.run("while True: print('y' * 4096)"),
+    )
+    assert spin.status == "timeout" and spin.exit_code is None and spin.duration < 3
+    assert mem.status == "memory"
+    assert out.status == "output_limit" and len(out.stdout) <= MIB
+
+
+async def test_bash_language_and_unknown_language() -> None:
+    result = await sandbox.run("echo $((6 * 7)); exit 3", language="bash")
+    assert (result.status, result.exit_code, result.stdout) == ("runtime_error", 3, "42\n")
+    with pytest.raises(ValueError, match="unsupported sandbox language"):
+        await sandbox.run("x", language="cobol")
+
+
+async def test_concurrency_limit_is_respected() -> None:
+    sandbox.configure(concurrency=2)
+    try:
+        start = time.monotonic()
+        results = await asyncio.gather(
+            *(sandbox.run("import time; time.sleep(0.4)") for _ in range(4))
+        )
+        assert all(r.status == "ok" for r in results)
+        assert time.monotonic() - start >= 0.8  # two waves of two
+    finally:
+        sandbox.configure(concurrency=4)
+
+
+async def test_broken_sandbox_is_a_sandbox_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        launch_mod, "_system_binds", lambda python: ["--ro-bind", "/nonexistent-rlkit", "/usr"]
+    )
+    result = await sandbox.run("print('never')")
+    assert result.status == "sandbox_error"
+    assert "nonexistent-rlkit" in result.stderr
+
+
+async def test_local_backend_runs_with_limits() -> None:
+    sandbox.configure(backend="local")
+    try:
+        ok, spin = await asyncio.gather(
+            sandbox.run("import os; print(os.getcwd() != '/sandbox')"),
+            sandbox.run("while True: pass", timeout=1),
+        )
+        assert (ok.status, ok.stdout) == ("ok", "True\n")
+        assert spin.status == "timeout"
+    finally:
+        sandbox.configure(backend="auto")
+    assert sandbox.active_backend() == "bwrap"
+
+
+async def test_python_session_keeps_state_and_recovers() -> None:
+    async with PythonSession(timeout=2) as py:
+        assert (await py.execute("x = 20")).status == "ok"
+        assert (await py.execute("x + 22")).output == "42\n"
+        failed = await py.execute("1 / 0")
+        assert failed.status == "runtime_error" and "ZeroDivisionError" in failed.output
+        assert (await py.execute("print(x)")).output == "20\n"  # an error keeps the state
+        mixed = await py.execute("import os\nprint('a')\nos.system('echo b')\nprint('c')")
+        assert mixed.output == "a\nb\nc\n"
+        hung = await py.execute("import time; time.sleep(30)")
+        assert hung.status == "timeout" and hung.restarted
+        fresh = await py.execute("x")
+        assert fresh.status == "runtime_error" and "NameError" in fresh.output
+        assert (await py.execute("input()")).status == "runtime_error"  # stdin is not the pipe
+    assert not py.alive
