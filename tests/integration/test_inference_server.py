@@ -157,4 +157,5 @@ def test_start_server_refuses_busy_port(tiny_model_dir: Path) -> None:
 
 def test_unknown_route_and_bad_body_are_4xx(vllm_server: ServerProcess) -> None:
     resp = httpx.post(f"{vllm_server.url}/rlkit/update_weights", json={"nope": 1}, timeout=10)
-    assert resp.status_code == 422
+    assert resp.status_code == 400 and "path" in resp.text
+    assert httpx.get(f"{vllm_server.url}/rlkit/nothing", timeout=10).status_code == 404
