@@ -6,7 +6,10 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
+command -v prlimit >/dev/null || need_apt+=(util-linux)  # rlimits inside the sandbox
+[ -x /usr/bin/python3 ] || need_apt+=(python3)  # the sandbox's interpreter (no /root inside)
 command -v chromium >/dev/null || need_apt+=(chromium)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)  # hub db tests
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "[setup] installing system packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

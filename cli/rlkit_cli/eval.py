@@ -148,7 +148,9 @@ def run_cmd(
         try:
             from rlkit.hub import push_eval_results
         except ImportError as exc:
-            raise UsageError(f"--push needs rlkit.hub.push_eval_results, unavailable: {exc}") from exc
+            raise UsageError(
+                f"--push needs rlkit.hub.push_eval_results, unavailable: {exc}"
+            ) from exc
         console.print(f"pushed: {push_eval_results(run_dir, hub)}")
 
 

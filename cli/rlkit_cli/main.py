@@ -43,6 +43,11 @@ def _register() -> None:
 
     app.add_typer(env_cli.app, name="env")
     app.add_typer(hub_cli.app, name="hub")
+    from rlkit_cli import sft
+
+    app.command(
+        name="sft", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+    )(sft.sft)
 
 
 _register()

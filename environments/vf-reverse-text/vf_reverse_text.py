@@ -43,9 +43,7 @@ def load_environment(
         response = parser.parse_answer(completion) or ""
         return SequenceMatcher(None, response, answer).ratio()
 
-    rubric = vf.Rubric(
-        funcs=[lcs_reward_func, parser.get_format_reward_func()], weights=[1.0, 0.2]
-    )
+    rubric = vf.Rubric(funcs=[lcs_reward_func, parser.get_format_reward_func()], weights=[1.0, 0.2])
     return vf.SingleTurnEnv(
         dataset=train,
         eval_dataset=evaluation,

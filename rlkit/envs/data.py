@@ -16,6 +16,7 @@ from datasets import Dataset
 
 from rlkit.errors import UsageError
 
+
 @contextlib.contextmanager
 def quiet_datasets() -> Iterator[None]:
     """Hide datasets' tqdm bars (callers such as `rlkit eval` show their own progress)."""

@@ -32,9 +32,7 @@ def format_dataset(dataset: Dataset, system_prompt: str | None = None) -> Datase
     """Give a dataset the `prompt`, `answer`, `info`, `example_id` columns (keeping the rest)."""
     columns = set(dataset.column_names)
     if "prompt" not in columns and "question" not in columns:
-        raise ValueError(
-            f"dataset needs a 'prompt' or a 'question' column, has {sorted(columns)}"
-        )
+        raise ValueError(f"dataset needs a 'prompt' or a 'question' column, has {sorted(columns)}")
 
     def to_row(row: dict[str, Any], index: int) -> dict[str, Any]:
         if "prompt" in columns:

@@ -25,8 +25,12 @@ def _concat(members: dict[str, Environment], eval_split: bool) -> Dataset:
             info = {**dict(row["info"] or {}), "env_id": env_id}
             info["env_example_id"] = row["example_id"]
             rows.append(
-                {"prompt": row["prompt"], "answer": row["answer"], "info": info,
-                 "example_id": len(rows)}
+                {
+                    "prompt": row["prompt"],
+                    "answer": row["answer"],
+                    "info": info,
+                    "example_id": len(rows),
+                }
             )
     return Dataset.from_list(rows)
 

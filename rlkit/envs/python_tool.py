@@ -46,7 +46,10 @@ async def python(code: str) -> str:
         code: Python source. Variables, functions and imports persist between calls; the value
             of a final bare expression is printed, as in a notebook. No network access.
     """
-    return format_cell(await _SESSION.get().execute(code))
+    session = _SESSION.get(None)
+    if session is None:
+        raise RuntimeError("the python tool only works inside PythonToolEnv rollouts")
+    return format_cell(await session.execute(code))
 
 
 class PythonToolEnv(ToolEnv):

@@ -59,7 +59,9 @@ def parse_tool_calls(message: dict[str, Any]) -> list[ToolCall]:
         fn = call.get("function") or {}
         call_id = call.get("id") or f"call_{i}"
         try:
-            calls.append(ToolCall(call_id, fn.get("name", ""), _parse_arguments(fn.get("arguments"))))
+            calls.append(
+                ToolCall(call_id, fn.get("name", ""), _parse_arguments(fn.get("arguments")))
+            )
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             calls.append(ToolCall(call_id, fn.get("name", ""), {}, f"malformed arguments: {exc}"))
     if calls:
@@ -69,7 +71,9 @@ def parse_tool_calls(message: dict[str, Any]) -> list[ToolCall]:
             data = json.loads(body)
             if not isinstance(data, dict) or "name" not in data:
                 raise ValueError('expected {"name": ..., "arguments": {...}}')
-            calls.append(ToolCall(f"call_{i}", str(data["name"]), _parse_arguments(data.get("arguments"))))
+            calls.append(
+                ToolCall(f"call_{i}", str(data["name"]), _parse_arguments(data.get("arguments")))
+            )
         except ValueError as exc:
             calls.append(ToolCall(f"call_{i}", "", {}, f"malformed tool call: {exc}"))
     return calls

@@ -77,7 +77,9 @@ def summarize(
         if scores:
             pass_k[f"pass@{j}"] = float(np.mean(scores))
 
-    group_means = [float(np.mean([0.0 if r.error else r.reward for r in g])) for g in groups.values()]
+    group_means = [
+        float(np.mean([0.0 if r.error else r.reward for r in g])) for g in groups.values()
+    ]
     generation = [r.timings["generation_s"] for r in rollouts if "generation_s" in r.timings]
     errors = [r for r in rollouts if r.error is not None]
     return {

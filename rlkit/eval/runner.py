@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import itertools
+import math
 import os
 import re
 import uuid
@@ -39,6 +41,10 @@ from rlkit.eval.metrics import summarize
 from rlkit.eval.store import EvalResult, RunMetadata, RunStore, pending_keys
 from rlkit.inference import InferenceClient, InferenceError
 from rlkit.inference.client import RETRY_STATUS
+
+# httpx's connection pool does O(connections) work (with socket checks) on every request event,
+# which dominates at hundreds of connections; several small pools keep that cost flat.
+CONNECTIONS_PER_CLIENT = 32
 
 
 class EvalInterrupted(Exception):
@@ -153,11 +159,12 @@ async def _run_pending(
     sampling: dict[str, Any],
     pending: dict[int, list[int]],
     store: RunStore,
-    client: InferenceClient,
+    clients: list[InferenceClient],
     tally: _Tally,
     progress: Progress,
 ) -> None:
     semaphore = asyncio.Semaphore(config.max_concurrent)
+    client_cycle = itertools.cycle(clients)
     task = progress.add_task(
         config.env_id,
         total=sum(len(v) for v in pending.values()),
@@ -167,6 +174,7 @@ async def _run_pending(
 
     async def one(row: dict[str, Any]) -> Rollout:
         async with semaphore:
+            client = next(client_cycle)
             try:
                 return await env.rollout(row, client, config.model, sampling)
             except Exception as exc:  # an environment bug must not end the run
@@ -243,17 +251,20 @@ async def run_eval_async(
         todo = sum(len(v) for v in pending.values())
         console.print(f"eval run [bold]{store.run_dir}[/]: {todo} rollouts to run")
 
-    client = InferenceClient(
-        config.base_url,
-        api_key=api_key,
-        timeout=config.timeout,
-        max_retries=config.max_retries,
-        max_connections=config.max_concurrent,
-    )
+    clients = [
+        InferenceClient(
+            config.base_url,
+            api_key=api_key,
+            timeout=config.timeout,
+            max_retries=config.max_retries,
+            max_connections=CONNECTIONS_PER_CLIENT,
+        )
+        for _ in range(math.ceil(config.max_concurrent / CONNECTIONS_PER_CLIENT))
+    ]
     try:
         with _progress(console) as progress:
             await _run_pending(
-                env, config, rows, sampling, pending, store, client, _Tally(results), progress
+                env, config, rows, sampling, pending, store, clients, _Tally(results), progress
             )
     except asyncio.CancelledError:
         store.close()
@@ -266,7 +277,7 @@ async def run_eval_async(
         store.write_metadata(metadata)
         raise
     finally:
-        await client.aclose()
+        await asyncio.gather(*(client.aclose() for client in clients))
 
     results = store.compact()
     metadata.status = "complete"
@@ -280,6 +291,8 @@ async def run_eval_async(
     return store.run_dir
 
 
-def run_eval(config: EvalConfig, resume: Path | None = None, console: Console | None = None) -> Path:
+def run_eval(
+    config: EvalConfig, resume: Path | None = None, console: Console | None = None
+) -> Path:
     """Synchronous `run_eval_async`: Ctrl-C raises `EvalInterrupted` naming the run directory."""
     return asyncio.run(run_eval_async(config, resume=resume, console=console))

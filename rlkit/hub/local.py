@@ -83,10 +83,11 @@ class LocalHub:
         self, files: list[Path], owner: str | None = None, visibility: Visibility | None = None
     ) -> EnvCard:
         owner = validate_owner(owner or self.owner or default_owner())
-        infos: list[tuple[Path, ArtifactInfo]] = []
+        infos: list[tuple[bytes, ArtifactInfo]] = []  # the bytes checked are the bytes stored
         for path in files:
+            data = Path(path).read_bytes()
             try:
-                infos.append((path, inspect_artifact(Path(path).read_bytes(), Path(path).name)))
+                infos.append((data, inspect_artifact(data, Path(path).name)))
             except ArtifactError as exc:
                 raise HubError(str(exc), 400) from exc
         if not infos or len({(i.name, i.version) for _, i in infos}) != 1:
@@ -100,12 +101,8 @@ class LocalHub:
             if release is not None:
                 raise HubError(f"{owner}/{first.name}@{first.version} is already published", 409)
             release = VersionRecord(version=first.version)
-            for path, info in infos:
-                dest = self.root / "files" / info.name / info.filename
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                tmp = dest.with_name(f".{dest.name}.tmp")
-                shutil.copyfile(path, tmp)
-                os.replace(tmp, dest)
+            for data, info in infos:
+                _write_atomic(self.root / "files" / info.name / info.filename, data)
                 release.files.append(
                     FileRecord(
                         filename=info.filename,

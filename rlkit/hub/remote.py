@@ -67,12 +67,7 @@ class RemoteHub:
         if owner != me:
             raise HubError(f"token belongs to {me}; it cannot push into namespace {owner}", 403)
         ref = EnvRef(owner, infos[0].name, infos[0].version)
-        try:
-            if self.card(ref).get_version(ref.version) is not None:
-                raise HubError(f"{ref} is already published (versions are immutable)", 409)
-        except HubError as exc:
-            if exc.status != 404:
-                raise
+        files = self._missing(ref, [Path(p) for p in files], {i.filename: i.sha256 for i in infos})
         if visibility:
             self._request(
                 "PUT", f"/api/v1/envs/{owner}/{ref.name}", json={"visibility": visibility}
@@ -93,6 +88,23 @@ class RemoteHub:
         except TwineException as exc:
             raise HubError(f"upload failed: {exc}", 400) from exc
         return self.card(ref)
+
+    def _missing(self, ref: EnvRef, files: list[Path], sha256: dict[str, str]) -> list[Path]:
+        """Files not yet on the hub, so an interrupted push can be completed; a version whose
+        files are all there, or that holds different bytes under a name, is refused (409)."""
+        try:
+            release = self.card(ref).get_version(ref.version)
+        except HubError as exc:
+            if exc.status != 404:
+                raise
+            return files
+        present = {f.filename: f.sha256 for f in release.files} if release else {}
+        if any(present.get(p.name, sha256[p.name]) != sha256[p.name] for p in files):
+            raise HubError(f"{ref} is already published with different files (immutable)", 409)
+        missing = [p for p in files if p.name not in present]
+        if not missing:
+            raise HubError(f"{ref} is already published (versions are immutable)", 409)
+        return missing
 
     def card(self, ref: EnvRef) -> EnvCard:
         response = self._request("GET", f"/api/v1/envs/{ref.owner}/{ref.name}")

@@ -7,5 +7,14 @@ program in a fresh sandbox; `PythonSession` keeps one sandboxed interpreter aliv
 
 from rlkit.sandbox.result import SandboxResult, Status
 from rlkit.sandbox.runner import active_backend, configure, run
+from rlkit.sandbox.session import CellResult, PythonSession
 
-__all__ = ["SandboxResult", "Status", "active_backend", "configure", "run"]
+__all__ = [
+    "CellResult",
+    "PythonSession",
+    "SandboxResult",
+    "Status",
+    "active_backend",
+    "configure",
+    "run",
+]

@@ -53,6 +53,8 @@ def main() -> None:
     # Unbuffered text streams keep prints and subprocess output in the order they happened.
     sys.stdout.reconfigure(write_through=True, line_buffering=True)
     sys.stderr.reconfigure(write_through=True, line_buffering=True)
+    protocol.write(json.dumps({"ready": True}) + "\n")  # startup is not billed to a cell
+    protocol.flush()
     for line in requests:
         code = json.loads(line)["code"]
         with tempfile.TemporaryFile() as capture:

@@ -89,22 +89,27 @@ def bwrap_self_test() -> str | None:
 
 @functools.cache
 def active_backend() -> Backend:
-    """Resolve the configured backend once; warn loudly when isolation is unavailable."""
+    """Resolve the configured backend once; warn loudly whenever isolation is off."""
     wanted = _settings["backend"]
     if wanted == "local":
+        _warn_unsafe("the local sandbox backend was requested")
         return "local"
     problem = bwrap_self_test()
     if problem is None:
         return "bwrap"
     if wanted == "bwrap":
         raise RuntimeError(f"sandbox backend bwrap requested but unusable: {problem}")
+    _warn_unsafe(problem)
+    return "local"
+
+
+def _warn_unsafe(reason: str) -> None:
     message = (
-        f"UNSAFE: {problem}; untrusted code runs with the `local` sandbox backend "
+        f"UNSAFE: {reason}; untrusted code runs with the `local` sandbox backend "
         "(rlimits and timeouts only, NO filesystem/network/process isolation)"
     )
     logger.warning(message)
     Console(stderr=True).print(f"[bold red]WARNING:[/] {message}", highlight=False)
-    return "local"
 
 
 def _semaphore() -> asyncio.Semaphore:

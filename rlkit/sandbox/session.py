@@ -24,6 +24,8 @@ from rlkit.sandbox.result import Status
 from rlkit.sandbox.runner import active_backend
 
 REPL_SOURCE = (Path(__file__).parent / "repl_server.py").read_text()
+# Interpreter start is slow on a loaded machine; it is waited for separately from cell timeouts.
+STARTUP_TIMEOUT_S = 60.0
 
 
 class CellResult(BaseModel):
@@ -70,22 +72,36 @@ class PythonSession:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
 
-    async def _start(self) -> asyncio.subprocess.Process:
+    async def _start(self) -> asyncio.subprocess.Process | None:
+        """Start the interpreter and wait until it is ready; None when it failed to start."""
         prepare = prepare_bwrap if active_backend() == "bwrap" else prepare_local
         self._stack = contextlib.ExitStack()
-        launch = self._stack.enter_context(
-            prepare(REPL_SOURCE, "python", self.files, self.limits)
-        )
+        launch = self._stack.enter_context(prepare(REPL_SOURCE, "python", self.files, self.limits))
         launch.argv.append(str(self.output_limit))
-        # Replies carry up to output_limit characters, JSON-escaped (at most 6 bytes each).
-        self._proc = await spawn(launch, line_limit=6 * self.output_limit + 4096)
+        try:
+            # Replies carry up to output_limit characters, JSON-escaped (at most 6 bytes each).
+            self._proc = await spawn(launch, line_limit=6 * self.output_limit + 4096)
+        except OSError:
+            return None
+        assert self._proc.stdout is not None
+        try:
+            ready = await asyncio.wait_for(self._proc.stdout.readline(), STARTUP_TIMEOUT_S)
+        except TimeoutError:
+            ready = b""
+        if not ready.startswith(b'{"ready"'):
+            return None
         return self._proc
 
     async def execute(self, code: str, timeout: float | None = None) -> CellResult:
         """Run one cell in the session's namespace; never raises for what the cell does."""
         async with self._lock:
             start = time.monotonic()
+            if not self.alive:
+                await self.close()  # release what an interpreter that exited left behind
             proc = self._proc if self.alive else await self._start()
+            if proc is None:  # the sandbox itself did not come up: no user code ran
+                await self.close()
+                return CellResult(status="sandbox_error", duration=time.monotonic() - start)
             assert proc.stdin and proc.stdout
             try:
                 proc.stdin.write((json.dumps({"code": code}) + "\n").encode())
@@ -102,7 +118,11 @@ class PythonSession:
             if not line:
                 status = await self._died()
                 return CellResult(status=status, duration=duration, restarted=True)
-            reply = json.loads(line)
+            try:
+                reply = json.loads(line)
+            except ValueError:  # the cell wrote into the reply channel: its own fault
+                await self.close()
+                return CellResult(status="runtime_error", duration=duration, restarted=True)
             status: Status = "ok"
             if reply["error"]:
                 status = "memory" if "MemoryError" in reply["output"][-2000:] else "runtime_error"

@@ -9,6 +9,7 @@ so a reader that waits for `STABLE` never sees a partial model.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -41,12 +42,10 @@ def export_hf(
     tmp = out.with_name(f".tmp_{out.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     lm = policy.lm
-    saved_dtype = lm.config.dtype
-    lm.config.dtype = dtype
-    try:
-        lm.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-    finally:
-        lm.config.dtype = saved_dtype
+    lm.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+    config = copy.deepcopy(lm.config)  # save_pretrained records the fp32 training dtype
+    config.dtype = dtype
+    config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     if extra:
         (tmp / "rlkit_export.json").write_text(json.dumps(extra, indent=2) + "\n")

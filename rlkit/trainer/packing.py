@@ -42,6 +42,7 @@ class MicroBatch:
     inference_logprobs: Tensor  # [S, T-1]
     advantages: Tensor  # [S]
     num_tokens: int  # real (non-padding) tokens
+    sample_ids: list[int]  # index into the input list of each of the S samples
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -119,6 +120,7 @@ def _build(seqs: list[Sequence], rows: list[list[int]]) -> MicroBatch:
         inference_logprobs=inf_lp * loss_mask,
         advantages=advantages,
         num_tokens=sum(len(seqs[i].token_ids) for i in order),
+        sample_ids=order,
     )
 
 

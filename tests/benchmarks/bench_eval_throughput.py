@@ -99,9 +99,9 @@ def bench_verifiers(url: str, n: int, r: int, concurrency: int) -> float:
     from bench_reverse_text import load_environment
     from openai import AsyncOpenAI
 
+    t0 = time.perf_counter()  # like rlkit's timing, this includes loading the environment
     env = load_environment(num_examples=n)
     client = AsyncOpenAI(base_url=url, api_key="unused", max_retries=5, timeout=600)
-    t0 = time.perf_counter()
     results = env.evaluate(
         client, "fake-model", num_examples=n, rollouts_per_example=r, max_concurrent=concurrency
     )

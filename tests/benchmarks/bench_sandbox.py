@@ -2,7 +2,9 @@
 
 Runs the same small Python program N times with `rlkit.sandbox.run` (bubblewrap + prlimit) and
 as a bare `python3` subprocess (same interpreter, same pipes), then measures throughput of the
-sandbox at concurrency 2 and 8. Prints one JSON line.
+sandbox at concurrency 2 and 8. Also times grading one 15-test problem both ways the code
+environment could: one sandboxed process per test (its choice: tamper-proof, independent) and
+one process running all tests. Prints one JSON line.
 
     .venv/bin/python tests/benchmarks/bench_sandbox.py [--runs 60]
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 
@@ -42,6 +45,26 @@ async def sandbox_run() -> float:
     start = time.perf_counter()
     result = await sandbox.run(PROGRAM, stdin=STDIN)
     assert result.status == "ok" and result.stdout.strip() == "499500", result
+    return time.perf_counter() - start
+
+
+GCD = "def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a\n"
+CASES = [[a, b] for a, b in zip(range(12, 27), range(18, 33), strict=True)]
+ALL_IN_ONE = GCD + "import json\nprint(json.dumps([gcd(*args) for args in {cases}]))"
+
+
+async def grade_per_test() -> float:
+    start = time.perf_counter()
+    code = GCD + "import json, sys\nprint(json.dumps(gcd(*json.loads(sys.stdin.read()))))"
+    results = await asyncio.gather(*(sandbox.run(code, stdin=json.dumps(c)) for c in CASES))
+    assert all(r.status == "ok" for r in results)
+    return time.perf_counter() - start
+
+
+async def grade_all_in_one() -> float:
+    start = time.perf_counter()
+    result = await sandbox.run(ALL_IN_ONE.format(cases=CASES))
+    assert result.status == "ok" and len(json.loads(result.stdout)) == len(CASES)
     return time.perf_counter() - start
 
 
@@ -80,6 +103,11 @@ async def main(runs: int) -> None:
         "exec_per_s_c2": round(await throughput(2, 4 * runs), 1),
         "exec_per_s_c8": round(await throughput(8, 4 * runs), 1),
     }
+    sandbox.configure(concurrency=os.cpu_count() or 1)
+    per_test = statistics.median([await grade_per_test() for _ in range(5)])
+    all_in_one = statistics.median([await grade_all_in_one() for _ in range(5)])
+    result["grade_15_tests_per_test_ms"] = round(per_test * 1e3, 1)
+    result["grade_15_tests_one_run_ms"] = round(all_in_one * 1e3, 1)
     print(json.dumps(result))
 
 

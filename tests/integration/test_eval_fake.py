@@ -8,6 +8,7 @@ SIGINT then --resume (exactly n*r results), `eval show`, and up-front usage erro
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -16,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from rlkit_cli.main import main
 
 from rlkit.eval import load_run
-from rlkit_cli.main import main
 from tests.fakes.fake_openai import FakeOpenAIServer
 
 RLKIT = str(Path(sys.executable).parent / "rlkit")  # the console script of this venv
@@ -161,6 +162,7 @@ def test_failures_are_recorded_then_resume_reruns_them(custom_env, tmp_path, mon
     check_complete_run(run_dir, n=3, r=2)
 
 
+@pytest.mark.slow  # runs the CLI as a subprocess twice
 def test_sigint_then_resume_gives_exactly_n_times_r(custom_env, tmp_path) -> None:
     n, r = 30, 2
     with FakeOpenAIServer(latency=0.25) as server:
@@ -214,3 +216,60 @@ def test_unreachable_url_unknown_model_unknown_env_exit_2(custom_env, monkeypatc
 
     code, output = run_cli(monkeypatch, capsys, "eval", "word-flp", "-m", "x", "-b", dead)
     assert code == 2 and "unknown environment" in output and "word-flip" in output
+
+
+def test_reverse_text_end_to_end(tmp_path, monkeypatch, capsys) -> None:
+    with FakeOpenAIServer() as server:  # replies with the last user message reversed
+        code, output = run_cli(
+            monkeypatch, capsys, "eval", "reverse-text", "-m", "fake-model", "-b", server.url,
+            "-n", "5", "-r", "2", "-t", "32", "-o", str(tmp_path),
+        )  # fmt: skip
+    assert code == 0, output
+    run_dir = only_run_dir(tmp_path)
+    lines = check_complete_run(run_dir, n=5, r=2)
+    assert all(rec["reward"] == 1.0 for rec in lines)
+    assert all(body["max_tokens"] == 32 and body["logprobs"] for body in server.requests)
+    metadata = json.loads((run_dir / "metadata.json").read_text())
+    assert metadata["env_version"]  # the installed package's version
+
+
+def test_math_end_to_end(tmp_path, monkeypatch, capsys) -> None:
+    from rlkit.envs import load_environment
+
+    rows = load_environment("math", dataset="aime25").get_eval_dataset(4)
+    answers = {row["prompt"][-1]["content"]: row["answer"] for row in rows}
+
+    def solve(body: dict) -> str:
+        question = body["messages"][-1]["content"]
+        return f"<think>Known problem.</think>The answer is $\\boxed{{{answers[question]}}}$."
+
+    with FakeOpenAIServer(responder=solve) as server:
+        code, output = run_cli(
+            monkeypatch, capsys, "eval", "math", "-a", '{"dataset": "aime25"}', "-m", "fake-model",
+            "-b", server.url, "-n", "4", "-r", "2", "-o", str(tmp_path),
+        )  # fmt: skip
+    assert code == 0, output
+    lines = check_complete_run(only_run_dir(tmp_path), n=4, r=2)
+    assert [rec["reward"] for rec in lines] == [1.0] * 8
+    assert all(rec["metrics"]["boxed_answer"] == 1.0 for rec in lines)
+
+
+@pytest.mark.slow  # builds a wheel in a subprocess
+def test_push_adds_the_run_to_the_hub_leaderboard(custom_env, tmp_path, monkeypatch, capsys):
+    from rlkit.hub import LocalHub, build_env
+
+    env_dir = Path(os.environ["RLKIT_ENV_PATH"]) / custom_env
+    (env_dir / "README.md").write_text("# word-flip\n")
+    hub = LocalHub(tmp_path / "hub", owner="alice")
+    hub.push(build_env(env_dir, isolation=False))
+    with FakeOpenAIServer() as server:
+        args = ["-m", "fake-model", "-b", server.url, "-n", "2", "-r", "2", "--push"]
+        code, output = run_cli(
+            monkeypatch, capsys, "eval", f"alice/{custom_env}@0.1.0", *args,
+            "--hub", str(tmp_path / "hub"), "-o", str(tmp_path / "out"),
+        )  # fmt: skip
+    assert code == 0, output
+    assert "pushed:" in output
+    card = json.loads((tmp_path / "hub" / "projects" / f"{custom_env}.json").read_text())
+    (record,) = card["evals"]
+    assert record["model"] == "fake-model" and record["mean_reward"] == 1.0 and record["n"] == 4

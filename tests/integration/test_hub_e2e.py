@@ -169,6 +169,25 @@ def test_server_end_to_end(hub_server: tuple[str, Path, str], fresh_python: str,
     info = run(["env", "info", "alice/adder-env", "--json", "--hub", url]).stdout
     assert '"latest_version": "0.2.0"' in info
 
+    plain_pip = subprocess.run(  # the hub is a standard index: plain pip resolves from it
+        [
+            fresh_python,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--index-url",
+            f"{url}/simple/",
+            "adder-env",
+            "-d",
+            str(tmp_path / "dl"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert plain_pip.returncode == 0, plain_pip.stderr
+    assert (tmp_path / "dl" / "adder_env-0.2.0-py3-none-any.whl").is_file()
+
     wheel = data / "files" / "adder-env" / "adder_env-0.2.0-py3-none-any.whl"
     wheel.write_bytes(wheel.read_bytes() + b"tampered")
     refused = run(

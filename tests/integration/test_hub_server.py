@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -120,7 +122,8 @@ def test_published_versions_are_immutable(hub: RunningHub, tmp_path: Path) -> No
         (tmp_path / filename).write_bytes(data)
         paths.append(tmp_path / filename)
     client = RemoteHub(hub.url, hub.alice)
-    card = client.push(paths)
+    assert upload(hub, hub.alice, paths[0].name, paths[0].read_bytes()).status_code == 200
+    card = client.push(paths)  # completes the interrupted push: only the sdist is sent
     assert card.latest_version == "1.1" and len(card.get_version("1.1").files) == 2
     with pytest.raises(HubError) as err:
         client.push(paths)
@@ -157,7 +160,7 @@ def test_traversal_inside_archive_and_digest_mismatch(hub: RunningHub) -> None:
     assert upload(hub, hub.alice, filename, data, name="other-name").status_code == 400
 
 
-def test_private_environments_are_invisible_to_others(hub: RunningHub) -> None:
+def test_private_environments_are_invisible_to_others(hub: RunningHub, tmp_path: Path) -> None:
     claim = httpx.put(
         f"{hub.url}/api/v1/envs/alice/secret-env",
         json={"visibility": "private"},
@@ -185,6 +188,14 @@ def test_private_environments_are_invisible_to_others(hub: RunningHub) -> None:
     assert httpx.get(f"{hub.url}/api/v1/envs/alice/secret-env", headers=bearer).is_success
     # bob cannot take the name either
     assert upload(hub, hub.bob, *make_wheel("secret-env", "0.2.0")).status_code == 403
+    # `rlkit env push --private` goes through the same claim, then twine
+    filename, data = make_wheel("secret-two", "1.0")
+    (tmp_path / filename).write_bytes(data)
+    card = RemoteHub(hub.url, hub.alice).push([tmp_path / filename], visibility="private")
+    assert card.visibility == "private"
+    with pytest.raises(HubError) as err:
+        RemoteHub(hub.url, hub.bob).card(EnvRef("alice", "secret-two"))
+    assert err.value.status == 404
 
 
 def test_simple_index_content_negotiation(hub: RunningHub) -> None:
@@ -203,6 +214,8 @@ def test_simple_index_content_negotiation(hub: RunningHub) -> None:
     as_html = httpx.get(f"{hub.url}/simple/pep691-env/")
     assert as_html.headers["content-type"].startswith("text/html")
     assert f"#sha256={hashlib.sha256(data).hexdigest()}" in as_html.text
+    latest = {"Accept": "application/vnd.pypi.simple.latest+json"}
+    assert httpx.get(f"{hub.url}/simple/", headers=latest).headers["content-type"] == JSON_TYPE
     assert httpx.get(f"{hub.url}/simple/", headers={"Accept": "image/png"}).status_code == 406
     redirect = httpx.get(f"{hub.url}/simple/PEP691_Env/")
     assert redirect.status_code == 301 and redirect.headers["location"].endswith("pep691-env/")
@@ -317,3 +330,31 @@ def test_web_pages_in_headless_chromium(hub: RunningHub, tmp_path: Path) -> None
     image = Image.open(shot).convert("L")
     assert image.size == (1200, 900)
     assert ImageStat.Stat(image).stddev[0] > 10  # not a blank page
+
+
+def test_plain_twine_cli_uploads(hub: RunningHub, tmp_path: Path) -> None:
+    paths = []
+    for filename, data in (make_wheel("twine-env", "0.1.0"), make_sdist("twine-env", "0.1.0")):
+        (tmp_path / filename).write_bytes(data)
+        paths.append(str(tmp_path / filename))
+    cmd = [
+        sys.executable,
+        "-m",
+        "twine",
+        "upload",
+        "--non-interactive",
+        "--disable-progress-bar",
+        "--repository-url",
+        f"{hub.url}/legacy/",
+        "-u",
+        "__token__",
+        "-p",
+        hub.alice,
+        *paths,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    card = RemoteHub(hub.url).card(EnvRef("alice", "twine-env"))
+    assert len(card.versions[0].files) == 2
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode != 0 and "409" in again.stdout + again.stderr

@@ -68,7 +68,7 @@ def test_two_ranks_match_one_process(tiny_model_dir: Path, tmp_path: Path) -> No
     single, double = tmp_path / "one.pt", tmp_path / "two.pt"
     _run([sys.executable, __file__, str(single), str(tiny_model_dir)])
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    _run([*torchrun, "--master_port", "0", __file__, str(double), str(tiny_model_dir)])
+    _run([*torchrun, "--standalone", __file__, str(double), str(tiny_model_dir)])
     one, two = torch.load(single), torch.load(double)
     assert one["micro_batches"] == two["micro_batches"] >= 3
     for key in ("loss", "num_tokens", "mismatch_kl"):

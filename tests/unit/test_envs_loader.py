@@ -84,7 +84,10 @@ async def test_custom_environment_in_a_folder_is_found_and_runs(env_path: Path) 
     assert isinstance(env, Environment) and env.env_id == "shout-words"
     assert "shout-words" in list_environments()
     rows = env.get_eval_dataset()
-    assert rows[1]["prompt"][0] == {"role": "system", "content": "Repeat the word in capital letters."}
+    assert rows[1]["prompt"][0] == {
+        "role": "system",
+        "content": "Repeat the word in capital letters.",
+    }
 
     def upper(body: dict) -> str:
         return body["messages"][-1]["content"].upper()
@@ -131,7 +134,9 @@ def test_hub_ids_are_installed_then_imported(
         (site / "hubbed.py").write_text(CUSTOM_ENV)  # what `pip install` would have done
         sys.path.insert(0, str(site))
 
-    monkeypatch.setitem(sys.modules, "rlkit.hub", types.SimpleNamespace(ensure_installed=ensure_installed))
+    monkeypatch.setitem(
+        sys.modules, "rlkit.hub", types.SimpleNamespace(ensure_installed=ensure_installed)
+    )
     env = load_environment("alice/hubbed@1.0")
     assert calls == ["alice/hubbed@1.0"] and env.env_id == "hubbed"
     with pytest.raises(UsageError, match="unknown environment 'nohub'"):

@@ -45,7 +45,9 @@ async def test_multi_turn_loop_records_every_turn() -> None:
         assert len(turn.completion_logprobs) == len(turn.completion_token_ids) > 0
     tokens, mask, logprobs = rollout.training_sample()
     assert len(tokens) == len(mask) == len(logprobs) and sum(mask) > 0
-    assert rollout.usage["completion_tokens"] == sum(len(t.completion_token_ids) for t in rollout.turns)
+    assert rollout.usage["completion_tokens"] == sum(
+        len(t.completion_token_ids) for t in rollout.turns
+    )
     assert {"generation_s", "env_s", "scoring_s", "total_s"} <= set(rollout.timings)
     assert len(rollout.state["responses"]) == 3
 
@@ -127,12 +129,16 @@ def test_tool_schema_from_signature_and_docstring() -> None:
 
 
 def test_tool_calls_parsed_from_text_and_from_the_server() -> None:
-    text = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call> <tool_call>{bad'
+    text = (
+        '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call> <tool_call>{bad'
+    )
     (call,) = parse_tool_calls({"role": "assistant", "content": text})
     assert (call.name, call.arguments, call.error) == ("add", {"a": 1, "b": 2}, None)
     (bad,) = parse_tool_calls({"content": "<tool_call>{bad}</tool_call>"})
     assert bad.error and bad.error.startswith("malformed tool call")
-    server_side = {"tool_calls": [{"id": "x", "function": {"name": "add", "arguments": '{"a": 5}'}}]}
+    server_side = {
+        "tool_calls": [{"id": "x", "function": {"name": "add", "arguments": '{"a": 5}'}}]
+    }
     assert parse_tool_calls(server_side)[0].arguments == {"a": 5}
 
 
@@ -163,7 +169,10 @@ async def test_tool_round_trip() -> None:
         assert [t["function"]["name"] for t in server.requests[0]["tools"]] == ["add", "divide"]
     assert [m["role"] for m in via_server.completion] == ["assistant", "tool", "assistant"]
     assert via_server.completion[1] == {
-        "role": "tool", "tool_call_id": "c1", "name": "add", "content": "5"
+        "role": "tool",
+        "tool_call_id": "c1",
+        "name": "add",
+        "content": "5",
     }
     assert via_server.completion[-1]["content"] == "results: 5"
     results = [m["content"] for m in via_text.completion if m["role"] == "tool"]

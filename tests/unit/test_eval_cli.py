@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 from rlkit_cli.main import main
 
 

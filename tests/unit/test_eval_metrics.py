@@ -47,10 +47,20 @@ def _rollout(example: int, reward: float, **kwargs: object) -> Rollout:
 
 def test_summarize_rewards_pass_at_k_metrics_errors_tokens_latency() -> None:
     rollouts = [
-        _rollout(0, 1.0, metrics={"acc": 1.0}, usage={"prompt_tokens": 10, "completion_tokens": 4},
-                 timings={"generation_s": 1.0}),
-        _rollout(0, 0.0, metrics={"acc": 0.0}, usage={"prompt_tokens": 10, "completion_tokens": 6},
-                 timings={"generation_s": 3.0}),
+        _rollout(
+            0,
+            1.0,
+            metrics={"acc": 1.0},
+            usage={"prompt_tokens": 10, "completion_tokens": 4},
+            timings={"generation_s": 1.0},
+        ),
+        _rollout(
+            0,
+            0.0,
+            metrics={"acc": 0.0},
+            usage={"prompt_tokens": 10, "completion_tokens": 6},
+            timings={"generation_s": 3.0},
+        ),
         _rollout(1, 0.5, metrics={"acc": 0.5}, timings={"generation_s": 2.0}),
         _rollout(1, 0.9, error="HTTP 500", timings={"generation_s": 5.0}),  # counts as 0, failure
     ]

@@ -9,6 +9,7 @@ import pytest
 
 from rlkit import sandbox
 from rlkit.sandbox import launch as launch_mod
+from rlkit.sandbox import runner
 from rlkit.sandbox.limits import MIB, Limits
 from rlkit.sandbox.process import classify
 from rlkit.sandbox.session import PythonSession
@@ -132,3 +133,29 @@ async def test_python_session_keeps_state_and_recovers() -> None:
         assert fresh.status == "runtime_error" and "NameError" in fresh.output
         assert (await py.execute("input()")).status == "runtime_error"  # stdin is not the pipe
     assert not py.alive
+
+
+async def test_python_session_reports_a_broken_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        launch_mod, "_system_binds", lambda python: ["--ro-bind", "/nonexistent-rlkit", "/usr"]
+    )
+    async with PythonSession() as py:
+        result = await py.execute("print(1)")
+    assert result.status == "sandbox_error"
+
+
+def test_unusable_bwrap_falls_back_to_local_loudly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(runner, "bwrap_self_test", lambda: "bwrap is not installed")
+    sandbox.configure(backend="auto")
+    try:
+        with caplog.at_level("WARNING"):
+            assert sandbox.active_backend() == "local"
+        assert "UNSAFE" in caplog.text and "bwrap is not installed" in caplog.text
+        sandbox.configure(backend="bwrap")
+        with pytest.raises(RuntimeError, match="bwrap requested but unusable"):
+            sandbox.active_backend()
+    finally:
+        monkeypatch.undo()
+        sandbox.configure(backend="auto")

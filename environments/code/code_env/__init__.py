@@ -35,7 +35,6 @@ def load_environment(
     memory_mb: int = 512,
     num_examples: int = -1,
     system_prompt: str = SYSTEM_PROMPT,
-    **kwargs: Any,
 ) -> SingleTurnEnv:
     """Build the environment; `timeout` and `memory_mb` apply to each test's sandboxed run."""
     if reward_mode not in REWARD_MODES:
@@ -72,5 +71,4 @@ def load_environment(
         system_prompt=system_prompt,
         rubric=Rubric(funcs=[pass_rate, all_passed], weights=weights),
         env_id="code",
-        **kwargs,
     )

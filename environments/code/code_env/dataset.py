@@ -1,5 +1,6 @@
 """Problem sets for the code environment: the shipped offline set, local JSONL/parquet files or
-Hugging Face datasets (read by `rlkit.envs.data.load_dataset_any`), normalised to rows with `question`, `answer` and `info["tests"]`.
+Hugging Face datasets (read by `rlkit.envs.data.load_dataset_any`), normalised to rows with
+`question`, `answer` and `info["tests"]`.
 
 Accepted row shapes: rlkit's own (`question`, `tests` = {"style", "fn_name", "cases": [{"input",
 "output"}]}) and the APPS/TACO one (`question`, `input_output` = JSON {"inputs", "outputs",

@@ -68,9 +68,7 @@ def values_equal(got: Any, expected: Any) -> bool:
     if isinstance(got, list) and isinstance(expected, list):
         return len(got) == len(expected) and all(map(values_equal, got, expected))
     if isinstance(got, dict) and isinstance(expected, dict):
-        return got.keys() == expected.keys() and all(
-            values_equal(got[k], expected[k]) for k in got
-        )
+        return got.keys() == expected.keys() and all(values_equal(got[k], expected[k]) for k in got)
     return got == expected
 
 
@@ -79,7 +77,9 @@ async def run_case(
 ) -> bool:
     """True when the program passes this case; raises SandboxFailure on infrastructure failure."""
     if suite.style == "stdio":
-        result = await sandbox.run(code, stdin=str(case.input), timeout=timeout, memory_mb=memory_mb)
+        result = await sandbox.run(
+            code, stdin=str(case.input), timeout=timeout, memory_mb=memory_mb
+        )
     else:
         harness = f"FN_NAME = {suite.fn_name!r}\nMARK = {RESULT_MARK!r}\n" + HARNESS
         result = await sandbox.run(
@@ -109,8 +109,11 @@ async def run_tests(
     code: str, suite: TestSuite, *, timeout: float = 5.0, memory_mb: int = 512
 ) -> list[bool]:
     """Pass/fail per test case (run concurrently; the sandbox bounds parallelism)."""
-    return list(
-        await asyncio.gather(
-            *(run_case(code, suite, case, timeout, memory_mb) for case in suite.cases)
-        )
+    outcomes = await asyncio.gather(
+        *(run_case(code, suite, case, timeout, memory_mb) for case in suite.cases),
+        return_exceptions=True,  # let every run finish before reporting a failure
     )
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return [bool(outcome) for outcome in outcomes]

@@ -101,9 +101,7 @@ async def test_broken_programs_score_zero() -> None:
             "def two_sum(nums, target):\n    return Any()\n"
         ),
         # Printing a fake result line does not help either: the real return value comes last.
-        _answer(
-            "print('__rlkit_result__:[0, 1]')\ndef two_sum(nums, target):\n    return None\n"
-        ),
+        _answer("print('__rlkit_result__:[0, 1]')\ndef two_sum(nums, target):\n    return None\n"),
     ]
     rollouts = await _score(env, cheats, two_sum)
     assert [r.reward for r in rollouts] == [0.0] * len(cheats)
@@ -138,7 +136,10 @@ def test_loads_apps_style_jsonl_and_parquet(tmp_path: Path) -> None:
     apps.write_text("".join(json.dumps(r) + "\n" for r in rows))
     env = load_environment(dataset=str(apps))
     info = [json.loads(row["info"]["tests"]) for row in env.dataset]
-    assert info[0]["style"] == "stdio" and info[0]["cases"][1] == {"input": "3 4\n", "output": "7\n"}
+    assert info[0]["style"] == "stdio" and info[0]["cases"][1] == {
+        "input": "3 4\n",
+        "output": "7\n",
+    }
     assert info[1]["fn_name"] == "double" and info[1]["cases"][1]["output"] == 10
 
     parquet = tmp_path / "problems.parquet"
@@ -154,7 +155,8 @@ async def test_apps_style_problem_is_graded(tmp_path: Path) -> None:
     apps.write_text(json.dumps({"question": "Double x.", "input_output": json.dumps(io)}) + "\n")
     env = load_environment(dataset=str(apps))
     good, half = await _score(
-        env, [_answer("def double(x):\n    return 2 * x\n"), _answer("def double(x):\n    return 2\n")]
+        env,
+        [_answer("def double(x):\n    return 2 * x\n"), _answer("def double(x):\n    return 2\n")],
     )
     assert good.reward == 1.0 and half.reward == pytest.approx(1 / 3)
 

@@ -35,5 +35,8 @@ async def test_gsm8k_item_solved_with_the_python_tool() -> None:
     finally:
         env.verifier.close()
     assert rollout.error is None, rollout.error
-    assert [m["content"] for m in rollout.completion if m["role"] == "tool"] == ["(no output)", "18\n"]
+    assert [m["content"] for m in rollout.completion if m["role"] == "tool"] == [
+        "(no output)",
+        "18\n",
+    ]
     assert rollout.reward == 1.0

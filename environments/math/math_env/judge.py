@@ -44,7 +44,9 @@ class Judge:
                 raise UsageError(f"judge API key variable {api_key_var} is not set")
         self.model = model
         self.max_tokens = max_tokens  # room for a reasoning judge's <think> block
-        self.client = AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=3)
+        self.client = AsyncOpenAI(
+            base_url=base_url, api_key=api_key, timeout=timeout, max_retries=3
+        )
 
     async def equivalent(self, question: str, reference: str, response: str) -> bool:
         prompt = JUDGE_PROMPT.format(question=question, reference=reference, response=response)

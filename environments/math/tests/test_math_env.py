@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from math_env import SHIPPED, load_rows
 from math_env.verify import MathVerifier
+
 from rlkit.envs import load_environment
 from rlkit.errors import UsageError
 from rlkit.inference import InferenceClient
@@ -37,7 +37,9 @@ def verifier() -> Iterator[MathVerifier]:
         (r"\frac{1}{2}", r"\frac{1}{3}", False),
     ],
 )
-async def test_equivalence(verifier: MathVerifier, gold: str, predicted: str, expected: bool) -> None:
+async def test_equivalence(
+    verifier: MathVerifier, gold: str, predicted: str, expected: bool
+) -> None:
     assert await verifier.verify(gold, predicted) is expected
 
 
@@ -97,21 +99,23 @@ def _write_problems(tmp_path: Path) -> str:
 def reply_by_question(body: dict) -> str:
     if "1/2" in body["messages"][-1]["content"]:
         return r"<think>\boxed{7}</think> Half is \boxed{0.5}"
-    return r"No boxed answer: the thinking never ended <think> \boxed{x}"
+    return r"<think> the thinking never ended, so no answer: \boxed{x}"
 
 
 async def test_rollouts_are_scored_by_math_verify(tmp_path: Path) -> None:
-    env = load_environment("math", dataset=_write_problems(tmp_path))
+    env = load_environment("math", dataset=_write_problems(tmp_path), verify_workers=1)
     try:
         with FakeOpenAIServer(responder=reply_by_question) as server:
             async with InferenceClient(server.url) as client:
                 right = await env.run_group(env.get_dataset()[0], client, "fake-model", {}, n=2)
-                (unboxed,) = await env.run_group(env.get_dataset()[1], client, "fake-model", {}, n=1)
+                (unboxed,) = await env.run_group(
+                    env.get_dataset()[1], client, "fake-model", {}, n=1
+                )
     finally:
         env.verifier.close()
     assert [r.reward for r in right] == [1.0, 1.0]
     assert right[0].metrics == {"correct_answer": 1.0, "boxed_answer": 1.0}
-    assert unboxed.metrics == {"correct_answer": 0.0, "boxed_answer": 1.0}
+    assert unboxed.metrics == {"correct_answer": 0.0, "boxed_answer": 0.0}
 
 
 async def test_llm_judge_rescues_answers_the_rule_rejects(tmp_path: Path) -> None:
@@ -128,6 +132,7 @@ async def test_llm_judge_rescues_answers_the_rule_rejects(tmp_path: Path) -> Non
             dataset=_write_problems(tmp_path),
             judge_base_url=judge_server.url,
             judge_model="judge",
+            verify_workers=1,
         )
         try:
             with FakeOpenAIServer(responder=student) as server:

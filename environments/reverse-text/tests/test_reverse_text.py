@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from reverse_text import lcs_ratio, load_environment, sft_examples
 
-from reverse_text import generate_texts, lcs_ratio, load_environment, sft_examples
 from rlkit.envs import load_environment as load_by_id
 from rlkit.errors import UsageError
 from rlkit.inference import InferenceClient

@@ -35,5 +35,7 @@ async def test_verifiers_environment_is_wrapped_and_scored() -> None:
         assert rollout.error is None and len(rollout.turns) == 1
         assert rollout.metrics == {"lcs_reward_func": 1.0, "format_reward_func": 1.0}
         assert rollout.reward == pytest.approx(1.2)
-        assert len(rollout.turns[0].completion_logprobs) == len(rollout.turns[0].completion_token_ids)
+        assert len(rollout.turns[0].completion_logprobs) == len(
+            rollout.turns[0].completion_token_ids
+        )
     assert plain.metrics["lcs_reward_func"] == 0.0 and plain.reward < 0.2

@@ -38,6 +38,12 @@ from rlkit.hub.simple import (
 )
 
 HERE = Path(__file__).parent
+ALIASES = {
+    "*/*": "text/html",
+    "text/*": "text/html",
+    "application/vnd.pypi.simple.latest+json": JSON_TYPE,
+    "application/vnd.pypi.simple.latest+html": HTML_TYPE,
+}
 
 
 def request_token(request: Request) -> str | None:
@@ -72,7 +78,7 @@ def negotiate(request: Request) -> str:
                     q = float(param[2:])
                 except ValueError:
                     q = 0.0
-        choice = {"*/*": "text/html", "text/*": "text/html"}.get(media, media)
+        choice = ALIASES.get(media, media)
         if choice in (JSON_TYPE, HTML_TYPE, "text/html") and q > best_q:
             best, best_q = choice, q
     if best is None:
@@ -146,10 +152,13 @@ def create_app(data_dir: Path, db_url: str | None = None, max_upload_mb: float =
 
     # ---- legacy upload API (what `twine upload` speaks) ----
     @app.post("/legacy/")
+    @app.post("/legacy", include_in_schema=False)  # twine refuses redirects: accept both
     async def upload(request: Request) -> Response:
         owner = await run_in_threadpool(require_owner, request)
-        length = request.headers.get("content-length")
-        if length is not None and int(length) > max_bytes:
+        length = request.headers.get("content-length", "0")
+        if not length.isdigit():
+            raise HTTPException(400, "invalid Content-Length")
+        if int(length) > max_bytes:
             raise HTTPException(413, f"upload larger than the {max_upload_mb:g} MB limit")
         form = await request.form(max_files=1, max_fields=200, max_part_size=8 * 1024 * 1024)
         if form.get(":action") != "file_upload":

@@ -1,0 +1,1 @@
+"""The self-hosted hub server (`rlkit hub serve`): FastAPI app, SQLAlchemy store, web pages."""

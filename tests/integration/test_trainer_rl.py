@@ -1,0 +1,136 @@
+"""The RL loop on real batch files: publish weights, log metrics, skip NaN, reject bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlkit.errors import UsageError
+from rlkit.trainer.batch import MalformedBatchError, TrainBatch, TrainSample, write_batch
+from rlkit.trainer.config import CkptConfig, LossConfig, ModelConfig, TrainerConfig, WeightsConfig
+from rlkit.trainer.engine import Trainer
+from rlkit.trainer.rl import run_rl, to_sequences
+
+
+def make_batch(step: int, advantage_scale: float = 1.0, n: int = 6) -> TrainBatch:
+    g = torch.Generator().manual_seed(step)
+    samples = []
+    for i in range(n):
+        prompt, completion = 4 + i, 6 + 2 * i
+        ids = torch.randint(0, 1000, (prompt + completion,), generator=g).tolist()
+        inf = [0.0] * prompt + (-torch.rand(completion, generator=g) * 4 - 5).tolist()
+        samples.append(
+            TrainSample(
+                token_ids=ids,
+                loss_mask=[0] * prompt + [1] * completion,
+                inference_logprobs=inf,
+                advantage=advantage_scale * (1.0 if i % 2 else -1.0),
+                policy_version=step - 1,
+                reward=float(i % 2),
+            )
+        )
+    return TrainBatch(step=step, samples=samples)
+
+
+def config(model: Path, run_dir: Path, **kw) -> TrainerConfig:
+    base = dict(
+        run_dir=str(run_dir),
+        model=ModelConfig(path=str(model)),
+        micro_batch_tokens=64,
+        batch_timeout_s=5,
+        loss=LossConfig(name="icepop", params={"alpha": 0.0, "beta": 1e9}),
+    )
+    return TrainerConfig(**{**base, **kw})
+
+
+def test_rl_steps_publish_weights_and_skip_nonfinite(tiny_model_dir: Path, tmp_path: Path) -> None:
+    write_batch(make_batch(1, advantage_scale=3e38), tmp_path)  # loss overflows to inf
+    write_batch(make_batch(2), tmp_path)
+    write_batch(make_batch(3), tmp_path)
+    cfg = config(
+        tiny_model_dir,
+        tmp_path,
+        max_steps=3,
+        optim={"lr": 1e-2},
+        ckpt=CkptConfig(interval=1, keep_last=2),
+        weights=WeightsConfig(keep_last=2),
+    )
+    run_rl(cfg)
+    records = [json.loads(line) for line in (tmp_path / "trainer_metrics.jsonl").open()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["skipped"] for r in records] == [1.0, 0.0, 0.0]
+    for key in ("loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "mismatch_kl"):
+        assert key in records[1]
+    assert records[1]["staleness_mean"] == 0.0 and records[1]["samples"] == 6
+
+    published = sorted(p.name for p in (tmp_path / "weights").iterdir())
+    assert published == ["step_000002", "step_000003"]  # keep_last=2
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "latest",
+        "step_000002",
+        "step_000003",
+    ]
+    base = load_file(tiny_model_dir / "model.safetensors")
+    new = load_file(tmp_path / "weights" / "step_000003" / "model.safetensors")
+    assert (tmp_path / "weights" / "step_000003" / "STABLE").exists()
+    assert base.keys() == new.keys()
+    assert all(new[k].dtype == base[k].dtype and torch.isfinite(new[k]).all() for k in new)
+    assert any(not torch.equal(new[k], base[k]) for k in new)
+
+
+def test_skipped_step_leaves_weights_and_optimizer_untouched(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from rlkit.trainer.rl import batch_normalizer, make_rl_loss
+
+    cfg = config(tiny_model_dir, tmp_path)
+    trainer = Trainer(cfg, total_steps=1)
+    try:
+        before = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
+        seqs = to_sequences(make_batch(1))
+        seqs[0].advantage = float("nan")
+        result = trainer.train_step(seqs, make_rl_loss(cfg.loss), batch_normalizer(seqs, "token-mean"))
+        assert result.skipped
+        after = trainer.policy.state_dict()
+        assert all(torch.equal(before[k].full_tensor(), after[k].full_tensor()) for k in before)
+        assert not trainer.optimizer.state  # AdamW moments never saw the NaN
+    finally:
+        trainer.close()
+
+
+def test_malformed_batch_is_a_clear_error(tiny_model_dir: Path, tmp_path: Path) -> None:
+    batch = make_batch(1)
+    batch.samples[3].loss_mask = batch.samples[3].loss_mask[:-1]
+    write_batch(batch, tmp_path)
+    with pytest.raises(MalformedBatchError, match="sample 3: loss_mask has"):
+        run_rl(config(tiny_model_dir, tmp_path, max_steps=1))
+    assert not (tmp_path / "weights").exists()
+
+
+def test_missing_batch_times_out_with_a_hint(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cfg = config(tiny_model_dir, tmp_path, max_steps=1, batch_timeout_s=0.5)
+    with pytest.raises(TimeoutError, match="is the orchestrator running"):
+        run_rl(cfg)
+
+
+def test_out_of_memory_names_the_setting(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlkit.trainer.rl import make_rl_loss
+
+    cfg = config(tiny_model_dir, tmp_path)
+    trainer = Trainer(cfg, total_steps=1)
+
+    def exhausted(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(trainer, "logprobs", exhausted)
+    try:
+        with pytest.raises(UsageError, match=r"lower micro_batch_tokens \(now 64\)"):
+            trainer.train_step(to_sequences(make_batch(1)), make_rl_loss(cfg.loss), 10.0)
+    finally:
+        trainer.close()

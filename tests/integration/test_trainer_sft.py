@@ -1,0 +1,126 @@
+"""SFT end to end: `rlkit sft` lowers the loss; kill -9 then --resume is bitwise exact."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+RLKIT = str(Path(sys.executable).parent / "rlkit")
+
+
+def reverse_text_rows(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        word = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(3, 8)))
+        rows.append(
+            {
+                "prompt": [{"role": "user", "content": f"reverse {word}"}],
+                "completion": [{"role": "assistant", "content": word[::-1]}],
+            }
+        )
+    return rows
+
+
+def write_config(tmp: Path, model: Path, run_dir: Path) -> Path:
+    data = tmp / "reverse.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in reverse_text_rows(120)))
+    cfg = tmp / f"{run_dir.name}.toml"
+    cfg.write_text(
+        f"""run_dir = "{run_dir}"
+seed = 3
+deterministic = true
+micro_batch_tokens = 256
+[model]
+path = "{model}"
+[optim]
+lr = 3e-3
+warmup_steps = 2
+schedule = "cosine"
+[data]
+path = "{data}"
+epochs = 2
+batch_tokens = 512
+[ckpt]
+interval = 2
+keep_last = 2
+"""
+    )
+    return cfg
+
+
+def checkpoint_tensors(ckpt: Path, out: Path) -> dict[str, torch.Tensor]:
+    """Model and optimiser tensors of a DCP checkpoint, flattened to name -> tensor."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(ckpt, out)
+    state = torch.load(out, weights_only=False)
+    flat: dict[str, torch.Tensor] = {}
+
+    def walk(prefix: str, node) -> None:
+        if isinstance(node, torch.Tensor):
+            flat[prefix] = node
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}.{key}", value)
+
+    walk("", state)
+    return flat
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.slow
+def test_sft_lowers_loss_and_kill9_resume_is_bitwise(tiny_model_dir: Path, tmp_path: Path) -> None:
+    run_a, run_b = tmp_path / "uninterrupted", tmp_path / "killed"
+    cfg_a = write_config(tmp_path, tiny_model_dir, run_a)
+    cfg_b = write_config(tmp_path, tiny_model_dir, run_b)
+    trainer = [sys.executable, "-m", "rlkit.trainer.main", "--mode", "sft", "--config", str(cfg_b)]
+
+    full = subprocess.Popen([RLKIT, "sft", str(cfg_a)], env=env(), stderr=subprocess.PIPE)
+    victim = subprocess.Popen(trainer, env=env(), start_new_session=True, stderr=subprocess.PIPE)
+    latest = run_b / "checkpoints" / "latest"
+    deadline = time.monotonic() + 300
+    while not (latest.exists() and latest.read_text().strip() >= "step_000004"):
+        assert victim.poll() is None, victim.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.02)
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+    assert victim.returncode == -signal.SIGKILL
+    assert not (run_b / "final").exists()
+
+    resumed = subprocess.run([*trainer, "--resume"], env=env(), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert full.wait(timeout=300) == 0, full.stderr.read().decode()[-2000:]
+
+    losses = [json.loads(line)["loss"] for line in (run_a / "sft_metrics.jsonl").open()]
+    assert len(losses) >= 8
+    assert sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3
+
+    final_a = load_file(run_a / "final" / "model.safetensors")
+    final_b = load_file(run_b / "final" / "model.safetensors")
+    assert final_a.keys() == final_b.keys()
+    assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)
+    last = sorted(p.name for p in (run_a / "checkpoints").glob("step_*"))[-1]
+    ckpt_a = checkpoint_tensors(run_a / "checkpoints" / last, tmp_path / "a.pt")
+    ckpt_b = checkpoint_tensors(run_b / "checkpoints" / last, tmp_path / "b.pt")
+    assert ckpt_a.keys() == ckpt_b.keys() and any(".optim." in k for k in ckpt_a)
+    assert all(torch.equal(ckpt_a[k], ckpt_b[k]) for k in ckpt_a)  # fp32 weights and AdamW
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(run_a / "final")
+    assert model.dtype == torch.bfloat16 and (run_a / "final" / "STABLE").exists()

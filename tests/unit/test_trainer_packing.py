@@ -1,0 +1,87 @@
+"""Sequence packing: capacity and boundaries, and packed == padded == plain HF logprobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlkit.errors import UsageError
+from rlkit.trainer.config import ModelConfig, TrainerConfig
+from rlkit.trainer.engine import Trainer
+from rlkit.trainer.packing import Sequence, make_micro_batches
+
+
+def sequences(vocab: int, lengths: list[int], seed: int = 0) -> list[Sequence]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in lengths:
+        ids = torch.randint(0, vocab, (n,), generator=g).tolist()
+        prompt = max(1, n // 3)
+        out.append(Sequence(ids, [0] * prompt + [1] * (n - prompt), [0.0] * n, 1.0))
+    return out
+
+
+def test_micro_batches_respect_capacity_and_keep_every_sample() -> None:
+    seqs = sequences(100, [30, 5, 17, 12, 9, 40, 3])
+    for packing in (True, False):
+        mbs = make_micro_batches(seqs, 48, packing)
+        ids = sorted(i for mb in mbs for i in mb.sample_ids)
+        assert ids == list(range(len(seqs)))
+        for mb in mbs:
+            assert mb.input_ids.numel() <= 48
+            assert mb.num_tokens == sum(len(seqs[i].token_ids) for i in mb.sample_ids)
+    packed = make_micro_batches(seqs, 48, True)
+    assert len(packed) < len(make_micro_batches(seqs, 48, False))
+    row = packed[0]
+    starts = (row.position_ids[0] == 0).nonzero().squeeze(1).tolist()
+    assert len(starts) == len(row.sample_ids)  # positions restart once per packed sample
+
+
+def test_sample_longer_than_micro_batch_names_the_setting() -> None:
+    with pytest.raises(UsageError, match="sample 1 has 50 tokens, more than micro_batch_tokens=40"):
+        make_micro_batches(sequences(100, [10, 50]), 40)
+
+
+def reference_logprobs(model_dir: Path, seq: Sequence) -> torch.Tensor:
+    """Plain HF forward of one sequence, full log-softmax, counted positions only."""
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ids = torch.tensor([seq.token_ids])
+    with torch.no_grad():
+        logits = lm(input_ids=ids).logits[0, :-1].float()
+    lp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None]).squeeze(1)
+    return lp[torch.tensor(seq.loss_mask[1:]).bool()]
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+def test_packed_padded_and_plain_forwards_agree(
+    arch: str, tiny_model_dir: Path, tiny_moe_model_dir: Path, tmp_path: Path
+) -> None:
+    model_dir = tiny_model_dir if arch == "dense" else tiny_moe_model_dir
+    cfg = TrainerConfig(run_dir=str(tmp_path), model=ModelConfig(path=str(model_dir)))
+    trainer = Trainer(cfg, total_steps=1)
+    try:
+        seqs = sequences(trainer.policy.lm.config.vocab_size, [23, 7, 41, 16, 30])
+
+        def per_sample(packing: bool, capacity: int) -> dict[int, torch.Tensor]:
+            out = {}
+            for mb in make_micro_batches(seqs, capacity, packing):
+                with torch.no_grad():
+                    lp, _ = trainer.logprobs(mb)
+                for row, i in enumerate(mb.sample_ids):
+                    out[i] = lp[row][mb.loss_mask[row].bool()]
+            return out
+
+        packed = per_sample(True, 128)
+        assert len(make_micro_batches(seqs, 128, True)) == 1  # all five in one row
+        padded = per_sample(False, 128)
+        alone = per_sample(True, 41)  # capacity 41: the longest sits alone
+        for i, seq in enumerate(seqs):
+            torch.testing.assert_close(packed[i], padded[i], rtol=0, atol=1e-5)
+            torch.testing.assert_close(packed[i], alone[i], rtol=0, atol=1e-5)
+        torch.testing.assert_close(packed[2], reference_logprobs(model_dir, seqs[2]), atol=1e-4, rtol=0)
+    finally:
+        trainer.close()
