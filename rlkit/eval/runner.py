@@ -226,8 +226,6 @@ async def run_eval_async(
 
     if metadata is None:
         store = RunStore(new_run_dir(config))
-        if store.run_dir.exists() and any(store.run_dir.iterdir()):
-            raise UsageError(f"run directory {store.run_dir} already exists")
         metadata = RunMetadata(
             env_id=config.env_id,
             env_version=env.version,
@@ -238,7 +236,6 @@ async def run_eval_async(
             num_examples=len(rows),
             rollouts_per_example=config.rollouts_per_example,
             rlkit_version=rlkit.__version__,
-            config=config.model_dump(mode="json"),
         )
     metadata.status = "running"
     metadata.base_url = config.base_url

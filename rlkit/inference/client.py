@@ -76,7 +76,9 @@ class InferenceClient:
         if self.base_url.endswith("/v1"):
             self.base_url = self.base_url[: -len("/v1")]
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
         self.http = httpx.AsyncClient(
             base_url=self.base_url, headers=headers, timeout=timeout, limits=limits
         )
@@ -179,7 +181,9 @@ class InferenceClient:
         message = choice.get("message") or {}
         return Generation(
             text=message.get("content") or "",
-            prompt_token_ids=list(data.get("prompt_token_ids") or choice.get("prompt_token_ids") or []),
+            prompt_token_ids=list(
+                data.get("prompt_token_ids") or choice.get("prompt_token_ids") or []
+            ),
             completion_token_ids=list(choice.get("token_ids") or []),
             completion_logprobs=_logprobs_from_chat(choice),
             finish_reason=choice.get("finish_reason"),

@@ -191,4 +191,6 @@ def start_server(
         env={**server_env(), **(env or {})},
         start_new_session=True,
     )
-    return ServerProcess(process=proc, url=f"http://{host}:{port}", log_path=log_path, _log_file=log_file)
+    return ServerProcess(
+        process=proc, url=f"http://{host}:{port}", log_path=log_path, _log_file=log_file
+    )

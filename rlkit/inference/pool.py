@@ -37,7 +37,9 @@ class ClientPool:
         deadline = loop.time() + timeout
         while not all(await self.check_health()):
             if loop.time() >= deadline:
-                down = [c.base_url for c, ok in zip(self.clients, self.healthy) if not ok]
+                down = [
+                    c.base_url for c, ok in zip(self.clients, self.healthy, strict=True) if not ok
+                ]
                 raise InferenceError(f"inference servers not healthy after {timeout:.0f}s: {down}")
             await asyncio.sleep(interval)
 

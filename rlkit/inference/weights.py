@@ -61,9 +61,15 @@ def check_compatible(
     missing = sorted(set(reference) - set(new))
     extra = sorted(set(new) - set(reference))
     if missing:
-        raise UsageError(f"{new_dir}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        raise UsageError(
+            f"{new_dir}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}"
+        )
     if extra:
-        raise UsageError(f"{new_dir}: unexpected tensors {extra[:5]}{' ...' if len(extra) > 5 else ''}")
+        raise UsageError(
+            f"{new_dir}: unexpected tensors {extra[:5]}{' ...' if len(extra) > 5 else ''}"
+        )
     for name, (_, shape) in reference.items():
         if new[name][1] != shape:
-            raise UsageError(f"{new_dir}: tensor {name!r} has shape {new[name][1]}, expected {shape}")
+            raise UsageError(
+                f"{new_dir}: tensor {name!r} has shape {new[name][1]}, expected {shape}"
+            )

@@ -60,7 +60,8 @@ Return each call as <tool_call>{"name": ..., "arguments": ...}</tool_call>.<|im_
 {%- for call in message.tool_calls %}
 {%- set fn = call.function if call.function is defined else call %}
 {{- '\n<tool_call>\n{"name": "' + fn.name + '", "arguments": ' }}
-{%- if fn.arguments is string %}{{- fn.arguments }}{%- else %}{{- fn.arguments | tojson }}{%- endif %}
+{%- if fn.arguments is string %}{{- fn.arguments }}
+{%- else %}{{- fn.arguments | tojson }}{%- endif %}
 {{- '}\n</tool_call>' }}
 {%- endfor %}
 {%- endif %}

@@ -187,8 +187,11 @@ def _objective(
     return objective, stats
 
 
-def _check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Merge defaults and validate; errors name the offending loss/param."""
+def resolve_loss_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Defaults merged with `params`, validated; errors name the loss or param (ValueError).
+
+    Public so a trainer can check a config before the first step.
+    """
     if name not in LOSS_PARAMS:
         raise ValueError(f"unknown loss {name!r}; expected one of {sorted(LOSS_PARAMS)}")
     merged = {**COMMON_PARAMS, **LOSS_PARAMS[name]}
@@ -300,7 +303,7 @@ def policy_loss(
     Loss params (defaults in LOSS_PARAMS): eps_low, eps_high; icepop alpha, beta; grpo clip_c;
     tis tis_cap. Unknown names or params raise ValueError.
     """
-    p = _check_params(name, params)
+    p = resolve_loss_params(name, params)
     _check_shapes(
         {
             "old_logprobs": old_logprobs,

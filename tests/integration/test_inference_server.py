@@ -126,7 +126,9 @@ async def test_update_in_flight_matches_transformers(
     expected = hf_logprobs(new, PROMPT_IDS, tokens)
     assert logprobs == pytest.approx(expected, abs=0.05)
     old = hf_logprobs(served, PROMPT_IDS, tokens)
-    assert max(abs(a - b) for a, b in zip(old, logprobs, strict=True)) > 0.05, "still serving old weights"
+    assert max(abs(a - b) for a, b in zip(old, logprobs, strict=True)) > 0.05, (
+        "still serving old weights"
+    )
 
 
 async def test_pause_keep_holds_requests_until_resume(

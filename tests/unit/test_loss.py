@@ -12,7 +12,12 @@ import math
 import pytest
 import torch
 
-from rlkit.trainer.loss import policy_loss, reference_kl_loss, sft_on_correct_loss
+from rlkit.trainer.loss import (
+    policy_loss,
+    reference_kl_loss,
+    resolve_loss_params,
+    sft_on_correct_loss,
+)
 
 
 def _inputs(ratios: list[list[float]], ks: list[list[float]]) -> tuple[torch.Tensor, ...]:
@@ -378,3 +383,12 @@ def test_bad_input_raises_clear_errors() -> None:
         policy_loss("icepop", logprobs, old, inference, adv, mask, kl_coef=0.1)
     with pytest.raises(ValueError, match="normalizer"):
         policy_loss("icepop", logprobs, old, inference, adv, mask, normalizer=0)
+
+
+def test_resolve_loss_params_gives_defaults_for_config_checks() -> None:
+    gspo = resolve_loss_params("gspo", {})
+    assert gspo["agg"] == "seq-mean-token-mean" and gspo["eps_high"] == 4e-4
+    icepop = resolve_loss_params("icepop", {"beta": 3.0})
+    assert (icepop["alpha"], icepop["beta"], icepop["agg"]) == (0.5, 3.0, "token-mean")
+    with pytest.raises(ValueError, match="tis_cap"):
+        resolve_loss_params("icepop", {"tis_cap": 2.0})

@@ -45,8 +45,16 @@ def test_chat_template_roles_think_and_tools(tiny_model_dir: Path) -> None:
         {"role": "assistant", "content": "<think>\nok\n</think>\n\n5"},
     ]
     tools = [{"type": "function", "function": {"name": "add", "parameters": {}}}]
-    text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-    for piece in ("<|im_start|>system", "# Tools", "<tool_call>", '"name": "add"', "<tool_response>\n5"):
+    text = tok.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=True
+    )
+    for piece in (
+        "<|im_start|>system",
+        "# Tools",
+        "<tool_call>",
+        '"name": "add"',
+        "<tool_response>\n5",
+    ):
         assert piece in text
     assert text.endswith("<|im_start|>assistant\n")
     assert "<think>" in tok.convert_ids_to_tokens(tok("<think>").input_ids)
@@ -57,7 +65,9 @@ def test_deterministic_for_seed(tmp_path: Path, tiny_model_dir: Path) -> None:
     other = init_tiny(tmp_path / "other", seed=1)
     assert _digest(again) == _digest(tiny_model_dir)
     assert _digest(other) != _digest(tiny_model_dir)
-    assert (again / "tokenizer.json").read_bytes() == (tiny_model_dir / "tokenizer.json").read_bytes()
+    assert (again / "tokenizer.json").read_bytes() == (
+        tiny_model_dir / "tokenizer.json"
+    ).read_bytes()
 
 
 def test_moe_and_tied_variants(tiny_moe_model_dir: Path, tmp_path: Path) -> None:

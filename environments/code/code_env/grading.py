@@ -1,37 +1,26 @@
-"""Run a program against a problem's test cases in the sandbox, one sandboxed process per test.
+"""Grade a program against a problem's test cases: one sandbox run per problem.
 
-One process per test keeps tests independent (no state leaks, a per-test timeout) and lets the
-host compare outputs: the program never sees the expected answers, so it cannot fake a pass.
-Styles: "stdio" (input on stdin, compare stdout) and "function" (call `fn_name(*args)` through a
-small harness; the JSON of the return value is compared on the host).
+`harness.py` runs inside the sandbox and forks one child per test (no shared state, a timeout per
+test); the interpreter starts once per problem, which measured ~11x faster than one sandboxed
+process per test (bench_sandbox.py: 15 tests in 56 ms vs 646 ms). The host keeps the expected
+outputs and compares: a program cannot see them, so it cannot fake a pass. Styles: "stdio"
+(stdin in, stdout compared after normalisation) and "function" (`fn_name(*args)`; the JSON of the
+return value compared, floats within 1e-6).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from code_env.harness import digest
 from rlkit import sandbox
 
-RESULT_MARK = "__rlkit_result__:"
-HARNESS = """\
-import json, sys
-args = json.loads(sys.stdin.read())
-namespace = {"__name__": "solution"}
-exec(compile(open("solution.py").read(), "solution.py", "exec"), namespace)
-fn = namespace.get(FN_NAME)
-if fn is None and isinstance(namespace.get("Solution"), type):
-    fn = getattr(namespace["Solution"](), FN_NAME)
-if fn is None:
-    raise SystemExit(f"no function named {FN_NAME!r} in the solution")
-result = fn(*args)
-print()
-print(MARK + json.dumps(result))
-"""
+HARNESS = (Path(__file__).parent / "harness.py").read_text()
 
 
 class TestCase(BaseModel):
@@ -51,14 +40,6 @@ class SandboxFailure(RuntimeError):
     """The sandbox itself failed: the rollout must be marked errored, not scored 0."""
 
 
-def normalize_stdout(text: str) -> list[str]:
-    """Lines without trailing whitespace and without trailing blank lines."""
-    lines = [line.rstrip() for line in str(text).strip("\n").splitlines()]
-    while lines and not lines[-1]:
-        lines.pop()
-    return lines
-
-
 def values_equal(got: Any, expected: Any) -> bool:
     """JSON values equal, floats within 1e-6 (relative or absolute)."""
     if isinstance(got, bool) or isinstance(expected, bool):
@@ -72,48 +53,42 @@ def values_equal(got: Any, expected: Any) -> bool:
     return got == expected
 
 
-async def run_case(
-    code: str, suite: TestSuite, case: TestCase, timeout: float, memory_mb: int
-) -> bool:
-    """True when the program passes this case; raises SandboxFailure on infrastructure failure."""
-    if suite.style == "stdio":
-        result = await sandbox.run(
-            code, stdin=str(case.input), timeout=timeout, memory_mb=memory_mb
-        )
-    else:
-        harness = f"FN_NAME = {suite.fn_name!r}\nMARK = {RESULT_MARK!r}\n" + HARNESS
-        result = await sandbox.run(
-            harness,
-            stdin=json.dumps(case.input),
-            files={"solution.py": code},
-            timeout=timeout,
-            memory_mb=memory_mb,
-        )
-    if result.status == "sandbox_error":
-        raise SandboxFailure(f"sandbox failed: {result.stderr.strip()[-300:]}")
-    if result.status != "ok":
+def _passed(record: dict[str, Any], suite: TestSuite, case: TestCase) -> bool:
+    if record.get("status") != "ok":
         return False
     if suite.style == "stdio":
-        return normalize_stdout(result.stdout) == normalize_stdout(str(case.output))
-    lines = [line for line in result.stdout.splitlines() if line.startswith(RESULT_MARK)]
-    if not lines:
-        return False
+        return record.get("digest") == digest(str(case.output))
     try:
-        got = json.loads(lines[-1][len(RESULT_MARK) :])
+        return values_equal(json.loads(record.get("result") or ""), case.output)
     except json.JSONDecodeError:
         return False
-    return values_equal(got, case.output)
 
 
 async def run_tests(
     code: str, suite: TestSuite, *, timeout: float = 5.0, memory_mb: int = 512
 ) -> list[bool]:
-    """Pass/fail per test case (run concurrently; the sandbox bounds parallelism)."""
-    outcomes = await asyncio.gather(
-        *(run_case(code, suite, case, timeout, memory_mb) for case in suite.cases),
-        return_exceptions=True,  # let every run finish before reporting a failure
+    """Pass/fail per test case; raises SandboxFailure when the sandbox itself failed."""
+    job = {
+        "style": suite.style,
+        "fn_name": suite.fn_name,
+        "inputs": [str(c.input) if suite.style == "stdio" else c.input for c in suite.cases],
+        "timeout": timeout,
+    }
+    result = await sandbox.run(
+        HARNESS,
+        stdin=json.dumps(job),
+        files={"solution.py": code},
+        timeout=len(suite.cases) * (timeout + 0.5) + 5.0,
+        memory_mb=memory_mb,
     )
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
-    return [bool(outcome) for outcome in outcomes]
+    if result.status == "sandbox_error":
+        raise SandboxFailure(f"sandbox failed: {result.stderr.strip()[-300:]}")
+    records: dict[int, dict[str, Any]] = {}
+    for line in result.stdout.splitlines():
+        try:
+            record = json.loads(line)
+            records.setdefault(int(record["index"]), record)
+        except (ValueError, KeyError, TypeError):
+            continue  # a line the harness did not write (or a cut-off one): ignore it
+    # Tests without a record never finished (the program killed the harness): they failed.
+    return [_passed(records.get(i, {}), suite, case) for i, case in enumerate(suite.cases)]
