@@ -20,6 +20,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from packaging.requirements import InvalidRequirement, Requirement
+
 from rlkit.envs.environment import Environment
 from rlkit.errors import UsageError
 
@@ -99,10 +101,19 @@ def list_environments() -> list[str]:
     }
     for dist in importlib.metadata.distributions():
         name = dist.metadata["Name"]
-        requires = dist.requires or []
-        if name and name != "rlkit" and any(r.split()[0].startswith("rlkit") for r in requires):
+        if name and name != "rlkit" and "rlkit" in _requirement_names(dist.requires or []):
             names.add(name)
     return sorted(names)
+
+
+def _requirement_names(requires: list[str]) -> set[str]:
+    names = set()
+    for requirement in requires:
+        try:
+            names.add(Requirement(requirement).name)
+        except InvalidRequirement:
+            continue
+    return names
 
 
 def _package_version(module: ModuleType) -> str | None:

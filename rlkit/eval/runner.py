@@ -1,8 +1,9 @@
 """Run an eval: n examples x r rollouts against an OpenAI-compatible API, stored as they finish.
 
-The flow is: resolve the environment and the sampling arguments, check the endpoint once (an
-unreachable URL or an unknown model is a usage error, not n*r failed rollouts), then run every
-missing rollout with at most `max_concurrent` in flight. The rollouts of one example are scored
+The flow is: resolve the environment, the package's `[tool.rlkit.eval]` defaults and the
+sampling arguments, check the endpoint once (an unreachable URL or an unknown model is a usage
+error, not n*r failed rollouts), then run every missing rollout with at most `max_concurrent` in
+flight. The rollouts of one example are scored
 together (group reward functions see the group) and appended to results.jsonl at once.
 Generation failures are recorded on the rollout (the client already retried 429/5xx/timeouts)
 and never end the run. Cancelling (Ctrl-C) stops scheduling, cancels what is in flight, marks the
@@ -38,6 +39,7 @@ from rlkit.envs import Environment, Rollout, load_environment
 from rlkit.errors import UsageError
 from rlkit.eval.config import RESULT_FIELDS, EvalConfig
 from rlkit.eval.metrics import summarize
+from rlkit.eval.package_defaults import apply_package_defaults, package_eval_defaults
 from rlkit.eval.store import EvalResult, RunMetadata, RunStore, pending_keys
 from rlkit.inference import InferenceClient, InferenceError
 from rlkit.inference.client import RETRY_STATUS
@@ -216,8 +218,9 @@ async def run_eval_async(
         raise UsageError("a model is required (-m/--model)")
 
     env = load_environment(config.env_id, **config.env_args)
+    config, package_sampling = apply_package_defaults(config, *package_eval_defaults(config.env_id))
     rows = [dict(row) for row in env.get_eval_dataset(config.num_examples)]
-    sampling = config.sampling_args(env.sampling_defaults)
+    sampling = config.sampling_args({**env.sampling_defaults, **package_sampling})
     plan = {"num_examples": len(rows), "sampling": sampling}
     if metadata is not None:
         check_resumable(config, metadata, plan)
@@ -245,6 +248,8 @@ async def run_eval_async(
     results = store.compact()
     pending = pending_keys(results, len(rows), config.rollouts_per_example)
     if console is not None:
+        if len(rows) < config.num_examples:
+            console.print(f"note: the dataset has only {len(rows)} rows; evaluating all of them")
         todo = sum(len(v) for v in pending.values())
         console.print(f"eval run [bold]{store.run_dir}[/]: {todo} rollouts to run")
 

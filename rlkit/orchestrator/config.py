@@ -161,6 +161,11 @@ class TrainConfig(Config):
                 f"orchestrator.capacity ({o.capacity}) must hold at least one group "
                 f"(orchestrator.group_size = {o.group_size})"
             )
+        if self.ckpt.interval and self.trainer.weights.keep_last <= self.ckpt.interval:
+            raise ValueError(
+                f"trainer.weights.keep_last ({self.trainer.weights.keep_last}) must exceed "
+                f"ckpt.interval ({self.ckpt.interval}) so a resumed run finds its weights"
+            )
         for name in ("run_dir", "model", "loss", "ckpt", "max_steps"):
             if name in self.trainer.model_fields_set:
                 raise ValueError(f"trainer.{name}: set it in its own section ([{name}]) instead")

@@ -5,7 +5,8 @@ trainer one batch per step:
 
 - `SyncScheduler` launches the whole batch, waits for every group, returns it. Inference idles
   while the trainer works and the slowest rollout sets the pace.
-- `C3POScheduler` keeps `capacity` rollouts in flight at all times. Each finished group goes
+- `C3POScheduler` keeps `capacity` rollouts in flight (also while the trainer trains, up to
+  one batch ahead). Each finished group goes
   through `accept` (advantages and filters) into the training pool and adds its tokens to C;
   the batch is the shortest prefix of the pool with C >= Phi (the token budget). Unfinished
   groups keep running across weight updates (the server pauses, reloads and resumes them);
@@ -199,12 +200,16 @@ class C3POScheduler(_SchedulerBase):
         return sum(g.tokens for g in self.pool)
 
     def fill(self) -> None:
-        """Launch groups until Omega rollouts are in flight (none while the next batch is full)."""
+        """Launch groups until Omega rollouts are in flight.
+
+        Generation runs on while the trainer trains, but at most one batch ahead: nothing new
+        starts once the finished pool holds two budgets' worth of tokens.
+        """
         if self.error is not None:
             return
         g = self.source.group_size
         room = max(self.capacity, g)
-        while self.in_flight() + g <= room and self.pool_tokens() < self.token_budget:
+        while self.in_flight() + g <= room and self.pool_tokens() < 2 * self.token_budget:
             group = Group(uid=next(self._uids), start_version=self.version)
             task = asyncio.create_task(self._run(group))
             self.tasks[task] = group

@@ -87,21 +87,10 @@ class Launch:
             while chunk := os.read(self.status_fd, 65536):
                 chunks.append(chunk)
         status: dict[str, int] = {}
-        decoder = json.JSONDecoder()
-        text, pos = b"".join(chunks).decode(errors="replace"), 0
-        while (pos := _skip_space(text, pos)) < len(text):
-            try:
-                doc, pos = decoder.raw_decode(text, pos)
-            except json.JSONDecodeError:
-                break
-            status.update(doc)
+        for line in b"".join(chunks).decode(errors="replace").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                status.update(json.loads(line))  # one JSON document per line
         return status
-
-
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    return pos
 
 
 def _memfd(name: str, content: bytes) -> int:

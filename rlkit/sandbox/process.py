@@ -31,12 +31,13 @@ class _CappedReader:
 
     async def run(self, on_overflow: Callable[[], None]) -> None:
         while chunk := await self.stream.read(READ_CHUNK):
+            if self.overflowed:
+                continue  # drain to EOF: asyncio (3.11) only finishes wait() once pipes close
             room = self.limit - len(self.data)
             self.data += chunk[:room]
             if len(chunk) > room:
                 self.overflowed = True
                 on_overflow()
-                return
 
     def text(self) -> str:
         return self.data.decode("utf-8", errors="replace")

@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 
 _settings: dict[str, object] = {
     "backend": os.environ.get("RLKIT_SANDBOX_BACKEND", "auto"),
-    "concurrency": int(os.environ.get("RLKIT_SANDBOX_CONCURRENCY", os.cpu_count() or 1)),
+    # Default: the CPUs this process may run on (not the host's count inside a container).
+    "concurrency": int(os.environ.get("RLKIT_SANDBOX_CONCURRENCY", len(os.sched_getaffinity(0)))),
     "output_limit": 1 * MIB,
 }
 # One semaphore per event loop: asyncio primitives cannot be shared across loops.

@@ -150,7 +150,9 @@ class PythonSession:
         proc, self._proc = self._proc, None
         if proc is not None:
             kill_tree(proc.pid)
-            await proc.wait()
+            # Bounded: on Python 3.11 wait() also waits for pipes nobody may be reading.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 5.0)
         if self._stack is not None:
             self._stack.close()
             self._stack = None

@@ -12,6 +12,7 @@ Other roles run one part for multi-machine setups: `inference` serves until inte
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -58,12 +59,23 @@ def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
         pass
 
 
+def write_pids(run_dir: Path, role: str, pids: list[int]) -> None:
+    """Record child pids in run_dir/pids.json (for operators and fault-injection tests)."""
+    path = run_dir / "pids.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[role] = pids
+    tmp = path.with_name(".pids.json.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
 class ServerFleet:
     """The inference servers this run launched, with a watchdog that relaunches dead ones."""
 
-    def __init__(self, cfg: TrainConfig, log_dir: Path, console: Console) -> None:
+    def __init__(self, cfg: TrainConfig, run_dir: Path, console: Console) -> None:
         self.cfg = cfg
-        self.log_dir = log_dir
+        self.run_dir = run_dir
+        self.log_dir = run_dir / "logs"
         self.console = console
         self.servers: list[ServerProcess] = []
         self._stop = threading.Event()
@@ -88,6 +100,7 @@ class ServerFleet:
         inf = self.cfg.inference
         for i in range(inf.num_servers):
             self.servers.append(self._launch(i, inf.base_port + i if inf.base_port else None))
+        write_pids(self.run_dir, "inference", [srv.pid for srv in self.servers])
         self.console.print(f"starting {len(self.servers)} inference server(s): {self.urls}")
 
     def wait_ready(self) -> None:
@@ -111,6 +124,7 @@ class ServerFleet:
                     server.stop()
                     try:
                         self.servers[i] = self._launch(i, port)
+                        write_pids(self.run_dir, "inference", [srv.pid for srv in self.servers])
                     except UsageError as exc:  # the port is taken now: nothing to do but report
                         self.console.print(f"[red]cannot relaunch {server.url}: {exc}[/]")
 
@@ -191,7 +205,7 @@ def run_train(cfg: TrainConfig, role: Role = "all", resume: bool = False) -> dic
             raise RuntimeError(f"trainer exited with code {code}:\n{trainer.log_tail()}")
         return {}
     if role == "inference":
-        fleet = ServerFleet(cfg, run_dir / "logs", console)
+        fleet = ServerFleet(cfg, run_dir, console)
         run_dir.mkdir(parents=True, exist_ok=True)
         try:
             fleet.start()
@@ -211,6 +225,10 @@ def run_train(cfg: TrainConfig, role: Role = "all", resume: bool = False) -> dic
     return _run_all(cfg, run_dir, start_step, state, envs, resume, console)
 
 
+def _terminate_as_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def _run_all(
     cfg: TrainConfig,
     run_dir: Path,
@@ -220,12 +238,14 @@ def _run_all(
     resume: bool,
     console: Console,
 ) -> dict[str, Any]:
-    fleet = ServerFleet(cfg, run_dir / "logs", console)
+    fleet = ServerFleet(cfg, run_dir, console)
     trainer: TrainerProcess | None = None
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)  # children are stopped either way
     try:
         if not cfg.inference.urls:
             fleet.start()
         trainer = TrainerProcess(cfg, run_dir, resume=resume and start_step > 0)
+        write_pids(run_dir, "trainer", [trainer.proc.pid])
         console.print(f"trainer pid {trainer.proc.pid}, log {trainer.log_path}")
         fleet.wait_ready()
         urls = list(cfg.inference.urls) or fleet.urls

@@ -3,9 +3,10 @@
 Ideal throughput is concurrency / latency requests per second. The same environment (a
 verifiers-style reverse-text `vf.SingleTurnEnv`, written once) runs through rlkit's eval loop
 (`rlkit.eval.run_eval_async`, via rlkit's verifiers adapter, writing results.jsonl as it goes)
-and through verifiers' own loop (`env.evaluate(...)` with an `AsyncOpenAI` client), one after
-the other, against the same fake server running in its own process. Prints one JSON line with
-both fractions of the ideal and their ratio.
+and through verifiers' own loop (`env.evaluate(...)` with an `AsyncOpenAI` client), interleaved
+(best of `--repeats` each), against the same fake server running in its own process. Both timings
+include loading the environment. Prints one JSON line with both fractions of the ideal and
+their ratio.
 
     .venv/bin/python tests/benchmarks/bench_eval_throughput.py [--requests 1024] [--latency 1.0]
 """
@@ -116,6 +117,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--rollouts-per-example", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     r = args.rollouts_per_example
     n = args.requests // r
@@ -142,18 +144,28 @@ def main() -> None:
         (env_dir / "bench_reverse_text.py").write_text(textwrap.dedent(ENV_SOURCE))
         os.environ["RLKIT_ENV_PATH"] = str(Path(tmp) / "envs")
         sys.path.insert(0, str(env_dir))
+        import verifiers  # noqa: F401  (imported up front: neither timing pays for it)
+
+        import rlkit.eval  # noqa: F401
+
         proc, url = start_fake_server(args.latency)
+        rlkit_runs: list[float] = []
+        verifiers_runs: list[float] = []
         try:
-            rlkit_rps = n * r / bench_rlkit(url, n, r, args.concurrency, Path(tmp) / "out")
-            verifiers_rps = n * r / bench_verifiers(url, n, r, args.concurrency)
+            for repeat in range(args.repeats):  # interleaved, best of each: the machine is shared
+                out = Path(tmp) / f"out{repeat}"
+                rlkit_runs.append(n * r / bench_rlkit(url, n, r, args.concurrency, out))
+                verifiers_runs.append(n * r / bench_verifiers(url, n, r, args.concurrency))
         finally:
             proc.terminate()
             proc.wait(timeout=10)
+    rlkit_rps, verifiers_rps = max(rlkit_runs), max(verifiers_runs)
     report["rlkit_rps"] = rlkit_rps
     report["rlkit_fraction_of_ideal"] = rlkit_rps / ideal
     report["verifiers_rps"] = verifiers_rps
     report["verifiers_fraction_of_ideal"] = verifiers_rps / ideal
     report["ratio_rlkit_over_verifiers"] = rlkit_rps / verifiers_rps
+    report["runs_rps"] = {"rlkit": rlkit_runs, "verifiers": verifiers_runs}
     print(json.dumps(report))
 
 

@@ -65,12 +65,20 @@ class Echo(MultiTurnEnv):
 async def test_multi_turn_rollout_concatenates_turns(
     vllm_server: Any, tiny_model_dir: Path
 ) -> None:
-    base = load_environment("reverse-text", num_train_examples=2, num_eval_examples=1)
+    from transformers import AutoTokenizer
+
+    end = AutoTokenizer.from_pretrained(tiny_model_dir).convert_tokens_to_ids("<|im_end|>")
+    base = load_environment("reverse-text", num_train_examples=4, num_eval_examples=1)
     env = Echo(dataset=base.get_dataset(), rubric=base.rubric, max_turns=3)
+    # favour the end-of-turn token so the random model finishes its turns and the env replies
+    sampling = {"max_tokens": 24, "logit_bias": {str(end): 6.0}}
     async with InferenceClient(vllm_server.url) as client:
-        rollout = await env.rollout(
-            env.get_dataset()[0], client, str(tiny_model_dir), {"max_tokens": 8, "temperature": 0.0}
+        rollouts = await env.run_group(
+            env.get_dataset()[0], client, str(tiny_model_dir), sampling, 4
         )
-    _check_engine_record(rollout)
-    stopped_early = rollout.turns[-1].finish_reason == "length"
-    assert len(rollout.turns) == (len(rollout.turns) if stopped_early else 3)
+    assert max(len(r.turns) for r in rollouts) > 1
+    for rollout in rollouts:
+        _check_engine_record(rollout)
+        assert all(t.finish_reason == "stop" for t in rollout.turns[:-1])
+        assert len(rollout.turns) == 3 or rollout.turns[-1].finish_reason == "length"
+        assert [m["role"] for m in rollout.completion][1::2] == ["user"] * (len(rollout.turns) - 1)

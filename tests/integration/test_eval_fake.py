@@ -61,6 +61,9 @@ def custom_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (env_dir / "word_flip.py").write_text(textwrap.dedent(CUSTOM_ENV))
     (env_dir / "pyproject.toml").write_text('[project]\nname = "word-flip"\nversion = "0.1.0"\n')
     monkeypatch.setenv("RLKIT_ENV_PATH", str(tmp_path / "envs"))
+    # the loader puts env folders on sys.path and imports once: make it find this test's copy
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "word_flip", raising=False)
     return "word-flip"
 
 
@@ -273,3 +276,22 @@ def test_push_adds_the_run_to_the_hub_leaderboard(custom_env, tmp_path, monkeypa
     card = json.loads((tmp_path / "hub" / "projects" / f"{custom_env}.json").read_text())
     (record,) = card["evals"]
     assert record["model"] == "fake-model" and record["mean_reward"] == 1.0 and record["n"] == 4
+
+
+def test_package_eval_defaults_apply_below_flags(custom_env, tmp_path, monkeypatch, capsys):
+    pyproject = Path(os.environ["RLKIT_ENV_PATH"]) / custom_env / "pyproject.toml"
+    pyproject.write_text(
+        '[project]\nname = "word-flip"\nversion = "0.1.0"\n\n'
+        "[tool.rlkit.eval]\nnum_examples = 3\nrollouts_per_example = 2\n\n"
+        "[tool.rlkit.eval.sampling]\ntemperature = 0.7\nmax_tokens = 16\n"
+    )
+    with FakeOpenAIServer() as server:
+        args = ["-m", "fake-model", "-b", server.url, "-o", str(tmp_path / "out")]
+        code, output = run_cli(monkeypatch, capsys, "eval", custom_env, *args, "-T", "0.1")
+        assert code == 0, output
+        check_complete_run(only_run_dir(tmp_path / "out"), n=3, r=2)
+        assert {(b["temperature"], b["max_tokens"]) for b in server.requests} == {(0.1, 16)}
+
+        pyproject.write_text(pyproject.read_text() + "\n[tool.rlkit.eval.oops]\n")
+        code, output = run_cli(monkeypatch, capsys, "eval", custom_env, *args)
+    assert code == 2 and "unknown keys ['oops']" in output

@@ -22,7 +22,9 @@ def synthetic_batch(vocab: int, seed: int = 0) -> list:
 
     g = torch.Generator().manual_seed(seed)
     seqs = []
-    for i, (prompt, completion) in enumerate([(5, 9), (3, 20), (8, 4), (6, 13), (2, 7), (9, 9), (4, 30)]):
+    for i, (prompt, completion) in enumerate(
+        [(5, 9), (3, 20), (8, 4), (6, 13), (2, 7), (9, 9), (4, 30)]
+    ):
         n = prompt + completion
         ids = torch.randint(0, vocab, (n,), generator=g).tolist()
         mask = [0] * prompt + [1] * completion

@@ -93,7 +93,9 @@ def test_skipped_step_leaves_weights_and_optimizer_untouched(
         before = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
         seqs = to_sequences(make_batch(1))
         seqs[0].advantage = float("nan")
-        result = trainer.train_step(seqs, make_rl_loss(cfg.loss), batch_normalizer(seqs, "token-mean"))
+        result = trainer.train_step(
+            seqs, make_rl_loss(cfg.loss), batch_normalizer(seqs, "token-mean")
+        )
         assert result.skipped
         after = trainer.policy.state_dict()
         assert all(torch.equal(before[k].full_tensor(), after[k].full_tensor()) for k in before)

@@ -29,6 +29,8 @@ class FakeEngine:
         self.version = 0
         self.ids = itertools.count()
         self.started: list[int] = []
+        self.gate: asyncio.Event | None = None  # when set by a test: rollouts wait after turn 1
+        self.at_gate = 0
 
     async def rollout(self, length: int) -> Rollout:
         rid = next(self.ids)
@@ -47,6 +49,9 @@ class FakeEngine:
                     policy_version_end=self.version,
                 )
             )
+            if self.gate is not None and len(turns) == 1:
+                self.at_gate += 1
+                await self.gate.wait()
         # multi-turn: each turn's prompt extends the previous conversation
         context: list[int] = [1, 2, 3]
         for turn in turns:
@@ -135,13 +140,16 @@ async def test_rollouts_purged_when_retention_exceeds_sigma() -> None:
 
 
 async def test_in_flight_rollouts_continue_and_record_versions_per_turn() -> None:
-    engine = FakeEngine(itertools.repeat(20), group_size=2, turns=3, token_s=2e-3)
+    engine = FakeEngine(itertools.repeat(20), group_size=2, turns=3)
+    engine.gate = asyncio.Event()
     sched = c3po(engine, capacity=2, budget=100, retention=5)
     try:
         task = asyncio.create_task(sched.next_batch())
-        await asyncio.sleep(0.06)  # the first group is in its second turn
+        while engine.at_gate < 2:  # both rollouts finished turn 1 under version 0
+            await asyncio.sleep(0.001)
         engine.version = 1
         sched.on_policy_update(1)
+        engine.gate.set()
         batch = await task
     finally:
         await sched.close()

@@ -83,6 +83,7 @@ async def test_bash_language_and_unknown_language() -> None:
 
 
 async def test_concurrency_limit_is_respected() -> None:
+    default = int(runner._settings["concurrency"])  # type: ignore[arg-type]
     sandbox.configure(concurrency=2)
     try:
         start = time.monotonic()
@@ -92,7 +93,7 @@ async def test_concurrency_limit_is_respected() -> None:
         assert all(r.status == "ok" for r in results)
         assert time.monotonic() - start >= 0.8  # two waves of two
     finally:
-        sandbox.configure(concurrency=4)
+        sandbox.configure(concurrency=default)
 
 
 async def test_broken_sandbox_is_a_sandbox_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -82,6 +82,8 @@ def test_packed_padded_and_plain_forwards_agree(
         for i, seq in enumerate(seqs):
             torch.testing.assert_close(packed[i], padded[i], rtol=0, atol=1e-5)
             torch.testing.assert_close(packed[i], alone[i], rtol=0, atol=1e-5)
-        torch.testing.assert_close(packed[2], reference_logprobs(model_dir, seqs[2]), atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            packed[2], reference_logprobs(model_dir, seqs[2]), atol=1e-4, rtol=0
+        )
     finally:
         trainer.close()

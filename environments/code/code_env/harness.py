@@ -120,7 +120,9 @@ def run_test(job: dict, index: int, source: str, workdir: str) -> dict:
         with open(out_path, encoding="utf-8", errors="replace") as f:
             result = f.read(RESULT_LIMIT + 1)
         too_big = len(result) > RESULT_LIMIT
-        record.update(status="output_limit" if too_big else "ok", result=None if too_big else result)
+        record.update(
+            status="output_limit" if too_big else "ok", result=None if too_big else result
+        )
     os.unlink(stdin_path)
     os.unlink(out_path)
     return record

@@ -100,12 +100,43 @@ async def test_broken_programs_score_zero() -> None:
             "class Any:\n    def __eq__(self, other):\n        return True\n"
             "def two_sum(nums, target):\n    return Any()\n"
         ),
-        # Printing a fake result line does not help either: the real return value comes last.
-        _answer("print('__rlkit_result__:[0, 1]')\ndef two_sum(nums, target):\n    return None\n"),
+        # Killing the grading harness fails this test and every later one.
+        _answer("import os\ndef two_sum(nums, target):\n    os.kill(os.getppid(), 9)\n"),
     ]
     rollouts = await _score(env, cheats, two_sum)
     assert [r.reward for r in rollouts] == [0.0] * len(cheats)
     assert all(r.error is None for r in rollouts)
+
+
+A_PLUS_B = 12  # index of the stdio problem "a-plus-b" in the offline set
+
+
+async def test_each_test_runs_in_a_fresh_normal_process(tmp_path: Path) -> None:
+    env = load_environment(timeout=1.0)
+    assert PROBLEMS[A_PLUS_B]["id"] == "a-plus-b"
+    stdio_variants = [
+        "import sys\ndata = sys.stdin.buffer.read().split()\nprint(int(data[0]) + int(data[1]))\n",
+        "def main():\n    a, b = map(int, open(0).read().split())\n    print(a + b)\n\n"
+        "if __name__ == '__main__':\n    main()\n",
+        "import sys\na, b = map(int, input().split())\nprint(a + b)\nsys.exit(0)\n",
+        "import sys\na, b = map(int, input().split())\n"
+        "print('debug', file=sys.stderr)\nprint(a + b)\n",
+    ]
+    rollouts = await _score(env, [_answer(code) for code in stdio_variants], A_PLUS_B)
+    assert [r.reward for r in rollouts] == [1.0] * len(stdio_variants)
+
+    # One input loops forever: only that test times out, the others still pass.
+    looping = "a, b = map(int, input().split())\nwhile a == 1:\n    pass\nprint(a + b)\n"
+    [partial] = await _score(env, [_answer(looping)], A_PLUS_B)
+    assert partial.reward == pytest.approx(2 / 3)
+
+    # Global state does not leak from one test into the next.
+    apps = tmp_path / "apps.jsonl"
+    io = {"fn_name": "double", "inputs": [[1], [5], [0]], "outputs": [[2], [10], [0]]}
+    apps.write_text(json.dumps({"question": "Double x.", "input_output": json.dumps(io)}) + "\n")
+    stateful = "calls = []\ndef double(x):\n    calls.append(x)\n    return 2 * x * len(calls)\n"
+    [isolated] = await _score(load_environment(dataset=str(apps)), [_answer(stateful)])
+    assert isolated.reward == 1.0
 
 
 async def test_sandbox_failure_marks_the_rollout_errored(monkeypatch: pytest.MonkeyPatch) -> None:

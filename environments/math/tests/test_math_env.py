@@ -80,6 +80,9 @@ def test_local_file_with_boxed_solutions(tmp_path: Path) -> None:
     env = load_environment("math", dataset=str(path))
     data = env.get_dataset()
     assert data["answer"] == ["2", "4"] and data["difficulty"] == [3.0, None]
+    parquet = tmp_path / "train.parquet"
+    load_rows(str(path)).to_parquet(str(parquet))
+    assert load_environment("math", dataset=str(parquet)).get_dataset()["answer"] == ["2", "4"]
     with pytest.raises(UsageError, match="could not load dataset 'no-such-set'"):
         load_environment("math", dataset="no-such-set")
     with pytest.raises(UsageError, match="judge_base_url and judge_model"):

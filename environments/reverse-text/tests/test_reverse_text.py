@@ -54,6 +54,11 @@ def test_dataset_name_loads_a_local_file(tmp_path: Path) -> None:
     env = load_by_id("reverse-text", dataset_name=str(path), num_eval_examples=1)
     assert env.get_eval_dataset()["question"] == ["hello world"]
     assert env.get_dataset()["answer"] == ["tiklr", "cba", "zyx"]
+    folder = tmp_path / "texts-dataset"  # a dataset folder, as a hub download would be
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(path.read_text())
+    from_folder = load_by_id("reverse-text", dataset_name=str(folder), num_eval_examples=2)
+    assert from_folder.get_dataset()["question"] == ["abc", "xyz"]
     with pytest.raises(UsageError, match="no column 'body'"):
         load_by_id("reverse-text", dataset_name=str(path), text_column="body")
     with pytest.raises(UsageError, match="could not load dataset"):

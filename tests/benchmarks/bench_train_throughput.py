@@ -1,0 +1,93 @@
+"""Trainer step throughput (tokens/s) for RL and SFT, tiny and small models, packed vs padded.
+
+    python tests/benchmarks/bench_train_throughput.py [--steps 3] [--samples 16]
+
+Builds the models locally, runs every variant in this one process on the same synthetic batch
+(lengths spread like real rollouts: short prompts, long-tailed completions) and prints one JSON
+line with tokens/s per variant and the packed/padded ratio per (model, mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+
+from rlkit.models import init_tiny
+from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
+from rlkit.trainer.engine import Trainer
+from rlkit.trainer.packing import Sequence
+from rlkit.trainer.rl import batch_normalizer, make_rl_loss
+from rlkit.trainer.sft import sft_loss
+
+MICRO_BATCH_TOKENS = 2048
+
+
+def synthetic_batch(vocab: int, samples: int, seed: int = 0) -> list[Sequence]:
+    g = torch.Generator().manual_seed(seed)
+    seqs = []
+    for i in range(samples):
+        prompt = int(torch.randint(16, 64, (1,), generator=g))
+        completion = int(min(448, 24 + torch.empty(1).exponential_(1 / 140, generator=g).item()))
+        n = prompt + completion
+        ids = torch.randint(0, vocab, (n,), generator=g).tolist()
+        inf = [0.0] * prompt + (-torch.rand(completion, generator=g) * 3 - 4).tolist()
+        seqs.append(Sequence(ids, [0] * prompt + [1] * completion, inf, (i % 2) - 0.5))
+    return seqs
+
+
+def measure(trainer: Trainer, seqs: list[Sequence], mode: str, steps: int) -> float:
+    """Median tokens/s over `steps` optimiser steps after one warm-up step."""
+    loss = make_rl_loss(LossConfig(name="icepop")) if mode == "rl" else sft_loss
+    normalizer = batch_normalizer(seqs, "token-mean")
+    rates = []
+    for i in range(steps + 1):
+        result = trainer.train_step(seqs, loss, normalizer)
+        if i:
+            rates.append(result.metrics["tokens_per_s"])
+    return statistics.median(rates)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=16)
+    args = parser.parse_args()
+    results: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in ("tiny", "small"):
+            model = init_tiny(Path(tmp) / size, size=size)
+            cfg = TrainerConfig(
+                run_dir=str(Path(tmp) / "run"),
+                model=ModelConfig(path=str(model)),
+                micro_batch_tokens=MICRO_BATCH_TOKENS,
+                optim={"lr": 1e-6},
+            )
+            trainer = Trainer(cfg, total_steps=100)
+            seqs = synthetic_batch(trainer.policy.lm.config.vocab_size, args.samples)
+            results[f"{size}_batch_tokens"] = float(sum(len(s.token_ids) for s in seqs))
+            for mode in ("rl", "sft"):
+                for packing in (True, False):
+                    trainer.cfg.packing = packing
+                    name = f"{size}_{mode}_{'packed' if packing else 'padded'}_tok_s"
+                    results[name] = round(measure(trainer, seqs, mode, args.steps), 1)
+                ratio = (
+                    results[f"{size}_{mode}_packed_tok_s"] / results[f"{size}_{mode}_padded_tok_s"]
+                )
+                results[f"{size}_{mode}_packed_over_padded"] = round(ratio, 3)
+            trainer.close()
+    results.update(
+        micro_batch_tokens=MICRO_BATCH_TOKENS,
+        threads=torch.get_num_threads(),
+        samples=args.samples,
+        steps=args.steps,
+    )
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

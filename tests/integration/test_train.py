@@ -1,0 +1,179 @@
+"""`rlkit train` end to end on CPU: real vLLM server, real trainer, the tiny demo config shortened.
+
+One run is interrupted with SIGINT after its checkpoint at step 2, resumed with --resume and
+finished; it must improve the reward, log mismatch KL and masked fractions every step, keep the
+failing `flaky-reverse` environment's errored rollouts out of the batches and never train on a
+group twice. A second run has its inference server killed mid-run and must finish anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlkit.trainer.batch import read_batch
+
+ROOT = Path(__file__).resolve().parents[2]
+RLKIT = str(Path(sys.executable).parent / "rlkit")
+ENV_PATH = str(Path(__file__).parent / "envs")
+MARGIN = 0.05  # mean reward of the last 3 steps must beat the first 3 steps by this much
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sft_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's warm start, shortened: tiny Qwen3 + SFT on reverse-text replies."""
+    from rlkit.models import init_tiny
+
+    root = tmp_path_factory.mktemp("demo")
+    base = init_tiny(root / "base", arch="qwen3", size="tiny", seed=0)
+    data = root / "sft.jsonl"
+    python = sys.executable
+    subprocess.run(
+        [python, str(ROOT / "examples/tiny-cpu/make_sft_data.py"), str(data)], check=True
+    )
+    subprocess.run(
+        [
+            python,
+            "-m",
+            "rlkit.trainer.main",
+            "--mode",
+            "sft",
+            "--config",
+            str(ROOT / "examples/tiny-cpu/sft.toml"),
+            f"run_dir={root / 'sft'}",
+            f"model.path={base}",
+            f"data.path={data}",
+        ],
+        check=True,
+        timeout=1200,
+    )
+    return root / "sft" / "final"
+
+
+def train_cmd(model: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        RLKIT,
+        "train",
+        str(ROOT / "examples/tiny-cpu/train.toml"),
+        f"--model.path={model}",
+        f"--log.run_dir={run_dir}",
+        "--log.plot=true",
+        "--orchestrator.eval.examples=16",
+        *extra,
+    ]
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "RLKIT_ENV_PATH": ENV_PATH}
+    return subprocess.Popen(
+        cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+
+
+def records(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(r["step"] >= step for r in records(run_dir)):
+        assert proc.poll() is None, f"run exited early with {proc.returncode}"
+        assert time.monotonic() < deadline, f"no step {step} after {timeout}s"
+        time.sleep(1)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_train_interrupt_resume_and_improve(sft_model: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    steps = 12
+    common = [
+        f"--orchestrator.max_steps={steps}",
+        "--ckpt.interval=2",
+        "--env.1.id=flaky-reverse",
+        "--env.1.weight=0.15",
+    ]
+    proc = start(train_cmd(sft_model, run_dir, *common), tmp_path / "first.log")
+    try:
+        wait_for_step(proc, run_dir, 3, timeout=900)
+        pids = json.loads((run_dir / "pids.json").read_text())
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert proc.wait(timeout=120) != 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(1)
+    children = pids["trainer"] + pids["inference"]
+    assert not [pid for pid in children if alive(pid)], "children survived Ctrl-C"
+    checkpoint = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert checkpoint in ("step_000002", "step_000004"), checkpoint
+
+    proc = start(train_cmd(sft_model, run_dir, *common, "--resume"), tmp_path / "resume.log")
+    assert proc.wait(timeout=1500) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    log = (tmp_path / "resume.log").read_text()
+    assert "resuming at step" in log
+
+    recs = records(run_dir)
+    assert [r["step"] for r in recs] == list(range(1, steps + 1))  # step count continued
+    for r in recs:
+        assert r.get("mismatch_kl") is not None and r.get("icepop_masked_low_frac") is not None
+        assert r.get("mismatch_extreme_frac") is not None and r.get("grad_norm") is not None
+    rewards = [r["reward_mean/reverse-text"] for r in recs if "reward_mean/reverse-text" in r]
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert last > first + MARGIN, f"reward did not improve: {rewards}"
+    assert sum(r["rollouts_errored"] for r in recs) > 0  # flaky-reverse failures were counted
+    assert (run_dir / "metrics.png").stat().st_size > 0
+
+    uids: set[int] = set()
+    resumed_from = int(checkpoint.removeprefix("step_"))
+    for step in range(resumed_from + 1, steps + 1):
+        batch = read_batch(run_dir / "batches" / f"step_{step:06d}.pt")
+        assert not uids & set(batch.meta["group_uids"]), "a group was trained twice"
+        uids |= set(batch.meta["group_uids"])
+        flaky = [s for s in batch.samples if s.env_id == "flaky-reverse"]
+        assert all(s.reward in (0.0, 1.0) for s in flaky)
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert {e["step"] for e in evals} >= {0, steps}
+
+
+def test_inference_server_killed_mid_run(sft_model: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    cmd = train_cmd(
+        sft_model,
+        run_dir,
+        "--orchestrator.max_steps=5",
+        "--orchestrator.eval.at_start=false",
+        "--orchestrator.eval.at_end=false",
+    )
+    proc = start(cmd, tmp_path / "run.log")
+    try:
+        wait_for_step(proc, run_dir, 2, timeout=900)
+        server_pid = json.loads((run_dir / "pids.json").read_text())["inference"][0]
+        os.killpg(server_pid, signal.SIGKILL)
+        assert proc.wait(timeout=1200) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (tmp_path / "run.log").read_text()
+    assert "relaunching" in log
+    assert [r["step"] for r in records(run_dir)] == [1, 2, 3, 4, 5]
+    for step in range(1, 6):  # every batch is complete and valid
+        read_batch(run_dir / "batches" / f"step_{step:06d}.pt")
