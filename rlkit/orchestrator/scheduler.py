@@ -203,13 +203,13 @@ class C3POScheduler(_SchedulerBase):
         """Launch groups until Omega rollouts are in flight.
 
         Generation runs on while the trainer trains, but at most one batch ahead: nothing new
-        starts once the finished pool holds two budgets' worth of tokens.
+        starts once the finished pool already holds a whole budget of tokens.
         """
         if self.error is not None:
             return
         g = self.source.group_size
         room = max(self.capacity, g)
-        while self.in_flight() + g <= room and self.pool_tokens() < 2 * self.token_budget:
+        while self.in_flight() + g <= room and self.pool_tokens() < self.token_budget:
             group = Group(uid=next(self._uids), start_version=self.version)
             task = asyncio.create_task(self._run(group))
             self.tasks[task] = group

@@ -66,17 +66,14 @@ def bwrap_self_test() -> str | None:
     """None when bubblewrap can run the sandbox here, else the reason it cannot."""
     if shutil.which("bwrap") is None:
         return "bwrap is not installed (Debian package `bubblewrap`)"
-    if shutil.which("prlimit") is None:
-        return "prlimit is not installed (util-linux)"
+    if shutil.which("prlimit") is None or shutil.which("setpriv") is None:
+        return "prlimit/setpriv are not installed (util-linux)"
     limits = Limits(timeout=20, memory_mb=256)
     with prepare_bwrap("print('sandbox-ok')", "python", {}, limits) as launch:
         try:
             proc = subprocess.run(
                 launch.argv,
                 pass_fds=launch.pass_fds,
-                user=launch.user,
-                group=launch.user,
-                extra_groups=[] if launch.user is not None else None,
                 capture_output=True,
                 text=True,
                 timeout=30,

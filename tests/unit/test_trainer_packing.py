@@ -79,7 +79,7 @@ def test_packed_padded_and_plain_forwards_agree(
         assert len(make_micro_batches(seqs, 128, True)) == 1  # all five in one row
         padded = per_sample(False, 128)
         alone = per_sample(True, 41)  # capacity 41: the longest sits alone
-        for i, seq in enumerate(seqs):
+        for i in range(len(seqs)):
             torch.testing.assert_close(packed[i], padded[i], rtol=0, atol=1e-5)
             torch.testing.assert_close(packed[i], alone[i], rtol=0, atol=1e-5)
         torch.testing.assert_close(
