@@ -63,3 +63,7 @@ def main() -> None:
     except UsageError as exc:
         err_console.print(Text.assemble(("error: ", "bold red"), str(exc)), soft_wrap=True)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

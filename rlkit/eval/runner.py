@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-import itertools
-import math
 import os
 import re
 import uuid
@@ -43,10 +41,6 @@ from rlkit.eval.package_defaults import apply_package_defaults, package_eval_def
 from rlkit.eval.store import EvalResult, RunMetadata, RunStore, pending_keys
 from rlkit.inference import InferenceClient, InferenceError
 from rlkit.inference.client import RETRY_STATUS
-
-# httpx's connection pool does O(connections) work (with socket checks) on every request event,
-# which dominates at hundreds of connections; several small pools keep that cost flat.
-CONNECTIONS_PER_CLIENT = 32
 
 
 class EvalInterrupted(Exception):
@@ -161,12 +155,11 @@ async def _run_pending(
     sampling: dict[str, Any],
     pending: dict[int, list[int]],
     store: RunStore,
-    clients: list[InferenceClient],
+    client: InferenceClient,
     tally: _Tally,
     progress: Progress,
 ) -> None:
     semaphore = asyncio.Semaphore(config.max_concurrent)
-    client_cycle = itertools.cycle(clients)
     task = progress.add_task(
         config.env_id,
         total=sum(len(v) for v in pending.values()),
@@ -176,7 +169,6 @@ async def _run_pending(
 
     async def one(row: dict[str, Any]) -> Rollout:
         async with semaphore:
-            client = next(client_cycle)
             try:
                 return await env.rollout(row, client, config.model, sampling)
             except Exception as exc:  # an environment bug must not end the run
@@ -253,20 +245,17 @@ async def run_eval_async(
         todo = sum(len(v) for v in pending.values())
         console.print(f"eval run [bold]{store.run_dir}[/]: {todo} rollouts to run")
 
-    clients = [
-        InferenceClient(
-            config.base_url,
-            api_key=api_key,
-            timeout=config.timeout,
-            max_retries=config.max_retries,
-            max_connections=CONNECTIONS_PER_CLIENT,
-        )
-        for _ in range(math.ceil(config.max_concurrent / CONNECTIONS_PER_CLIENT))
-    ]
+    client = InferenceClient(
+        config.base_url,
+        api_key=api_key,
+        timeout=config.timeout,
+        max_retries=config.max_retries,
+        max_connections=config.max_concurrent,
+    )
     try:
         with _progress(console) as progress:
             await _run_pending(
-                env, config, rows, sampling, pending, store, clients, _Tally(results), progress
+                env, config, rows, sampling, pending, store, client, _Tally(results), progress
             )
     except asyncio.CancelledError:
         store.close()
@@ -279,7 +268,7 @@ async def run_eval_async(
         store.write_metadata(metadata)
         raise
     finally:
-        await asyncio.gather(*(client.aclose() for client in clients))
+        await client.aclose()
 
     results = store.compact()
     metadata.status = "complete"

@@ -10,6 +10,7 @@ backoff; anything else raises `InferenceError` at once.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+CONNECTIONS_PER_POOL = 32
 
 
 class InferenceError(RuntimeError):
@@ -76,18 +78,24 @@ class InferenceClient:
         if self.base_url.endswith("/v1"):
             self.base_url = self.base_url[: -len("/v1")]
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
-        )
-        self.http = httpx.AsyncClient(
-            base_url=self.base_url, headers=headers, timeout=timeout, limits=limits
-        )
+        # httpx's pool does work proportional to its size on every request event, which
+        # dominates at hundreds of connections; several small pools keep that cost flat.
+        shards = max(1, -(-max_connections // CONNECTIONS_PER_POOL))
+        per_shard = -(-max_connections // shards)
+        limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
+        self._shards = [
+            httpx.AsyncClient(
+                base_url=self.base_url, headers=headers, timeout=timeout, limits=limits
+            )
+            for _ in range(shards)
+        ]
+        self._next_shard = itertools.cycle(self._shards)
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.policy_version: int | None = None  # last version this client saw
 
     async def aclose(self) -> None:
-        await self.http.aclose()
+        await asyncio.gather(*(shard.aclose() for shard in self._shards))
 
     async def __aenter__(self) -> InferenceClient:
         return self
@@ -101,7 +109,7 @@ class InferenceClient:
         status: int | None = None
         for attempt in range(self.max_retries + 1):
             try:
-                resp = await self.http.request(method, path, **kwargs)
+                resp = await next(self._next_shard).request(method, path, **kwargs)
                 version = _response_version(resp)
                 if version is not None:
                     self.policy_version = version
@@ -123,7 +131,7 @@ class InferenceClient:
     async def health(self) -> bool:
         """True when the server answers /health with 200 (no retries)."""
         try:
-            resp = await self.http.get("/health", timeout=5.0)
+            resp = await self._shards[0].get("/health", timeout=5.0)
             return resp.status_code == 200
         except httpx.HTTPError:
             return False

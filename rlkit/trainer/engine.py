@@ -94,6 +94,7 @@ class Trainer:
 
         Returns (metrics reduced over ranks, whether any loss was non-finite, micro-batches).
         """
+        self.policy.train()
         mbs = make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.cfg.packing)
         local = self._local(mbs)
         olds = [self._no_grad_logprobs(mb) for mb, _ in local] if recompute_old else None
@@ -123,7 +124,6 @@ class Trainer:
     ) -> StepResult:
         """One optimiser step; a non-finite loss or gradient norm skips it (grads dropped)."""
         t0 = time.perf_counter()
-        self.policy.train()
         metrics, nonfinite, n_mbs = self.compute_gradients(seqs, loss_fn, normalizer, recompute_old)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):

@@ -32,6 +32,7 @@ def gradients(model_dir: Path, tmp_path: Path, checkpointing: bool) -> tuple[flo
         loss=LossConfig(name="grpo"),
     )
     trainer = Trainer(cfg, total_steps=1)
+    assert trainer.policy.lm.is_gradient_checkpointing == checkpointing
     try:
         g = torch.Generator().manual_seed(1)
         seqs = [
