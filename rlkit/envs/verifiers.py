@@ -73,6 +73,15 @@ def _rlkit_rows(dataset: Dataset | None) -> Dataset | None:
     return dataset.map(convert)
 
 
+UNLIMITED_TURNS_CAP = 64
+
+
+def _turn_cap(vf_max_turns: int) -> int:
+    """verifiers uses max_turns <= 0 for "until is_completed" (its SingleTurnEnv does); rlkit
+    needs a finite bound, and the wrapped `is_completed` still ends the rollout first."""
+    return vf_max_turns if vf_max_turns > 0 else UNLIMITED_TURNS_CAP
+
+
 class VerifiersEnv(MultiTurnEnv):
     """An rlkit environment driven by a verifiers environment's data, parser and rubric."""
 
@@ -99,7 +108,7 @@ class VerifiersEnv(MultiTurnEnv):
             rubric=rubric,
             sampling_defaults=sampling,
             env_id=env_id,
-            max_turns=getattr(vf_env, "max_turns", 1),
+            max_turns=_turn_cap(getattr(vf_env, "max_turns", 1)),
         )
 
     def init_state(self, row: dict[str, Any]) -> dict[str, Any]:

