@@ -10,6 +10,7 @@ averages gradients over ranks: the summed gradient then equals one big batch's e
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from collections.abc import Callable
@@ -60,6 +61,7 @@ class Trainer:
         self.device = dist.init_distributed()
         seed_everything(cfg.seed)
         if cfg.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed by cuBLAS
             torch.use_deterministic_algorithms(True)
         self.export_dtype = AutoConfig.from_pretrained(cfg.model.path).dtype or torch.bfloat16
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)

@@ -37,11 +37,14 @@ def export_hf(
     if not dist.is_main():
         dist.barrier()
         return None
+    lm = policy.lm
+    aliases = {n for n, _ in lm.named_parameters(remove_duplicate=False)}
+    aliases -= {n for n, _ in lm.named_parameters()}  # tied weights: keep one name, like HF
     state = {k.removeprefix("lm."): v.to(dtype) for k, v in full.items()}
+    state = {k: v for k, v in state.items() if k not in aliases}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".tmp_{out.name}")
     shutil.rmtree(tmp, ignore_errors=True)
-    lm = policy.lm
     lm.save_pretrained(tmp, state_dict=state, safe_serialization=True)
     config = copy.deepcopy(lm.config)  # save_pretrained records the fp32 training dtype
     config.dtype = dtype

@@ -8,10 +8,10 @@ Metrics go to `trainer_metrics.jsonl`, one JSON object per step.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from torch import Tensor
 
@@ -22,14 +22,21 @@ from rlkit.trainer.config import LossConfig, TrainerConfig
 from rlkit.trainer.engine import LossFn, Trainer
 from rlkit.trainer.export import prune_weights, weights_dir
 from rlkit.trainer.loss import LOSS_PARAMS, policy_loss
+from rlkit.trainer.metrics_log import MetricsLog
 from rlkit.trainer.packing import MicroBatch, Sequence
 
 console = Console(stderr=True)
 
 
 def loss_aggregation(cfg: LossConfig) -> str:
+    """Validate `[loss]` up front (not at the first batch) and return its aggregation."""
     if cfg.name not in LOSS_PARAMS:
         raise UsageError(f"loss.name {cfg.name!r} unknown; choose one of {sorted(LOSS_PARAMS)}")
+    one = torch.zeros(1, 2)
+    try:
+        policy_loss(cfg.name, one, one, one, torch.zeros(1), torch.ones(1, 2), **cfg.params)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"loss.params: {exc}") from exc
     return cfg.params.get("agg", LOSS_PARAMS[cfg.name].get("agg", "token-mean"))
 
 
@@ -96,24 +103,19 @@ def batch_stats(batch: TrainBatch, step: int) -> dict[str, float]:
     }
 
 
-def append_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
 def run_rl(cfg: TrainerConfig) -> None:
     """Train until `max_steps` (or forever), one orchestrator batch per step."""
     if cfg.optim.schedule == "cosine" and not cfg.max_steps:
         raise UsageError("optim.schedule = 'cosine' needs max_steps > 0 to know the horizon")
     agg = loss_aggregation(cfg.loss)
     run_dir = Path(cfg.run_dir)
-    trainer = Trainer(cfg, total_steps=cfg.max_steps)
     loss_fn = make_rl_loss(cfg.loss)
-    step, _ = trainer.maybe_resume()
-    if step and dist.is_main():
-        console.print(f"resumed from step {step}")
-    metrics_file = run_dir / "trainer_metrics.jsonl"
+    trainer = Trainer(cfg, total_steps=cfg.max_steps)
     try:
+        step, _ = trainer.maybe_resume()
+        if step and dist.is_main():
+            console.print(f"resumed from step {step}")
+        metrics = MetricsLog(run_dir / "trainer_metrics.jsonl", step, enabled=dist.is_main())
         while not cfg.max_steps or step < cfg.max_steps:
             step += 1
             batch = wait_for_batch(run_dir, step, cfg.batch_timeout_s)
@@ -129,7 +131,7 @@ def run_rl(cfg: TrainerConfig) -> None:
             if cfg.ckpt.interval and step % cfg.ckpt.interval == 0:
                 trainer.save_checkpoint(step, {"next_batch": step + 1})
             if dist.is_main():
-                append_jsonl(metrics_file, record)
+                metrics.append(record)
                 note = " [red]skipped (non-finite loss or grad)[/]" if result.skipped else ""
                 console.print(
                     f"step {step} loss {record.get('loss', float('nan')):.4f} "

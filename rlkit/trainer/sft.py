@@ -10,7 +10,6 @@ needs the step number to continue on exactly the same samples.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from rlkit.errors import UsageError
 from rlkit.trainer import dist
 from rlkit.trainer.config import SFTConfig, SFTDataConfig
 from rlkit.trainer.engine import Trainer
+from rlkit.trainer.metrics_log import MetricsLog
 from rlkit.trainer.packing import MicroBatch, Sequence
 
 console = Console(stderr=True)
@@ -152,9 +152,7 @@ def run_sft(cfg: SFTConfig) -> Path:
     trainer = Trainer(cfg, total_steps=total)
     try:
         step, _ = trainer.maybe_resume()
-        metrics_file = run_dir / "sft_metrics.jsonl"
-        if dist.is_main():
-            run_dir.mkdir(parents=True, exist_ok=True)
+        metrics = MetricsLog(run_dir / "sft_metrics.jsonl", step, enabled=dist.is_main())
         columns = [TextColumn("sft"), BarColumn(), TextColumn("{task.completed}/{task.total}")]
         columns += [TextColumn("loss {task.fields[loss]:.4f}"), TimeRemainingColumn()]
         with Progress(*columns, console=console, disable=not dist.is_main()) as progress:
@@ -164,9 +162,7 @@ def run_sft(cfg: SFTConfig) -> Path:
                 normalizer = float(sum(sum(s.loss_mask[1:]) for s in batch))
                 result = trainer.train_step(batch, sft_loss, normalizer)
                 step += 1
-                if dist.is_main():
-                    with open(metrics_file, "a") as f:
-                        f.write(json.dumps({"step": step, **result.metrics}) + "\n")
+                metrics.append({"step": step, **result.metrics})
                 progress.update(task, completed=step, loss=result.metrics.get("loss", 0.0))
                 if cfg.ckpt.interval and step % cfg.ckpt.interval == 0:
                     trainer.save_checkpoint(step, {"sft_step": step})

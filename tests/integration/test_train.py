@@ -23,7 +23,9 @@ from rlkit.trainer.batch import read_batch
 ROOT = Path(__file__).resolve().parents[2]
 RLKIT = str(Path(sys.executable).parent / "rlkit")
 ENV_PATH = str(Path(__file__).parent / "envs")
-MARGIN = 0.05  # mean reward of the last 3 steps must beat the first 3 steps by this much
+# Training reward (reverse-text, sampled at T=1) of the last 5 steps must beat the first 5 by
+# this much. Measured: 0.44 -> 0.49 over 30 steps and 0.44 -> 0.54 over 60 (lr 5e-4, c3po).
+MARGIN = 0.02
 
 pytestmark = pytest.mark.slow
 
@@ -104,7 +106,7 @@ def alive(pid: int) -> bool:
 
 def test_train_interrupt_resume_and_improve(sft_model: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    steps = 12
+    steps = 30
     common = [
         f"--orchestrator.max_steps={steps}",
         "--ckpt.interval=2",
@@ -137,7 +139,7 @@ def test_train_interrupt_resume_and_improve(sft_model: Path, tmp_path: Path) -> 
         assert r.get("mismatch_kl") is not None and r.get("icepop_masked_low_frac") is not None
         assert r.get("mismatch_extreme_frac") is not None and r.get("grad_norm") is not None
     rewards = [r["reward_mean/reverse-text"] for r in recs if "reward_mean/reverse-text" in r]
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + MARGIN, f"reward did not improve: {rewards}"
     assert sum(r["rollouts_errored"] for r in recs) > 0  # flaky-reverse failures were counted
     assert (run_dir / "metrics.png").stat().st_size > 0

@@ -63,6 +63,7 @@ def test_rl_steps_publish_weights_and_skip_nonfinite(tiny_model_dir: Path, tmp_p
     records = [json.loads(line) for line in (tmp_path / "trainer_metrics.jsonl").open()]
     assert [r["step"] for r in records] == [1, 2, 3]
     assert [r["skipped"] for r in records] == [1.0, 0.0, 0.0]
+    assert records[0]["loss"] is None and records[1]["loss"] is not None  # inf logged as null
     for key in ("loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "mismatch_kl"):
         assert key in records[1]
     assert records[1]["staleness_mean"] == 0.0 and records[1]["samples"] == 6
@@ -136,3 +137,23 @@ def test_out_of_memory_names_the_setting(
             trainer.train_step(to_sequences(make_batch(1)), make_rl_loss(cfg.loss), 10.0)
     finally:
         trainer.close()
+
+
+def test_export_keeps_checkpoint_tensor_names(tmp_path: Path) -> None:
+    """Tied embeddings are written once, as in the source checkpoint (vLLM rejects extras)."""
+    from safetensors import safe_open
+
+    from rlkit.models import init_tiny
+
+    model = init_tiny(tmp_path / "tied", tie_embeddings=True)
+    trainer = Trainer(config(model, tmp_path / "run"), total_steps=1)
+    try:
+        out = trainer.export(tmp_path / "run" / "weights" / "step_000001")
+    finally:
+        trainer.close()
+    with (
+        safe_open(str(model / "model.safetensors"), "pt") as a,
+        safe_open(str(out / "model.safetensors"), "pt") as b,
+    ):
+        assert sorted(a.keys()) == sorted(b.keys())
+        assert all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())

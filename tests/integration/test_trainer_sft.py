@@ -107,6 +107,9 @@ def test_sft_lowers_loss_and_kill9_resume_is_bitwise(tiny_model_dir: Path, tmp_p
     assert full.wait(timeout=300) == 0, full.stderr.read().decode()[-2000:]
 
     losses = [json.loads(line)["loss"] for line in (run_a / "sft_metrics.jsonl").open()]
+    records_b = [json.loads(line) for line in (run_b / "sft_metrics.jsonl").open()]
+    assert [r["step"] for r in records_b] == list(range(1, len(losses) + 1))  # each step once
+    assert [r["loss"] for r in records_b] == losses
     assert len(losses) >= 8
     assert sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3
 

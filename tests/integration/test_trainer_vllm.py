@@ -66,6 +66,7 @@ async def test_exported_weights_served_with_trainer_logprobs(
         served = torch.tensor(gen.completion_logprobs)
         ours = trainer_logprobs(trainer, prompt, gen.completion_token_ids)
         diff = (served - ours).abs()
+        print(f"served vs trainer logprobs: max {diff.max():.4f} mean {diff.mean():.4f}")
         assert diff.max() < 0.15 and diff.mean() < 0.05, diff  # bf16 serving vs fp32 trainer
         old = trainer_logprobs(trainer, prompt, before.completion_token_ids)
         stale = (torch.tensor(before.completion_logprobs) - old).abs().mean()

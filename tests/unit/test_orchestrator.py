@@ -196,3 +196,29 @@ def test_resume_rolls_back_to_trainer_checkpoint(tmp_path: Path) -> None:
     ]
     assert not (run / "weights" / "step_000003").exists()
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_dry_run_prints_resolved_config(tmp_path: Path) -> None:
+    import tomllib
+
+    from rlkit_cli.main import app
+    from typer.testing import CliRunner
+
+    path = tmp_path / "train.toml"
+    path.write_text(BASE)
+    result = CliRunner().invoke(app, ["train", str(path), "--dry-run", "--loss.name", "grpo"])
+    assert result.exit_code == 0, result.output
+    resolved = tomllib.loads(result.output)
+    assert resolved["loss"]["name"] == "grpo"
+    assert resolved["orchestrator"]["scheduler"] == "c3po"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_trainer_command_uses_torchrun_for_several_ranks(tmp_path: Path) -> None:
+    from rlkit.train.launcher import trainer_command
+
+    one = trainer_command(tmp_path / "t.toml", 1, resume=False)
+    assert one[1:3] == ["-m", "rlkit.trainer.main"] and "--resume" not in one
+    two = trainer_command(tmp_path / "t.toml", 2, resume=True)
+    assert two[1:5] == ["-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    assert two[-1] == "--resume"

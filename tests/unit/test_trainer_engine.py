@@ -61,3 +61,21 @@ def test_activation_checkpointing_gives_the_same_gradients(
     assert loss_ac == pytest.approx(loss, rel=1e-6)
     for name, grad in grads.items():
         torch.testing.assert_close(grads_ac[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_bad_loss_config_fails_before_any_work(tmp_path: Path) -> None:
+    from rlkit.errors import UsageError
+    from rlkit.trainer.main import main
+    from rlkit.trainer.rl import loss_aggregation
+
+    with pytest.raises(UsageError, match="unknown param"):
+        loss_aggregation(LossConfig(name="icepop", params={"alpah": 0.3}))
+    with pytest.raises(UsageError, match="loss.name 'ppo' unknown"):
+        loss_aggregation(LossConfig(name="ppo"))
+    assert loss_aggregation(LossConfig(name="gspo")) == "seq-mean-token-mean"
+    config = tmp_path / "rl.toml"
+    config.write_text('[loss]\nname = "icepop"\n[optim]\nlr = -1.0\n')
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(config), "loss.params.alpah=1"])
+    assert exit_info.value.code == 2
+    assert not (tmp_path / "runs").exists()
