@@ -4,17 +4,15 @@ broken sandbox) and the real vLLM CPU tiny model. Errored rollouts are counted, 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 from code_env.dataset import OFFLINE
-from rlkit_cli.main import main
 
 from rlkit import sandbox
 from rlkit.eval import EvalConfig, load_run, run_eval
 from rlkit.sandbox import SandboxResult
+from tests.cli import only_run_dir, run_cli
 from tests.fakes.fake_openai import FakeOpenAIServer
 
 PROBLEMS = [json.loads(line) for line in OFFLINE.read_text().splitlines()]
@@ -31,19 +29,6 @@ def garbage_model(body: dict[str, Any]) -> str:
     return "```python\nthis is not python (\n```"
 
 
-def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: str):
-    monkeypatch.setattr(sys, "argv", ["rlkit", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out + err
-
-
-def _run_dir(output_dir: Path) -> Path:
-    (run_dir,) = list(output_dir.iterdir())
-    return run_dir
-
-
 def test_eval_code_with_reference_solutions_scores_one(tmp_path, monkeypatch, capsys) -> None:
     n = len(PROBLEMS)
     with FakeOpenAIServer(responder=reference_model) as server:
@@ -52,7 +37,7 @@ def test_eval_code_with_reference_solutions_scores_one(tmp_path, monkeypatch, ca
             "-n", str(n), "-r", "1", "-o", str(tmp_path / "out"),
         )  # fmt: skip
     assert code == 0, output
-    run = load_run(_run_dir(tmp_path / "out"))
+    run = load_run(only_run_dir(tmp_path / "out"))
     assert len(run.results) == n
     assert all(r.rollout.error is None and r.rollout.reward == 1.0 for r in run.results)
     assert run.metadata.summary["errors"] == 0
@@ -66,7 +51,7 @@ def test_eval_code_with_garbage_and_failures_counts_errors(tmp_path, monkeypatch
             "-n", "6", "-r", "2", "--max-retries", "0", "-o", str(tmp_path / "out"),
         )  # fmt: skip
     assert code == 0, output
-    run = load_run(_run_dir(tmp_path / "out"))
+    run = load_run(only_run_dir(tmp_path / "out"))
     assert len(run.results) == 12
     errored = [r for r in run.results if r.rollout.error]
     assert run.metadata.summary["errors"] == len(errored) == server.stats[500] > 0
@@ -97,7 +82,7 @@ def test_eval_code_against_the_real_tiny_model(
         "-n", "4", "-r", "2", "-t", "48", "-o", str(tmp_path / "out"),
     )  # fmt: skip
     assert code == 0, output
-    run = load_run(_run_dir(tmp_path / "out"))
+    run = load_run(only_run_dir(tmp_path / "out"))
     assert len(run.results) == 8
     for result in run.results:
         rollout = result.rollout

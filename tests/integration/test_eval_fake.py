@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-from rlkit_cli.main import main
 
 from rlkit.eval import load_run
+from tests.cli import only_run_dir, run_cli
 from tests.fakes.fake_openai import FakeOpenAIServer
 
 RLKIT = str(Path(sys.executable).parent / "rlkit")  # the console script of this venv
@@ -65,20 +65,6 @@ def custom_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.delitem(sys.modules, "word_flip", raising=False)
     return "word-flip"
-
-
-def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: str):
-    """Run `rlkit ARGS` in-process; returns (exit code, stdout + stderr)."""
-    monkeypatch.setattr(sys, "argv", ["rlkit", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out + err
-
-
-def only_run_dir(output_dir: Path) -> Path:
-    (run_dir,) = list(output_dir.iterdir())
-    return run_dir
 
 
 def check_complete_run(run_dir: Path, n: int, r: int) -> list[dict]:

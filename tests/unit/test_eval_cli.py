@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-from rlkit_cli.main import main
 
-
-def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: str):
-    monkeypatch.setattr(sys, "argv", ["rlkit", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out + err
+from tests.cli import run_cli
 
 
 @pytest.mark.parametrize(
