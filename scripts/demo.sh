@@ -3,12 +3,13 @@
 # then RL it with IcePop and C3PO++ (`rlkit train examples/tiny-cpu/train.toml`), printing the
 # eval reward before and after and writing the plot to runs/tiny-cpu/rl/metrics.png.
 # Extra arguments go to `rlkit train` (e.g. --orchestrator.max_steps 5). RUN=dir changes the
-# output folder (default runs/tiny-cpu); an existing run folder is replaced.
+# output folder (default runs/tiny-cpu); an existing run folder is replaced. SKIP_SETUP=1 skips
+# scripts/setup.sh (an existing .venv is used as is).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${RUN:-runs/tiny-cpu}
 
-bash scripts/setup.sh
+[ "${SKIP_SETUP:-0}" = 1 ] || bash scripts/setup.sh
 rm -rf "$RUN"
 mkdir -p "$RUN"
 start=$(date +%s)
@@ -20,7 +21,7 @@ echo "[demo] 2/4 writing SFT data (reverse-text prompts with correct replies)"
 .venv/bin/python examples/tiny-cpu/make_sft_data.py "$RUN/sft.jsonl"
 
 echo "[demo] 3/4 SFT warm start"
-.venv/bin/python -m rlkit.trainer.main --mode sft --config examples/tiny-cpu/sft.toml \
+.venv/bin/rlkit sft examples/tiny-cpu/sft.toml \
   "run_dir=$RUN/sft" "model.path=$RUN/base" "data.path=$RUN/sft.jsonl"
 
 echo "[demo] 4/4 RL with IcePop + C3PO++ (eval before and after)"
