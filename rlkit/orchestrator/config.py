@@ -198,4 +198,9 @@ def check_environments(config: TrainConfig) -> dict[str, Any]:
             raise UsageError(f"env.{i}.id: {exc}") from exc
         except TypeError as exc:
             raise UsageError(f"env.{i}.args: {exc}") from exc
+        if envs[spec.id].dataset is None:  # never train on an evaluation set by accident
+            raise UsageError(
+                f"env.{i}.args: environment {spec.id!r} has no training set with these "
+                "arguments (only evaluation rows); point it at training data"
+            )
     return envs

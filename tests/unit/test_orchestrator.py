@@ -82,6 +82,14 @@ def test_cli_bad_config_exits_2_and_starts_nothing(tmp_path: Path) -> None:
     assert not run_dir.exists()
 
 
+def test_evaluation_only_environment_is_refused_for_training(tmp_path: Path) -> None:
+    from rlkit.orchestrator.config import check_environments
+
+    cfg = config(tmp_path, BASE.replace('id = "reverse-text"', 'id = "math"'))
+    with pytest.raises(UsageError, match=r"env\.0\.args: .*no training set"):
+        check_environments(cfg)
+
+
 def test_sampler_mixes_by_weight_and_moves_difficulty() -> None:
     sampler = PromptSampler(
         {"a": 10, "b": 10},
