@@ -11,6 +11,7 @@ with a message naming the function, and its reward is 0.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 from collections.abc import Callable
@@ -89,9 +90,8 @@ class Rubric:
         for rf in self.reward_funcs:
             if rf.group:
                 await self._score_group_func(rf, live, scores)
-            else:
-                for rollout in live:
-                    await self._score_one(rf, rollout, scores)
+            else:  # async functions (sandboxed tests, judges) score the group concurrently
+                await asyncio.gather(*(self._score_one(rf, r, scores) for r in live))
         for rollout in live:
             rollout.metrics.update(scores[id(rollout)])
             if rollout.error is None:
