@@ -194,6 +194,10 @@ def run_train(cfg: TrainConfig, role: Role = "all", resume: bool = False) -> dic
     envs: dict[str, Any] = {}
     if role in ("all", "orchestrator"):
         envs = check_environments(cfg)  # an unknown env id fails here, before anything starts
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (a process manager, `kill`) unwinds like Ctrl-C so that every role stops its
+        # children: they run in their own sessions and would otherwise outlive the launcher.
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     if role == "trainer":
         run_dir.mkdir(parents=True, exist_ok=True)
         trainer = TrainerProcess(cfg, run_dir, resume)
@@ -240,7 +244,6 @@ def _run_all(
 ) -> dict[str, Any]:
     fleet = ServerFleet(cfg, run_dir, console)
     trainer: TrainerProcess | None = None
-    signal.signal(signal.SIGTERM, _terminate_as_interrupt)  # children are stopped either way
     try:
         if not cfg.inference.urls:
             fleet.start()

@@ -1,0 +1,255 @@
+"""`rlkit train` roles on one machine: inference, trainer and orchestrator as three processes
+sharing one run_dir (as on three machines), and role `all` with two inference servers.
+
+A fresh tiny model (no SFT: the reward is irrelevant here, so zero-advantage groups are kept)
+runs 3 short C3PO++ steps. Checked: the step records, the policy version on the separately run
+server (weights published by the trainer and loaded by the orchestrator), that both servers of a
+pool get generation requests and every step's weight update, and that no child survives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rlkit.inference import InferenceClient
+from rlkit.inference.lifecycle import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+RLKIT = str(Path(sys.executable).parent / "rlkit")
+STEPS = 3
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rlkit.models import init_tiny
+
+    return init_tiny(tmp_path_factory.mktemp("roles") / "base", arch="qwen3", size="tiny", seed=0)
+
+
+def train_cmd(model: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        RLKIT,
+        "train",
+        str(ROOT / "examples/tiny-cpu/train.toml"),
+        f"--model.path={model}",
+        f"--log.run_dir={run_dir}",
+        "--log.plot=false",
+        f"--orchestrator.max_steps={STEPS}",
+        "--orchestrator.capacity=16",  # two groups of 8 in flight: one per server
+        "--orchestrator.token_budget=128",
+        "--orchestrator.drop_zero_advantage=false",  # an untrained model solves nothing
+        "--orchestrator.eval.at_start=false",
+        "--ckpt.interval=0",
+        *extra,
+    ]
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
+def wait_exit(
+    procs: list[subprocess.Popen], seen: set[int], timeout: float, logs: list[Path]
+) -> None:
+    """Wait for every process in `procs`, collecting their descendants into `seen`."""
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs):
+        for p in procs:
+            seen |= descendants(p.pid)
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"== {log}\n{log.read_text()[-2000:]}" for log in logs)
+            raise AssertionError(f"no exit after {timeout}s:\n{tails}")
+        time.sleep(0.5)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, seen: set[int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        seen |= descendants(proc.pid)
+        assert proc.poll() is None, f"inference role exited with {proc.returncode}"
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"{url} not healthy after {timeout}s"
+        time.sleep(0.5)
+
+
+def status(url: str) -> dict:
+    async def get() -> dict:
+        async with InferenceClient(url, max_retries=0) as client:
+            return await client.status()
+
+    return asyncio.run(get())
+
+
+def steps_logged(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines if line.strip()]
+
+
+def access_count(log: Path, path: str) -> int:
+    """Successful (200) POSTs to `path` in a vLLM server's access log."""
+    pattern = rf'"POST {re.escape(path)} HTTP/[0-9.]+" 200'
+    return len(re.findall(pattern, log.read_text(errors="ignore")))
+
+
+def two_free_ports() -> int:
+    """A free port whose successor is free too (num_servers=2 uses base_port and base_port+1)."""
+    while True:
+        port = free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
+def kill_all(procs: list[subprocess.Popen], seen: set[int]) -> None:
+    """Cleanup after a failure: only our own process groups and recorded pids."""
+    for p in procs:
+        if p.poll() is None:
+            seen |= descendants(p.pid)
+            os.killpg(p.pid, signal.SIGKILL)
+    for pid in seen:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_roles_as_separate_processes(tiny_model: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    logs = {name: tmp_path / f"{name}.log" for name in ("inference", "trainer", "orchestrator")}
+    seen: set[int] = set()
+    procs: list[subprocess.Popen] = []
+    try:
+        inference = start(
+            train_cmd(tiny_model, run_dir, "--role", "inference", f"--inference.base_port={port}"),
+            logs["inference"],
+        )
+        procs.append(inference)
+        trainer = start(train_cmd(tiny_model, run_dir, "--role", "trainer"), logs["trainer"])
+        procs.append(trainer)
+        wait_healthy(url, inference, seen, timeout=300)
+        orchestrator = start(
+            train_cmd(
+                tiny_model,
+                run_dir,
+                "--role",
+                "orchestrator",
+                f'--inference.urls=["{url}"]',
+                "--orchestrator.eval.at_end=false",
+            ),
+            logs["orchestrator"],
+        )
+        procs.append(orchestrator)
+        wait_exit([orchestrator, trainer], seen, 400, list(logs.values()))
+        assert orchestrator.returncode == 0, logs["orchestrator"].read_text()[-3000:]
+        assert trainer.returncode == 0, logs["trainer"].read_text()[-3000:]
+        assert steps_logged(run_dir) == list(range(1, STEPS + 1))
+        for step in range(1, STEPS + 1):
+            assert (run_dir / "weights" / f"step_{step:06d}" / "STABLE").exists()
+        assert status(url)["policy_version"] == STEPS  # the server serves the last weights
+        server_log = run_dir / "logs" / "inference-0.log"
+        assert access_count(server_log, "/v1/chat/completions") > 0
+        # each step's weights were loaded on this server (the servers stop with the run, so the
+        # access log, not a live /rlkit/status, is the record)
+        assert access_count(server_log, "/rlkit/update_weights") == STEPS
+
+        seen |= descendants(inference.pid)
+        assert seen, "the inference role started no server"
+        inference.send_signal(signal.SIGTERM)  # as a process manager stops it
+        inference.wait(timeout=60)
+        time.sleep(1)
+        assert not [pid for pid in seen if alive(pid)], "children survived their role"
+    finally:
+        kill_all(procs, seen)
+
+
+def test_two_servers_round_robin(tiny_model: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    port = two_free_ports()
+
+    log = tmp_path / "train.log"
+    seen: set[int] = set()
+    proc = start(
+        train_cmd(
+            tiny_model,
+            run_dir,
+            "--inference.num_servers=2",
+            f"--inference.base_port={port}",
+        ),
+        log,
+    )
+    try:
+        wait_exit([proc], seen, 500, [log])
+        assert proc.returncode == 0, log.read_text()[-3000:]
+    finally:
+        kill_all([proc], seen)
+    assert steps_logged(run_dir) == list(range(1, STEPS + 1))
+    for i in range(2):
+        server_log = run_dir / "logs" / f"inference-{i}.log"
+        requests = access_count(server_log, "/v1/chat/completions")
+        assert requests >= 8, f"server {i} got {requests} requests, not even one group"
+        # each step's weights were loaded on this server (the servers stop with the run, so the
+        # access log, not a live /rlkit/status, is the record)
+        assert access_count(server_log, "/rlkit/update_weights") == STEPS
+    pids = json.loads((run_dir / "pids.json").read_text())
+    assert len(pids["inference"]) == 2
+    time.sleep(1)
+    assert seen >= set(pids["inference"]) | set(pids["trainer"])
+    assert not [pid for pid in seen if alive(pid)], "children survived the run"
