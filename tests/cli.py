@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 from rlkit_cli.main import main
 
+ROOT = Path(__file__).resolve().parents[1]
+RLKIT = str(Path(sys.executable).parent / "rlkit")
+
 
 def run_cli(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: str
@@ -24,3 +27,15 @@ def only_run_dir(output_dir: Path) -> Path:
     """The single run directory an eval wrote under `output_dir`."""
     (run_dir,) = list(output_dir.iterdir())
     return run_dir
+
+
+def tiny_train_cmd(model: Path, run_dir: Path, *overrides: str) -> list[str]:
+    """`rlkit train` on the CPU demo config with `model` and `run_dir`; later overrides win."""
+    return [
+        RLKIT,
+        "train",
+        str(ROOT / "examples/tiny-cpu/train.toml"),
+        f"--model.path={model}",
+        f"--log.run_dir={run_dir}",
+        *overrides,
+    ]

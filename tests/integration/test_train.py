@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from rlkit.trainer.batch import read_batch
+from tests.cli import tiny_train_cmd
 
 ROOT = Path(__file__).resolve().parents[2]
-RLKIT = str(Path(sys.executable).parent / "rlkit")
 ENV_PATH = str(Path(__file__).parent / "envs")
 # Training reward (reverse-text, sampled at T=1) of the last 5 steps must beat the first 5 by
 # this much. Measured: 0.44 -> 0.49 over 30 steps and 0.44 -> 0.54 over 60 (lr 5e-4, c3po).
@@ -62,16 +62,9 @@ def sft_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def train_cmd(model: Path, run_dir: Path, *extra: str) -> list[str]:
-    return [
-        RLKIT,
-        "train",
-        str(ROOT / "examples/tiny-cpu/train.toml"),
-        f"--model.path={model}",
-        f"--log.run_dir={run_dir}",
-        "--log.plot=true",
-        "--orchestrator.eval.examples=16",
-        *extra,
-    ]
+    return tiny_train_cmd(
+        model, run_dir, "--log.plot=true", "--orchestrator.eval.examples=16", *extra
+    )
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:

@@ -16,7 +16,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,9 +24,8 @@ import pytest
 
 from rlkit.inference import InferenceClient
 from rlkit.inference.lifecycle import free_port
+from tests.cli import tiny_train_cmd
 
-ROOT = Path(__file__).resolve().parents[2]
-RLKIT = str(Path(sys.executable).parent / "rlkit")
 STEPS = 3
 
 pytestmark = pytest.mark.slow
@@ -41,12 +39,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def train_cmd(model: Path, run_dir: Path, *extra: str) -> list[str]:
-    return [
-        RLKIT,
-        "train",
-        str(ROOT / "examples/tiny-cpu/train.toml"),
-        f"--model.path={model}",
-        f"--log.run_dir={run_dir}",
+    return tiny_train_cmd(
+        model,
+        run_dir,
         "--log.plot=false",
         f"--orchestrator.max_steps={STEPS}",
         "--orchestrator.capacity=16",  # two groups of 8 in flight: one per server
@@ -55,7 +50,7 @@ def train_cmd(model: Path, run_dir: Path, *extra: str) -> list[str]:
         "--orchestrator.eval.at_start=false",
         "--ckpt.interval=0",
         *extra,
-    ]
+    )
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
