@@ -2,13 +2,19 @@
 
 Every config model derives from `Config`, which forbids unknown fields so a typo is an error
 that names the field. `load_config(Model, path, overrides)` reads TOML, applies overrides such
-as ``["trainer.lr=1e-5", "env.0.weight=2"]`` (values parsed as TOML literals, falling back to
-plain strings) and validates; any problem raises `UsageError` naming the field.
+as ``["--trainer.lr", "1e-5", "--env.0.weight=2"]`` (values parsed as TOML literals, falling back
+to plain strings) and validates; any problem raises `UsageError` naming the field.
+
+Every command that takes a config (`rlkit train`, `rlkit sft`, `python -m rlkit.trainer.main`)
+accepts the same overrides after the config path: `--section.field VALUE` or
+`--section.field=VALUE`. The bare `section.field=VALUE` form still works for one release and
+warns (FutureWarning, shown to users by default).
 """
 
 from __future__ import annotations
 
 import tomllib
+import warnings
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -57,7 +63,7 @@ def apply_override(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
-    """Turn ``["--a.b", "1", "--c=x", "d.e=2"]`` into ``[("a.b", 1), ("c", "x"), ("d.e", 2)]``."""
+    """Turn ``["--a.b", "1", "--c=x"]`` into ``[("a.b", 1), ("c", "x")]`` (see the module doc)."""
     out: list[tuple[str, Any]] = []
     i = 0
     while i < len(args):
@@ -65,11 +71,18 @@ def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
         key = arg[2:] if arg.startswith("--") else arg
         if "=" in key:
             key, raw = key.split("=", 1)
+            if not arg.startswith("--"):
+                warnings.warn(
+                    f"override {arg!r}: the bare KEY=VALUE form is deprecated and will be "
+                    f"removed in rlkit 0.3; write --{key} {raw}",
+                    FutureWarning,
+                    stacklevel=2,
+                )
         elif arg.startswith("--") and i + 1 < len(args):
             i += 1
             raw = args[i]
         else:
-            raise UsageError(f"override {arg!r} must look like --section.field VALUE or a.b=VALUE")
+            raise UsageError(f"override {arg!r} must look like --section.field VALUE")
         out.append((key.replace("-", "_"), parse_value(raw)))
         i += 1
     return out

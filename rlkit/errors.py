@@ -8,3 +8,13 @@ infrastructure failure and keeps its traceback.
 
 class UsageError(Exception):
     """Invalid input from the user; the CLI exits with code 2 and prints the message."""
+
+
+class SystemRequirementError(Exception):
+    """A system component rlkit needs (bubblewrap, ...) is missing or broken; the message says
+    how to install it. The CLI prints it on one line and exits with code 1."""
+
+
+class RunStopped(RuntimeError):
+    """A run stopped itself for a reason it can explain (no learning signal, ...) after writing
+    a resumable checkpoint; the CLI prints the message and exits with code 1."""

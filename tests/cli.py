@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -29,6 +31,18 @@ def only_run_dir(output_dir: Path) -> Path:
     return run_dir
 
 
+def clean_rollouts(output_dir: Path, expected: int) -> list:
+    """The rollouts of the single eval run under `output_dir`: `expected` many, none errored."""
+    from rlkit.eval import load_run
+
+    run = load_run(only_run_dir(output_dir))
+    rollouts = [result.rollout for result in run.results]
+    assert len(rollouts) == expected
+    assert [r.error for r in rollouts if r.error] == []
+    assert run.metadata.summary["errors"] == 0
+    return rollouts
+
+
 def tiny_train_cmd(model: Path, run_dir: Path, *overrides: str) -> list[str]:
     """`rlkit train` on the CPU demo config with `model` and `run_dir`; later overrides win."""
     return [
@@ -39,3 +53,12 @@ def tiny_train_cmd(model: Path, run_dir: Path, *overrides: str) -> list[str]:
         f"--log.run_dir={run_dir}",
         *overrides,
     ]
+
+
+def run_train(cmd: list[str], run_dir: Path, log: Path, timeout: float = 900) -> list[dict]:
+    """Run an `rlkit train` command to its end (output in `log`); its metrics records."""
+    with open(log, "w") as out:
+        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+    assert done.returncode == 0, log.read_text()[-3000:]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]

@@ -1,19 +1,65 @@
-"""`rlkit env ...`: scaffold, build, publish, install, pull and browse environment packages."""
+"""`rlkit env ...`: check, scaffold, build, publish, install, pull and browse environments."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+if TYPE_CHECKING:
+    from rlkit.envs.check import CheckReport
+
 app = typer.Typer(help="Create, publish and install environment packages.", no_args_is_help=True)
+
+
+class Split(StrEnum):
+    EVAL = "eval"
+    TRAIN = "train"
+
+
 console = Console()
 
 HUB_HELP = "Hub: 'local' (a directory under $RLKIT_HOME), a directory, or an http(s) URL."
 HubOption = typer.Option(None, "--hub", help=HUB_HELP + " Default: $RLKIT_HUB, config, local.")
 TokenOption = typer.Option(None, "--token", help="API token (default: $RLKIT_HUB_TOKEN).")
+
+
+def _print_check(report: CheckReport) -> None:
+    from rlkit.envs.check import report_lines
+
+    for line in report_lines(report):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command("check")
+def check_cmd(
+    env_id: str = typer.Argument(..., help="Environment id (reverse-text, owner/name)."),
+    env_args: str | None = typer.Option(
+        None, "--env-args", "-a", help="Environment loader arguments as a JSON object."
+    ),
+    num_rows: int = typer.Option(10, "--num-rows", "-n", min=1, help="Rows to check."),
+    gold: bool = typer.Option(
+        False, "--gold", help="Also play each row's gold completion (expects the maximum reward)."
+    ),
+    split: Split = typer.Option(Split.EVAL, "--split", help="Which rows to check."),
+) -> None:
+    """Check that empty and garbage replies score the minimum and gold answers the maximum.
+
+    Exit 0 when every case scores as expected, 1 otherwise (with a per-row report).
+    """
+    from rlkit.envs import load_environment
+    from rlkit.envs.check import check_environment
+    from rlkit_cli.eval import json_object
+
+    env = load_environment(env_id, **(json_object(env_args, "-a/--env-args") or {}))
+    with console.status(f"checking {env_id}"):
+        report = check_environment(env, num_rows=num_rows, gold=gold, split=split.value)
+    _print_check(report)
+    raise typer.Exit(0 if report.ok else 1)
 
 
 @app.command("init")
@@ -54,11 +100,24 @@ def push_cmd(
     private: bool | None = typer.Option(
         None, "--private/--public", help="Visibility (default: public for new environments)."
     ),
+    skip_check: bool = typer.Option(
+        False, "--skip-check", help="Publish without first running `rlkit env check` on it."
+    ),
 ) -> None:
-    """Publish the package's current version (building it first if dist/ lacks it)."""
+    """Check, then publish the package's current version (building it if dist/ lacks it)."""
+    from rlkit.envs.check import check_environment
+    from rlkit.envs.loader import load_environment_at
     from rlkit.hub import build_env, dist_files, open_hub
     from rlkit.hub.scaffold import project_metadata
 
+    if not skip_check:
+        name, _ = project_metadata(path)
+        with console.status(f"checking {name}"):
+            report = check_environment(load_environment_at(path, name))
+        _print_check(report)
+        if not report.ok:
+            console.print("not published: fix the environment or pass --skip-check")
+            raise typer.Exit(1)
     files = dist_files(path)
     if len(files) != 2:
         with console.status(f"building {path}"):

@@ -16,6 +16,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from rlkit.errors import UsageError
+from rlkit.ports import INFERENCE_PORT
 
 
 class _RunByDefault(TyperGroup):
@@ -35,7 +36,7 @@ app = typer.Typer(
 )
 
 
-def _json_object(text: str | None, flag: str) -> dict[str, Any] | None:
+def json_object(text: str | None, flag: str) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
@@ -52,7 +53,10 @@ def run_cmd(
     env_id: str | None = typer.Argument(None, help="Environment id (reverse-text, owner/name)."),
     model: str | None = typer.Option(None, "--model", "-m", help="Model name sent to the API."),
     base_url: str | None = typer.Option(
-        None, "--base-url", "-b", help="OpenAI-compatible base URL [http://127.0.0.1:8000/v1]."
+        None,
+        "--base-url",
+        "-b",
+        help=f"OpenAI-compatible base URL [http://127.0.0.1:{INFERENCE_PORT}/v1].",
     ),
     api_key_var: str | None = typer.Option(
         None, "--api-key-var", "-k", help="Env variable holding the API key [OPENAI_API_KEY]."
@@ -113,8 +117,8 @@ def run_cmd(
         "max_concurrent": max_concurrent,
         "max_tokens": max_tokens,
         "temperature": temperature,
-        "sampling": _json_object(sampling, "-S/--sampling-args"),
-        "env_args": _json_object(env_args, "-a/--env-args"),
+        "sampling": json_object(sampling, "-S/--sampling-args"),
+        "env_args": json_object(env_args, "-a/--env-args"),
         "output_dir": output_dir,
         "timeout": timeout,
         "max_retries": max_retries,
@@ -145,12 +149,8 @@ def run_cmd(
     console.print(summary_table(run_summary(run), title=f"{config.env_id} | {config.model}"))
     console.print(f"results: {run_dir}")
     if push:
-        try:
-            from rlkit.hub import push_eval_results
-        except ImportError as exc:
-            raise UsageError(
-                f"--push needs rlkit.hub.push_eval_results, unavailable: {exc}"
-            ) from exc
+        from rlkit.eval.publish import push_eval_results
+
         console.print(f"pushed: {push_eval_results(run_dir, hub)}")
 
 

@@ -7,14 +7,14 @@ import sys
 
 import typer
 
-from rlkit.errors import UsageError
+from rlkit.ports import INFERENCE_PORT
 
 
 def infer(
     ctx: typer.Context,
     model: str = typer.Option(..., "--model", "-m", help="Local HF model directory or HF name."),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
-    port: int = typer.Option(8000, help="Port to bind."),
+    port: int = typer.Option(INFERENCE_PORT, min=1, max=65535, help="Port to bind."),
 ) -> None:
     """Launch an OpenAI-compatible vLLM server that accepts new weights in place.
 
@@ -27,8 +27,6 @@ def infer(
         server_env,
     )
 
-    if not 0 < port < 65536:
-        raise UsageError(f"--port {port} is not a valid TCP port")
     check_model_dir(model)
     check_port_free(host, port)
     argv = server_command(model, host, port, list(ctx.args))

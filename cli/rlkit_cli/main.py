@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from rlkit.errors import UsageError
+from rlkit.errors import RunStopped, SystemRequirementError, UsageError
 
 app = typer.Typer(
     name="rlkit",
@@ -43,6 +43,9 @@ def _register() -> None:
 
     app.add_typer(env_cli.app, name="env")
     app.add_typer(hub_cli.app, name="hub")
+    from rlkit_cli import sandbox as sandbox_cli
+
+    app.add_typer(sandbox_cli.app, name="sandbox")
     from rlkit_cli import sft
 
     app.command(
@@ -54,7 +57,9 @@ _register()
 
 
 def main() -> None:
-    """Console-script entry point: UsageError becomes a one-line message and exit code 2.
+    """Console-script entry point: UsageError becomes a one-line message and exit code 2, a
+    missing system component (SystemRequirementError) or a run that stopped itself (RunStopped)
+    one with exit code 1.
 
     Typer runs in standalone mode, so its own usage errors already exit with code 2.
     """
@@ -63,6 +68,9 @@ def main() -> None:
     except UsageError as exc:
         err_console.print(Text.assemble(("error: ", "bold red"), str(exc)), soft_wrap=True)
         sys.exit(2)
+    except (SystemRequirementError, RunStopped) as exc:
+        err_console.print(Text.assemble(("error: ", "bold red"), str(exc)), soft_wrap=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

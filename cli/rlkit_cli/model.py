@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 
 import typer
@@ -10,24 +11,31 @@ from rich.console import Console
 app = typer.Typer(help="Build and inspect models.", no_args_is_help=True)
 
 
+class Arch(StrEnum):
+    QWEN3 = "qwen3"
+    QWEN3_MOE = "qwen3-moe"
+
+
+class Size(StrEnum):
+    TINY = "tiny"
+    SMALL = "small"
+
+
 @app.command("init-tiny")
 def init_tiny_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Directory to write the HF model into."),
-    arch: str = typer.Option("qwen3", help="Architecture: qwen3 or qwen3-moe."),
-    size: str = typer.Option("tiny", help="tiny (<1M parameters, tests) or small (~30M)."),
+    arch: Arch = typer.Option(Arch.QWEN3, help="Architecture."),
+    size: Size = typer.Option(Size.TINY, help="tiny (<1M parameters, tests) or small (~30M)."),
     seed: int = typer.Option(0, help="Seed for the random weights (deterministic)."),
     force: bool = typer.Option(False, help="Overwrite a non-empty output directory."),
     tie_embeddings: bool = typer.Option(False, help="Share input and output embeddings."),
 ) -> None:
     """Create a randomly initialised model plus a locally trained BPE tokenizer."""
-    from rlkit.errors import UsageError
     from rlkit.models import init_tiny
 
-    if arch not in ("qwen3", "qwen3-moe"):
-        raise UsageError(f"unknown --arch {arch!r}; choose qwen3 or qwen3-moe")
     path = init_tiny(
-        out, arch=arch, size=size, seed=seed, force=force, tie_embeddings=tie_embeddings
-    )  # type: ignore[arg-type]
+        out, arch=arch.value, size=size.value, seed=seed, force=force, tie_embeddings=tie_embeddings
+    )
     import json
 
     meta = json.loads((path / "rlkit_model.json").read_text())

@@ -5,17 +5,17 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from rlkit.errors import UsageError
-
-ROLES = ("all", "inference", "orchestrator", "trainer")
+from rlkit.train.roles import Role
 
 
 def train(
     ctx: typer.Context,
     config: str = typer.Argument(..., help="TOML config (see examples/tiny-cpu/train.toml)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
-    role: str = typer.Option("all", "--role", help="all | inference | orchestrator | trainer."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in log.run_dir."),
+    role: Role = typer.Option(Role.ALL, "--role", help="What this process runs."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run in log.run_dir from its latest checkpoint."
+    ),
 ) -> None:
     """Train a model with RL: vLLM servers, the async orchestrator and the FSDP2 trainer.
 
@@ -23,10 +23,8 @@ def train(
     `rlkit train cfg.toml --orchestrator.max_steps 20 --loss.name grpo`.
     """
     from rlkit.config import dump_toml, load_config
-    from rlkit.orchestrator.config import TrainConfig, check_environments
+    from rlkit.train.config import TrainConfig, check_environments
 
-    if role not in ROLES:
-        raise UsageError(f"--role {role!r} is not one of {', '.join(ROLES)}")
     cfg = load_config(TrainConfig, config, list(ctx.args))
     if dry_run:
         check_environments(cfg)
@@ -34,7 +32,7 @@ def train(
         return
     from rlkit.train import run_train
 
-    result = run_train(cfg, role=role, resume=resume)  # type: ignore[arg-type]
+    result = run_train(cfg, role=role, resume=resume)
     evals = result.get("eval") or {}
     if len(evals) >= 2:
         first, last = min(evals), max(evals)

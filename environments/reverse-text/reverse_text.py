@@ -58,8 +58,12 @@ def sft_examples(
     min_len: int = 5,
     max_len: int = 10,
     alphabet: str = DEFAULT_ALPHABET,
+    exclude: set[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Chat SFT rows: `prompt` (system + user messages) and the correct `completion`."""
+    """Chat SFT rows: `prompt` (system + user messages) and the correct `completion`.
+
+    Strings in `exclude` (e.g. the environment's train and eval texts) are never used.
+    """
     return [
         {
             "prompt": [
@@ -68,8 +72,15 @@ def sft_examples(
             ],
             "completion": [{"role": "assistant", "content": text[::-1]}],
         }
-        for text in generate_texts(n, seed, min_len, max_len, alphabet)
+        for text in generate_texts(n, seed, min_len, max_len, alphabet, exclude)
     ]
+
+
+class ReverseTextEnv(SingleTurnEnv):
+    """Single-turn string reversal; the gold completion is the reversed text."""
+
+    def gold_completion(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        return [{"role": "assistant", "content": row["answer"]}]
 
 
 def load_environment(
@@ -83,7 +94,7 @@ def load_environment(
     dataset_split: str = "train",
     text_column: str = "text",
     system_prompt: str = SYSTEM_PROMPT,
-) -> SingleTurnEnv:
+) -> ReverseTextEnv:
     """Build the environment; eval strings never appear in the generated training set."""
     if dataset_name is not None:
         source = load_dataset_any(dataset_name, split=dataset_split)
@@ -106,7 +117,7 @@ def load_environment(
     def lcs_reward(completion: list[dict[str, Any]], answer: str) -> float:
         return lcs_ratio(parser.parse_answer(completion) or "", answer)
 
-    return SingleTurnEnv(
+    return ReverseTextEnv(
         dataset=_rows(train_texts) if train_texts else None,
         eval_dataset=_rows(eval_texts) if eval_texts else None,
         system_prompt=system_prompt,

@@ -5,7 +5,7 @@ from rlkit.envs.group import EnvGroup
 from rlkit.envs.loader import list_environments, load_environment
 from rlkit.envs.multiturn import MultiTurnEnv, SingleTurnEnv
 from rlkit.envs.parsers import Parser, ThinkParser, XMLParser, extract_boxed_answer
-from rlkit.envs.rollout import Rollout, Turn
+from rlkit.envs.rollout import Rollout, TrainingTokens, Turn
 from rlkit.envs.rubric import Rubric
 from rlkit.envs.tools import ToolEnv
 
@@ -19,6 +19,7 @@ __all__ = [
     "SingleTurnEnv",
     "ThinkParser",
     "ToolEnv",
+    "TrainingTokens",
     "Turn",
     "XMLParser",
     "extract_boxed_answer",

@@ -106,6 +106,24 @@ class Environment:
             info=dict(row.get("info") or {}),
         )
 
+    def gold_completion(self, row: dict[str, Any]) -> Messages | None:
+        """The assistant messages a perfect model would send for `row`, one per model turn.
+
+        OpenAI chat format; tool environments return assistant messages with `tool_calls`
+        followed by the final assistant message. `rlkit env check --gold` plays them through
+        `rollout` and expects the maximum reward. None: no gold answer is known (the default).
+        """
+        return None
+
+    def reward_bounds(self) -> tuple[float, float]:
+        """(minimum, maximum) reward, assuming each reward function scores in [0, 1].
+
+        Environments whose functions score outside [0, 1] override this; `rlkit env check`
+        expects gold completions at the maximum and empty or garbage replies at the minimum.
+        """
+        weights = [rf.weight for rf in self.rubric.reward_funcs]
+        return sum(w for w in weights if w < 0), sum(w for w in weights if w > 0)
+
     async def rollout(
         self, row: dict[str, Any], client: InferenceClient, model: str, sampling: dict[str, Any]
     ) -> Rollout:

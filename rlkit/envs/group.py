@@ -59,6 +59,9 @@ class EnvGroup(Environment):
             raise KeyError(f"info['env_id']={env_id!r} is not a member of {list(self.envs)}")
         return self.envs[env_id]
 
+    def gold_completion(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        return self.member(row.get("info") or {}).gold_completion(row)
+
     async def rollout(
         self, row: dict[str, Any], client: InferenceClient, model: str, sampling: dict[str, Any]
     ) -> Rollout:

@@ -6,7 +6,8 @@ is the standard library's), `<name>_env` is tried, so the `math` environment liv
 `math_env`. Modules are imported from installed packages first, then from environment folders
 (`<folder>/<id>/`, added to sys.path) under `./environments`, the rlkit checkout's
 `environments/` and any folder listed in `$RLKIT_ENV_PATH`. Hub ids (`owner/name`) that are not
-importable are installed with `rlkit.hub.ensure_installed` and retried.
+importable are installed with `rlkit.hub.install.ensure_installed` and retried; ids are parsed by
+`rlkit.hub.names.parse_env_id`, the one parser of `[OWNER/]NAME[@VERSION]`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import importlib
 import importlib.metadata
 import os
 import sys
+import tomllib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -24,22 +26,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from rlkit.envs.environment import Environment
 from rlkit.errors import UsageError
+from rlkit.hub.install import ensure_installed
+from rlkit.hub.names import parse_env_id
 
 ENV_PATH_VAR = "RLKIT_ENV_PATH"
-
-
-def parse_env_id(env_id: str) -> tuple[str | None, str, str | None]:
-    """(owner, name, version) of `owner/name@version` (owner and version optional)."""
-    spec = env_id.strip()
-    version = None
-    if "@" in spec:
-        spec, version = spec.split("@", 1)
-    owner = None
-    if "/" in spec:
-        owner, spec = spec.split("/", 1)
-    if not spec or "/" in spec:
-        raise UsageError(f"malformed environment id {env_id!r}; expected [OWNER/]NAME[@VERSION]")
-    return owner, spec, version
 
 
 def module_names(name: str) -> list[str]:
@@ -116,8 +106,26 @@ def _requirement_names(requires: list[str]) -> set[str]:
     return names
 
 
-def _package_version(module: ModuleType) -> str | None:
+def _package_version(module: ModuleType, name: str, local: bool) -> str | None:
+    """The environment's version: its distribution's, or a local folder's pyproject.toml's.
+
+    Distribution names like the environment's are tried first; the full module -> distribution
+    map (`packages_distributions`, ~1 s: it reads every installed package's file list) only
+    for an installed module named unlike its distribution.
+    """
     top = module.__name__.split(".")[0]
+    for dist_name in dict.fromkeys([name, name.replace("_", "-"), top, top.replace("_", "-")]):
+        try:
+            return importlib.metadata.version(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    if local:
+        file = Path(module.__file__ or ".").resolve()
+        for folder in (file.parent, file.parent.parent):
+            if (folder / "pyproject.toml").is_file():
+                project = tomllib.loads((folder / "pyproject.toml").read_text()).get("project", {})
+                return project.get("version")
+        return None
     for dist_name in importlib.metadata.packages_distributions().get(top, []):
         try:
             return importlib.metadata.version(dist_name)
@@ -136,17 +144,15 @@ def _unknown(env_id: str, name: str) -> UsageError:
 
 def load_environment(env_id: str, **kwargs: Any) -> Environment:
     """Import the environment named by `env_id` and call its `load_environment(**kwargs)`."""
-    owner, name, _version = parse_env_id(env_id)
-    module = _import_env_module(name) or _find_local(name)
-    if module is None and owner is not None:
-        try:
-            from rlkit.hub import ensure_installed
-        except ImportError:
-            ensure_installed = None
-        if ensure_installed is not None:
-            ensure_installed(env_id)
-            importlib.invalidate_caches()
-            module = _import_env_module(name)
+    ref = parse_env_id(env_id, require_owner=False)
+    name = ref.name
+    module = _import_env_module(name)
+    local = module is None
+    module = module or _find_local(name)
+    if module is None and ref.owner:
+        ensure_installed(env_id)
+        importlib.invalidate_caches()
+        module, local = _import_env_module(name), False
     if module is None:
         raise _unknown(env_id, name)
     try:
@@ -155,15 +161,28 @@ def load_environment(env_id: str, **kwargs: Any) -> Environment:
         raise UsageError(f"bad arguments for environment {name!r}: {exc}") from exc
     env = _as_rlkit_env(env, name)
     env.env_id = env.env_id or name
-    env.version = env.version or _package_version(module)
+    env.version = env.version or _package_version(module, name, local)
     return env
+
+
+def load_environment_at(path: Path, name: str, **kwargs: Any) -> Environment:
+    """Load environment `name` from the package source folder `path` (ahead of installed ones).
+
+    Used before publishing, when the package in `path` may not be installed yet.
+    """
+    folder = str(Path(path).resolve())
+    if folder in sys.path:
+        sys.path.remove(folder)
+    sys.path.insert(0, folder)
+    importlib.invalidate_caches()
+    return load_environment(name, **kwargs)
 
 
 def _as_rlkit_env(env: Any, name: str) -> Environment:
     """Accept rlkit environments and wrap verifiers ones."""
     if isinstance(env, Environment):
         return env
-    from rlkit.envs.verifiers import is_verifiers_env, wrap_verifiers_env
+    from rlkit.envs.vf_adapter import is_verifiers_env, wrap_verifiers_env
 
     if is_verifiers_env(env):
         return wrap_verifiers_env(env, env_id=name)

@@ -1,9 +1,12 @@
 """Multi-turn rollouts: the model speaks, the environment answers, until a stop condition.
 
 `MultiTurnEnv.rollout` records one `Turn` per model call (engine token ids and logprobs, finish
-reason, policy versions), stops when `is_completed` says so, after `max_turns` model turns, or
-when the model hit its token limit (`finish_reason == "length"`), and turns every failure into
-`Rollout.error` instead of an exception. `SingleTurnEnv` is the one-turn case.
+reason, policy versions), stops when `is_completed` says so, after `max_turns` model turns, when
+the model hit its token limit (`finish_reason == "length"`) or when the next prompt would not fit
+the model's context (`finish_reason == "context"`), and turns every failure into `Rollout.error`
+instead of an exception. Against a server that takes token-id prompts (vLLM), turns are token in,
+token out (`rlkit.envs.turns`): each prompt extends the previous prompt + completion exactly, so
+the training sample is what the engine sampled. `SingleTurnEnv` is the one-turn case.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 from rlkit.envs.environment import Environment, Messages
 from rlkit.envs.rollout import Rollout, Turn
+from rlkit.envs.turns import ContextOverflow, open_turns
 from rlkit.inference import Generation, InferenceClient, InferenceError
 
 
@@ -57,15 +61,20 @@ class MultiTurnEnv(Environment):
         rollout = self.new_rollout(row)
         rollout.state = self.init_state(row)
         messages: Messages = list(rollout.prompt)
-        request_sampling = self.sampling_for(sampling)
         generation_s = env_s = 0.0
         prompt_tokens = completion_tokens = 0
         t0 = time.perf_counter()
         try:
+            turns = await open_turns(
+                client, model, self.sampling_for(sampling), self.tools_for_request()
+            )
+            rollout.prompt_mode = turns.mode
             while True:
-                generation = await client.chat(
-                    messages, model, sampling=request_sampling, tools=self.tools_for_request()
-                )
+                try:
+                    generation = await turns.generate(messages)
+                except ContextOverflow:
+                    rollout.finish_reason = "context"
+                    break
                 generation_s += generation.latency_s
                 prompt_tokens += generation.usage.get(
                     "prompt_tokens", len(generation.prompt_token_ids)
@@ -73,16 +82,8 @@ class MultiTurnEnv(Environment):
                 completion_tokens += generation.usage.get(
                     "completion_tokens", len(generation.completion_token_ids)
                 )
-                rollout.turns.append(
-                    Turn(
-                        prompt_token_ids=generation.prompt_token_ids,
-                        completion_token_ids=generation.completion_token_ids,
-                        completion_logprobs=generation.completion_logprobs,
-                        finish_reason=generation.finish_reason,
-                        policy_version_start=generation.policy_version_start,
-                        policy_version_end=generation.policy_version_end,
-                    )
-                )
+                # a Turn is the Generation's token-level record: the same field names
+                rollout.turns.append(Turn.model_validate(generation, from_attributes=True))
                 rollout.finish_reason = generation.finish_reason
                 rollout.state["responses"].append(generation)
                 message = self.assistant_message(generation)
@@ -90,7 +91,7 @@ class MultiTurnEnv(Environment):
                 rollout.completion.append(message)
                 rollout.state["turn"] = len(rollout.turns)
                 if (
-                    generation.finish_reason == "length"
+                    generation.finish_reason in ("length", "context")
                     or len(rollout.turns) >= self.max_turns
                     or await self.is_completed(messages, rollout.state)
                 ):
@@ -100,6 +101,7 @@ class MultiTurnEnv(Environment):
                 env_s += time.perf_counter() - t_env
                 messages.extend(reply)
                 rollout.completion.extend(reply)
+                turns.add_reply(reply)
         except InferenceError as exc:
             rollout.error = f"generation failed: {exc}"
         except Exception as exc:  # environment bug: record it, keep the run going

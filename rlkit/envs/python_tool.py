@@ -16,6 +16,7 @@ from rlkit.envs.environment import Environment
 from rlkit.envs.rollout import Rollout
 from rlkit.envs.tools import ToolEnv
 from rlkit.inference import InferenceClient
+from rlkit.sandbox.runner import require
 from rlkit.sandbox.session import CellResult, PythonSession
 
 # The running rollout's interpreter: tool functions only receive their arguments, and each
@@ -64,6 +65,7 @@ class PythonToolEnv(ToolEnv):
         output_limit: int = 4096,
         **kwargs: Any,
     ) -> None:
+        require()  # no isolation: refuse when the environment loads, with the fix
         super().__init__([python, *(extra_tools or [])], *args, **kwargs)
         self.session_options = {
             "timeout": cell_timeout,
@@ -85,15 +87,9 @@ class PythonToolEnv(ToolEnv):
 
 def with_python_tool(env: Environment, max_turns: int = 10, **options: Any) -> PythonToolEnv:
     """The same tasks and rubric as `env`, but the model may call `python` before answering."""
+    shared = ("dataset", "eval_dataset", "parser", "rubric", "sampling_defaults", "env_id")
     tool_env = PythonToolEnv(
-        dataset=env.dataset,
-        eval_dataset=env.eval_dataset,
-        parser=env.parser,
-        rubric=env.rubric,
-        sampling_defaults=env.sampling_defaults,
-        env_id=env.env_id,
-        max_turns=max_turns,
-        **options,
+        **{name: getattr(env, name) for name in shared}, max_turns=max_turns, **options
     )
     tool_env.version = env.version
     return tool_env

@@ -7,6 +7,7 @@ It round-trips through JSON (`model_dump()` / `Rollout(**data)`), which is how e
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -23,6 +24,15 @@ class Turn(BaseModel):
     policy_version_end: int | None = None
 
 
+@dataclass(frozen=True)
+class TrainingTokens:
+    """A whole conversation as one token sequence: what the trainer trains on."""
+
+    token_ids: list[int]
+    loss_mask: list[int]  # 1 = model token (trained on), 0 = prompt or environment token
+    inference_logprobs: list[float]  # the engine's logprob where loss_mask is 1, else 0.0
+
+
 class Rollout(BaseModel):
     """One conversation plus its score; `error` is set when generation, env or scoring failed."""
 
@@ -37,6 +47,9 @@ class Rollout(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
     error: str | None = None
     finish_reason: str | None = None
+    # How the turns were sent: "tokens" (token-id prompts, exact continuations) or "messages"
+    # (the server re-rendered the conversation each turn).
+    prompt_mode: str = "messages"
     timings: dict[str, float] = Field(default_factory=dict)
     usage: dict[str, int] = Field(default_factory=dict)
     # Scratch space of the environment during the rollout (reward functions read it as `state`);
@@ -54,17 +67,31 @@ class Rollout(BaseModel):
         }
         return sorted(versions)
 
-    def training_sample(self) -> tuple[list[int], list[int], list[float]]:
-        """(token_ids, completion_mask, inference_logprobs) over the whole conversation.
+    @property
+    def exact_continuation(self) -> bool:
+        """True when every turn's prompt extends the previous prompt + completion token for token.
+
+        Always true for token-in/token-out rollouts (`prompt_mode == "tokens"`); a message-path
+        rollout is true only when the server's re-rendered history happened to match.
+        """
+        seen: list[int] = []
+        for turn in self.turns:
+            if turn.prompt_token_ids[: len(seen)] != seen:
+                return False
+            seen = turn.prompt_token_ids + turn.completion_token_ids
+        return True
+
+    def training_sample(self) -> TrainingTokens:
+        """Token ids, loss mask and inference logprobs over the whole conversation.
 
         Model tokens get mask 1 and their engine logprob; prompt and environment tokens get mask
-        0 and logprob 0.0. Each turn's prompt normally extends the previous turn's prompt +
-        completion, so the turns concatenate into one sequence. When the chat template's
-        re-tokenisation breaks that prefix property (a template that drops earlier reasoning, or
-        a BPE that re-merges generated tokens differently), the sequence keeps the longest common
-        prefix and continues with the later turn's prompt as context (mask 0): the result is
-        always exactly the token sequence the engine saw for the last turn, and only tokens that
-        are still in it keep their training signal.
+        0 and logprob 0.0. When the turns are exact continuations (always, for token-in/token-out
+        rollouts) they concatenate into one sequence: every sampled token, once, in order. For a
+        message-path rollout whose re-rendered history broke that prefix property (a template
+        that drops earlier reasoning, a BPE that re-merges generated tokens), the sequence keeps
+        the longest common prefix and continues with the later turn's prompt as context (mask 0):
+        it is exactly what the engine saw for the last turn, and only tokens still in it keep
+        their training signal (`exact_continuation` tells these rollouts apart).
         """
         tokens: list[int] = []
         mask: list[int] = []
@@ -89,4 +116,4 @@ class Rollout(BaseModel):
                     f"completion tokens but {len(lps)} logprobs"
                 )
             logprobs += lps
-        return tokens, mask, logprobs
+        return TrainingTokens(token_ids=tokens, loss_mask=mask, inference_logprobs=logprobs)

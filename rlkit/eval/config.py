@@ -8,6 +8,8 @@ from typing import Any
 from pydantic import Field
 
 from rlkit.config import Config
+from rlkit.ports import INFERENCE_PORT
+from rlkit.sandbox.config import SandboxConfig
 
 # Fields that decide which results a run produces; `--resume` refuses a run where any differs.
 # Where the model is served (base URL, key, timeouts, concurrency) can change between attempts.
@@ -31,7 +33,9 @@ class EvalConfig(Config):
         default_factory=dict, description="Keyword arguments for the environment's loader."
     )
     model: str = Field("", description="Model name sent to the API.")
-    base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible base URL.")
+    base_url: str = Field(
+        f"http://127.0.0.1:{INFERENCE_PORT}/v1", description="OpenAI-compatible base URL."
+    )
     api_key_var: str = Field(
         "OPENAI_API_KEY", description="Environment variable holding the API key (unset: no key)."
     )
@@ -52,6 +56,9 @@ class EvalConfig(Config):
         None, description="Metric used for pass@k instead of the reward."
     )
     output_dir: Path = Field(Path("runs/eval"), description="Folder that receives run folders.")
+    sandbox: SandboxConfig = Field(
+        default_factory=SandboxConfig, description="Sandbox for untrusted code the env runs."
+    )
 
     def result_fields(self) -> dict[str, Any]:
         """The part of the config that must match for a run to be resumed."""

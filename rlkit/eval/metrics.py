@@ -9,7 +9,7 @@ over examples (equal to the mean reward when every example has k rollouts).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,18 +43,39 @@ def _percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
+# Row `info` fields that split the reward in summaries (e.g. logic's task and level).
+INFO_GROUPS = ("task", "level")
+
+
+def reward_by_info(rollouts: Sequence[Rollout]) -> dict[str, dict[str, float]]:
+    """Mean reward (errored rollouts count 0) per value of each `INFO_GROUPS` field present."""
+    by: dict[str, dict[str, list[float]]] = {}
+    for rollout in rollouts:
+        for field in INFO_GROUPS:
+            value = rollout.info.get(field)
+            if value is not None:
+                reward = 0.0 if rollout.error else rollout.reward
+                by.setdefault(field, defaultdict(list))[str(value)].append(reward)
+    return {
+        field: {value: float(np.mean(rewards)) for value, rewards in sorted(groups.items())}
+        for field, groups in by.items()
+    }
+
+
 def summarize(
     rollouts: Sequence[Rollout],
     k: int,
     threshold: float = 1.0,
     metric: str | None = None,
 ) -> dict[str, Any]:
-    """Summary of an eval: rewards, avg@k, pass@k, metric means, errors, tokens, latency.
+    """Summary of an eval: rewards, avg@k, pass@k, metric means, reward per task (and other
+    `INFO_GROUPS` fields of the rows' info), errors, tokens, latency.
 
     Rollouts are grouped per example by (env_id, example_id); errored rollouts count as reward 0
     and as failures (they are also counted under `errors`). `k` is the number of rollouts per
     example; pass@j is reported for j in `k_values(k)` over the examples that have at least j
-    rollouts. Success is `reward >= threshold`, or `metrics[metric] >= threshold`.
+    rollouts. Success is `reward >= threshold`, or `metrics[metric] >= threshold`. `prompt_modes`
+    counts how the rollouts' turns were sent: `tokens` (token in, token out) or `messages`.
     """
     groups: dict[tuple[str, Any], list[Rollout]] = defaultdict(list)
     for rollout in rollouts:
@@ -93,8 +114,10 @@ def summarize(
         "pass_metric": metric,
         "pass_at_k": pass_k,
         "metrics": {name: float(np.mean(v)) for name, v in sorted(metric_values.items())},
+        "reward_by": reward_by_info(rollouts),
         "errors": len(errors),
         "error_examples": sorted({e.error.splitlines()[0][:200] for e in errors if e.error})[:5],
+        "prompt_modes": dict(sorted(Counter(r.prompt_mode for r in rollouts).items())),
         "prompt_tokens": sum(r.usage.get("prompt_tokens", 0) for r in rollouts),
         "completion_tokens": sum(r.usage.get("completion_tokens", 0) for r in rollouts),
         "latency_p50_s": _percentile(generation, 50),

@@ -24,9 +24,10 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from rlkit.config import validate
-from rlkit.envs.loader import module_names, parse_env_id
+from rlkit.envs.loader import module_names
 from rlkit.errors import UsageError
 from rlkit.eval.config import EvalConfig
+from rlkit.hub.names import parse_env_id
 
 ALLOWED_KEYS = {
     "num_examples",
@@ -40,7 +41,7 @@ ALLOWED_KEYS = {
 
 def _find_pyproject(env_id: str) -> Path | None:
     """The pyproject.toml of the project that provides the environment's module, if at hand."""
-    _, name, _ = parse_env_id(env_id)
+    name = parse_env_id(env_id, require_owner=False).name
     for module_name in module_names(name):
         try:
             spec = importlib.util.find_spec(module_name)

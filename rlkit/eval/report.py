@@ -41,7 +41,16 @@ def summary_table(summary: dict[str, Any], title: str = "eval summary") -> Table
     ]
     rows += [(f"metric {name}", value) for name, value in summary["metrics"].items()]
     rows += [
+        (f"reward {field}={value}", mean)
+        for field, groups in summary.get("reward_by", {}).items()
+        for value, mean in groups.items()
+    ]
+    rows += [
         ("errors", summary["errors"]),
+        (
+            "turns sent as",
+            ", ".join(f"{mode} {n}" for mode, n in summary.get("prompt_modes", {}).items()),
+        ),
         ("prompt tokens", summary["prompt_tokens"]),
         ("completion tokens", summary["completion_tokens"]),
         ("latency p50 (s)", summary["latency_p50_s"]),

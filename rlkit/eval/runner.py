@@ -69,7 +69,11 @@ async def check_endpoint(config: EvalConfig, api_key: str | None) -> None:
     the rollouts' own retries and error records handle it.
     """
     async with InferenceClient(
-        config.base_url, api_key=api_key, timeout=min(config.timeout, 15.0), max_retries=1
+        config.base_url,
+        api_key=api_key,
+        timeout=min(config.timeout, 15.0),
+        max_retries=1,
+        max_connections=1,
     ) as probe:
         try:
             served = await probe.models()
@@ -209,6 +213,7 @@ async def run_eval_async(
     if not config.model:
         raise UsageError("a model is required (-m/--model)")
 
+    config.sandbox.apply()
     env = load_environment(config.env_id, **config.env_args)
     config, package_sampling = apply_package_defaults(config, *package_eval_defaults(config.env_id))
     rows = [dict(row) for row in env.get_eval_dataset(config.num_examples)]

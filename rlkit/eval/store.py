@@ -9,7 +9,6 @@ per key, and `compact()` rewrites the file deduplicated and sorted (tmp + rename
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import IO, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from rlkit.atomic import atomic_write
 from rlkit.envs.rollout import Rollout
 from rlkit.errors import UsageError
 
@@ -75,15 +75,6 @@ class EvalResult:
         return cls(example_index, rollout_index, Rollout.model_validate(record))
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def read_results(path: Path) -> list[EvalResult]:
     """Results of a results.jsonl, last line per key wins, sorted by key.
 
@@ -138,7 +129,7 @@ class RunStore:
     def write_metadata(self, metadata: RunMetadata) -> None:
         metadata.updated_at = utc_now()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.metadata_path, metadata.model_dump_json(indent=2) + "\n")
+        atomic_write(self.metadata_path, metadata.model_dump_json(indent=2) + "\n")
 
     def read_results(self) -> list[EvalResult]:
         return read_results(self.results_path)
@@ -154,7 +145,7 @@ class RunStore:
         """Rewrite results.jsonl deduplicated and sorted (atomically); returns the results."""
         self.close()
         results = self.read_results()
-        _atomic_write(self.results_path, "".join(r.to_json() + "\n" for r in results))
+        atomic_write(self.results_path, "".join(r.to_json() + "\n" for r in results))
         return results
 
     def close(self) -> None:

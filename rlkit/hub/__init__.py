@@ -3,12 +3,12 @@
 A hub is a Python package index (PEP 503/691; uploads through the legacy API twine speaks)
 plus environment cards and evaluation leaderboards. It is either a local directory (default,
 no server) or a server (`rlkit hub serve`). See `rlkit.hub.names` for how OWNER/NAME maps to
-index project names.
+index project names. Publishing eval results is `rlkit.eval.publish`.
 """
 
+from rlkit.deprecated import moved_names
 from rlkit.hub.base import Hub, HubError
 from rlkit.hub.client import open_hub
-from rlkit.hub.evals import push_eval_results
 from rlkit.hub.install import ensure_installed, install, pull
 from rlkit.hub.local import LocalHub
 from rlkit.hub.names import EnvRef, parse_env_id
@@ -33,5 +33,6 @@ __all__ = [
     "open_hub",
     "parse_env_id",
     "pull",
-    "push_eval_results",
 ]
+
+__getattr__ = moved_names(__name__, {"push_eval_results": "rlkit.eval.publish:push_eval_results"})

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rlkit.errors import UsageError
+from rlkit.hub.artifacts import ArtifactError, check_filename
 from rlkit.hub.names import EnvRef
 from rlkit.hub.records import EnvCard, EnvSummary, EvalRecord, FileRecord, Visibility
 
@@ -40,6 +41,21 @@ class Hub(Protocol):
     def index_url(self) -> str:
         """The PEP 503 index pip should use for this hub's packages."""
         ...
+
+    def index_hashes(self, name: str) -> dict[str, str] | None:
+        """{filename: sha256} from project `name`'s simple-index page; None when the index
+        has no such project."""
+        ...
+
+
+def download_path(dest_dir: Path, filename: str) -> Path:
+    """Where a download named `filename` goes: refused unless it is a bare wheel/sdist name
+    (the server's own rule), so a hostile card cannot write outside `dest_dir`."""
+    try:
+        check_filename(filename)
+    except ArtifactError as exc:
+        raise HubError(f"the hub served an unsafe file name: {exc}", 400) from exc
+    return Path(dest_dir) / filename
 
 
 def matches(summary: EnvSummary, query: str, tag: str | None) -> bool:

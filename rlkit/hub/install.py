@@ -1,10 +1,11 @@
-"""Installing and pulling environments from a hub.
+"""Installing and pulling environments from a hub, trusting no file name or hash it serves.
 
-Install downloads the version's wheel, checks its sha256 against the hub's record (a tampered
-artifact is refused before pip sees it), then pip-installs that file into the target
-interpreter. Dependencies resolve from pip's configured index plus the hub's simple index
-(``--extra-index-url``), so an environment may depend on both PyPI packages and other hub
-environments. Pull unpacks the sdist (the source) after the same check.
+Every file name from a card is checked with the server's own rule (a bare wheel/sdist name), the
+card's sha256 must equal the one the hub's simple index lists, and the download (into a private
+temp dir) must match it before pip or tar sees it. Dependencies resolve from pip's configured
+index plus the hub's simple index (``--extra-index-url``), so a same-named package on the public
+index can still win (dependency confusion: not fixed yet). Pull unpacks the sdist after the
+same checks.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from rlkit.hub.base import Hub, HubError
+from rlkit.hub.base import Hub, HubError, download_path
 from rlkit.hub.client import open_hub
 from rlkit.hub.names import EnvRef, parse_env_id
 from rlkit.hub.records import EnvCard, FileRecord, VersionRecord
@@ -35,9 +36,23 @@ def _release(card: EnvCard, ref: EnvRef) -> VersionRecord:
 
 def _file(release: VersionRecord, packagetype: str, ref: EnvRef) -> FileRecord:
     for file in release.files:
+        download_path(Path("."), file.filename)  # a card with one unsafe name is refused whole
+    for file in release.files:
         if file.packagetype == packagetype:
             return file
     raise HubError(f"{ref.owner}/{ref.name}@{release.version} has no {packagetype} file", 404)
+
+
+def verified_download(hub: Hub, ref: EnvRef, file: FileRecord, dest_dir: Path) -> Path:
+    """Download `file` into `dest_dir` after checking the card's hash against the index's."""
+    listed = (hub.index_hashes(ref.name) or {}).get(file.filename)
+    if listed != file.sha256:
+        raise HubError(
+            f"{file.filename}: the hub's index lists sha256 {listed} but its card says "
+            f"{file.sha256}; refusing a file the hub does not vouch for consistently",
+            400,
+        )
+    return hub.download(ref, file, dest_dir)
 
 
 def install(env_id: str, hub: Hub | None = None, python: str | None = None) -> str:
@@ -50,7 +65,7 @@ def install(env_id: str, hub: Hub | None = None, python: str | None = None) -> s
     release = _release(hub.card(ref), ref)
     wheel = _file(release, "bdist_wheel", ref)
     with tempfile.TemporaryDirectory(prefix="rlkit-install-") as tmp:
-        path = hub.download(ref, wheel, Path(tmp))
+        path = verified_download(hub, ref, wheel, Path(tmp))
         cmd = [
             python or sys.executable,
             "-m",
@@ -81,7 +96,7 @@ def pull(env_id: str, dest: Path, hub: Hub | None = None) -> Path:
         raise HubError(f"{top} already exists", 409)
     Path(dest).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".rlkit-pull-", dir=dest) as tmp:
-        archive = hub.download(ref, sdist, Path(tmp))
+        archive = verified_download(hub, ref, sdist, Path(tmp))
         with tarfile.open(archive, "r:gz") as tar:
             tar.extractall(Path(tmp) / "src", filter="data")
         (Path(tmp) / "src" / top.name).rename(top)

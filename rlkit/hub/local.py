@@ -3,7 +3,8 @@
 Layout: ``projects/<name>.json`` (the environment card), ``files/<name>/<file>`` (artifacts) and
 a static PEP 503 index under ``simple/`` regenerated on every push, so
 ``pip install --index-url file://<root>/simple NAME`` works too. Writes hold an exclusive file
-lock and go through tmp + rename, so concurrent pushes never leave half-written state.
+lock and go through `rlkit.atomic.atomic_write`, so concurrent pushes never leave half-written
+state.
 """
 
 from __future__ import annotations
@@ -13,37 +14,28 @@ import getpass
 import hashlib
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from packaging.version import Version
-
+from rlkit.atomic import atomic_write
+from rlkit.hub import publishing
 from rlkit.hub.artifacts import ArtifactError, ArtifactInfo, inspect_artifact
-from rlkit.hub.base import HubError, matches
+from rlkit.hub.base import HubError, download_path, matches
 from rlkit.hub.names import EnvRef, validate_owner
-from rlkit.hub.records import (
-    EnvCard,
-    EnvSummary,
-    EvalRecord,
-    FileRecord,
-    VersionRecord,
-    Visibility,
+from rlkit.hub.records import EnvCard, EnvSummary, EvalRecord, FileRecord, VersionRecord, Visibility
+from rlkit.hub.simple import (
+    hashes_from_project_page,
+    index_entries,
+    project_list_html,
+    project_page_html,
 )
-from rlkit.hub.simple import IndexFile, project_list_html, project_page_html
 
 
 def default_owner() -> str:
     """Owner for local pushes: $RLKIT_HUB_OWNER, else the login name made slug-safe."""
     owner = os.environ.get("RLKIT_HUB_OWNER") or getpass.getuser()
     return "".join(c if c.isalnum() else "-" for c in owner.lower()).strip("-") or "local"
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def sha256_file(path: Path) -> str:
@@ -77,7 +69,7 @@ class LocalHub:
         return EnvCard.model_validate_json(path.read_text()) if path.is_file() else None
 
     def _save(self, card: EnvCard) -> None:
-        _write_atomic(self._card_path(card.name), card.model_dump_json(indent=2).encode())
+        atomic_write(self._card_path(card.name), card.model_dump_json(indent=2).encode())
 
     def push(
         self, files: list[Path], owner: str | None = None, visibility: Visibility | None = None
@@ -94,30 +86,26 @@ class LocalHub:
             raise HubError("push needs files of exactly one name and version", 400)
         first = infos[0][1]
         with self._locked():
-            card = self._load(first.name) or EnvCard(owner=owner, name=first.name)
-            if card.owner != owner:
-                raise HubError(f"{first.name} belongs to {card.owner}, not {owner}", 403)
+            card = self._load(first.name)
+            publishing.check_owner(first.name, card.owner if card else None, owner)
+            card = card or EnvCard(owner=owner, name=first.name)
             release = card.get_version(first.version)
-            if release is not None:
-                raise HubError(f"{owner}/{first.name}@{first.version} is already published", 409)
-            release = VersionRecord(version=first.version)
+            label = f"{owner}/{first.name}@{first.version}"
+            new = publishing.files_to_add(
+                label, release.files if release else [], [i for _, i in infos]
+            )
+            if release is None:
+                release = VersionRecord(version=first.version)
+                card.versions.append(release)
+            new_names = {i.filename for i in new}
             for data, info in infos:
-                _write_atomic(self.root / "files" / info.name / info.filename, data)
-                release.files.append(
-                    FileRecord(
-                        filename=info.filename,
-                        sha256=info.sha256,
-                        size=info.size,
-                        packagetype=info.packagetype,
-                        requires_python=info.requires_python,
-                    )
-                )
-            card.versions.append(release)
-            card.latest_version = max_version(v.version for v in card.versions)
-            if card.latest_version == first.version:  # the newest release describes the env
-                card.summary, card.readme = first.summary, first.readme
-                card.readme_content_type = first.readme_content_type
-                card.tags, card.license = first.keywords, first.license
+                if info.filename not in new_names:
+                    continue
+                atomic_write(self.root / "files" / info.name / info.filename, data)
+                release.files.append(FileRecord(**publishing.file_fields(info)))
+            card.latest_version = publishing.latest_version(v.version for v in card.versions)
+            if card.latest_version == first.version:
+                publishing.describe(card, first)
             if visibility:
                 card.visibility = visibility
             self._save(card)
@@ -125,21 +113,10 @@ class LocalHub:
         return card
 
     def _write_index(self, card: EnvCard) -> None:
-        files = [
-            IndexFile(
-                f.filename,
-                f"../../files/{card.name}/{f.filename}",
-                f.sha256,
-                f.size,
-                f.requires_python,
-            )
-            for v in card.versions
-            for f in v.files
-        ]
-        page = project_page_html(card.name, files).encode()
-        _write_atomic(self.root / "simple" / card.name / "index.html", page)
+        page = project_page_html(card.name, index_entries(card)).encode()
+        atomic_write(self.root / "simple" / card.name / "index.html", page)
         names = sorted(p.stem for p in (self.root / "projects").glob("*.json"))
-        _write_atomic(self.root / "simple" / "index.html", project_list_html(names).encode())
+        atomic_write(self.root / "simple" / "index.html", project_list_html(names).encode())
 
     def card(self, ref: EnvRef) -> EnvCard:
         card = self._load(ref.name)
@@ -156,10 +133,10 @@ class LocalHub:
         return [r for r in rows if matches(r, query, tag)]
 
     def download(self, ref: EnvRef, file: FileRecord, dest_dir: Path) -> Path:
-        source = self.root / "files" / ref.name / file.filename
+        source = download_path(self.root / "files" / ref.name, file.filename)
         if not source.is_file():
             raise HubError(f"{file.filename} is missing from {self.location}", 404)
-        dest = Path(dest_dir) / file.filename
+        dest = download_path(dest_dir, file.filename)
         shutil.copyfile(source, dest)
         if sha256_file(dest) != file.sha256:
             dest.unlink()
@@ -176,9 +153,9 @@ class LocalHub:
             self._save(card)
         return record
 
+    def index_hashes(self, name: str) -> dict[str, str] | None:
+        page = self.root / "simple" / name / "index.html"
+        return hashes_from_project_page(page.read_text()) if page.is_file() else None
+
     def index_url(self) -> str:
         return (self.root / "simple").as_uri()
-
-
-def max_version(versions: Iterable[str]) -> str:
-    return str(max(versions, key=Version))

@@ -10,10 +10,12 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
-from rlkit.hub.artifacts import ArtifactError, inspect_artifact
-from rlkit.hub.base import HubError
+from rlkit.hub.artifacts import ArtifactError, ArtifactInfo, inspect_artifact
+from rlkit.hub.base import HubError, download_path
 from rlkit.hub.names import EnvRef
+from rlkit.hub.publishing import files_to_add
 from rlkit.hub.records import EnvCard, EnvSummary, EvalRecord, FileRecord, Visibility
+from rlkit.hub.simple import hashes_from_project_page
 
 
 class RemoteHub:
@@ -67,7 +69,7 @@ class RemoteHub:
         if owner != me:
             raise HubError(f"token belongs to {me}; it cannot push into namespace {owner}", 403)
         ref = EnvRef(owner, infos[0].name, infos[0].version)
-        files = self._missing(ref, [Path(p) for p in files], {i.filename: i.sha256 for i in infos})
+        files = self._missing(ref, [Path(p) for p in files], infos)
         if visibility:
             self._request(
                 "PUT", f"/api/v1/envs/{owner}/{ref.name}", json={"visibility": visibility}
@@ -89,22 +91,17 @@ class RemoteHub:
             raise HubError(f"upload failed: {exc}", 400) from exc
         return self.card(ref)
 
-    def _missing(self, ref: EnvRef, files: list[Path], sha256: dict[str, str]) -> list[Path]:
-        """Files not yet on the hub, so an interrupted push can be completed; a version whose
-        files are all there, or that holds different bytes under a name, is refused (409)."""
+    def _missing(self, ref: EnvRef, files: list[Path], infos: list[ArtifactInfo]) -> list[Path]:
+        """Files not yet on the hub, so an interrupted push can be completed; what the
+        publishing rules refuse (`rlkit.hub.publishing`) fails here, before any upload."""
         try:
             release = self.card(ref).get_version(ref.version)
         except HubError as exc:
             if exc.status != 404:
                 raise
-            return files
-        present = {f.filename: f.sha256 for f in release.files} if release else {}
-        if any(present.get(p.name, sha256[p.name]) != sha256[p.name] for p in files):
-            raise HubError(f"{ref} is already published with different files (immutable)", 409)
-        missing = [p for p in files if p.name not in present]
-        if not missing:
-            raise HubError(f"{ref} is already published (versions are immutable)", 409)
-        return missing
+            release = None
+        new = {i.filename for i in files_to_add(str(ref), release.files if release else [], infos)}
+        return [p for p in files if p.name in new]
 
     def card(self, ref: EnvRef) -> EnvCard:
         response = self._request("GET", f"/api/v1/envs/{ref.owner}/{ref.name}")
@@ -116,7 +113,7 @@ class RemoteHub:
         return [EnvSummary.model_validate(r) for r in rows]
 
     def download(self, ref: EnvRef, file: FileRecord, dest_dir: Path) -> Path:
-        dest = Path(dest_dir) / file.filename
+        dest = download_path(dest_dir, file.filename)
         digest = hashlib.sha256()
         try:
             with (
@@ -148,6 +145,15 @@ class RemoteHub:
             json=record.model_dump(mode="json"),
         )
         return EvalRecord.model_validate(response.json())
+
+    def index_hashes(self, name: str) -> dict[str, str] | None:
+        try:
+            page = self._request("GET", f"/simple/{name}/", headers={"Accept": "text/html"})
+        except HubError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return hashes_from_project_page(page.text)
 
     def index_url(self) -> str:
         """The simple index, with the token as basic-auth credentials when there is one."""

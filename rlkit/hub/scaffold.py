@@ -6,17 +6,15 @@ frontend), so anything that installs Python packages can install an environment.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import tomllib
 from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from packaging.utils import parse_sdist_filename, parse_wheel_filename
 
+from rlkit.atomic import atomic_dir
 from rlkit.errors import UsageError
 from rlkit.hub.names import module_name, normalize, validate_name, validate_version
 
@@ -47,19 +45,11 @@ def init_env(name: str, parent: Path, description: str = "") -> Path:
         undefined=StrictUndefined,
         keep_trailing_newline=True,
     )
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=dest.parent))
-    try:
+    with atomic_dir(dest, durable=False) as tmp:  # `dest` is absent or empty (checked above)
         for template, target in _TEMPLATES.items():
             out = tmp / target.format(module=module)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(jinja.get_template(template).render(context))
-        if dest.exists():
-            dest.rmdir()
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dest
 
 

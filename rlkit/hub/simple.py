@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+from html.parser import HTMLParser
+from urllib.parse import urldefrag
+
+from rlkit.hub.records import EnvCard
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 HTML_TYPE = "application/vnd.pypi.simple.v1+html"
@@ -22,6 +26,22 @@ class IndexFile:
     size: int
     requires_python: str = ""
     upload_time: str = ""
+
+
+def index_entries(card: EnvCard) -> list[IndexFile]:
+    """Every file of every version of `card`, linked relative to its project page."""
+    return [
+        IndexFile(
+            f.filename,
+            f"../../files/{card.name}/{f.filename}",
+            f.sha256,
+            f.size,
+            f.requires_python,
+            f.upload_time,
+        )
+        for v in card.versions
+        for f in v.files
+    ]
 
 
 def _page(title: str, body: str) -> str:
@@ -70,3 +90,28 @@ def project_page_json(name: str, versions: list[str], files: list[IndexFile]) ->
             for f in files
         ],
     }
+
+
+class _HashLinks(HTMLParser):
+    """Collects `<a href="...#sha256=HEX">FILENAME</a>` links of a PEP 503 project page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hashes: dict[str, str] = {}
+        self._fragment: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._fragment = urldefrag(dict(attrs).get("href") or "").fragment
+
+    def handle_data(self, data: str) -> None:
+        if self._fragment is not None and self._fragment.startswith("sha256="):
+            self.hashes[data.strip()] = self._fragment.removeprefix("sha256=")
+        self._fragment = None
+
+
+def hashes_from_project_page(page: str) -> dict[str, str]:
+    """{filename: sha256} as a PEP 503 project page lists them (the `#sha256=` fragments)."""
+    parser = _HashLinks()
+    parser.feed(page)
+    return parser.hashes

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from rlkit.errors import UsageError
+from rlkit.lifetime import die_with_parent_preexec
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -58,16 +59,25 @@ def check_model_dir(model: str) -> None:
 
 
 def default_engine_args(model: str) -> list[str]:
-    """Engine flags rlkit uses unless the user overrides them (small footprint on CPU)."""
+    """Engine flags rlkit uses unless the user overrides them (small footprint on CPU).
+
+    Tool environments send `tools`, which vLLM refuses unless a tool-call parser is set; the
+    `hermes` parser reads `<tool_call>{...}</tool_call>` (Qwen-family and rlkit's tiny models;
+    pass another `--tool-call-parser` for other families: the last flag wins).
+    """
+    # processed_logprobs: logprobs of the distribution actually sampled (after temperature),
+    # which the trainer reproduces by dividing its logits by the sample's temperature.
     args = ["--dtype", "bfloat16", "--max-model-len", "4096", "--seed", "0"]
-    if not _has_cuda():
+    args += ["--logprobs-mode", "processed_logprobs"]
+    args += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    if not has_cuda():
         args += ["--max-num-seqs", "64"]
     else:
         args += ["--gpu-memory-utilization", "0.5"]
     return args
 
 
-def _has_cuda() -> bool:
+def has_cuda() -> bool:
     try:
         import torch
 
@@ -190,6 +200,7 @@ def start_server(
         stderr=subprocess.STDOUT,
         env={**server_env(), **(env or {})},
         start_new_session=True,
+        preexec_fn=die_with_parent_preexec(),
     )
     return ServerProcess(
         process=proc, url=f"http://{host}:{port}", log_path=log_path, _log_file=log_file

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 
 from rlkit.errors import UsageError
 from rlkit.inference.weights import check_compatible, weight_signature
+from rlkit.lifetime import SERVER_PID_ENV
 
 log = logging.getLogger("rlkit.inference.server")
 
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     cli_env_setup()
     parser = cli_args.make_arg_parser(FlexibleArgumentParser(description="rlkit inference server"))
     args = parser.parse_args(argv)
+    os.environ[SERVER_PID_ENV] = str(os.getpid())  # engine processes follow us (rlkit.lifetime)
     configure_logging_from_args(args)
     if not args.worker_extension_cls:
         args.worker_extension_cls = WORKER_EXTENSION

@@ -2,15 +2,26 @@
 
 vLLM mixes this class into every worker (``--worker-extension-cls``); the API server reaches it
 with ``engine.collective_rpc("rlkit_load_weights", args=(path,))``. The weights go through
-vLLM's in-place reload, which handles fused layouts (qkv, gate/up, experts).
+vLLM's in-place reload, which handles fused layouts (qkv, gate/up, experts). Importing this
+module (vLLM does it in every worker) also applies `RLKIT_VLLM_BUSY_LOOP_S` (see `polling`)
+and makes the worker kill its process group (engine core included) once rlkit's API server is
+gone (`rlkit.lifetime.follow_process`), so a killed server leaves no engine process behind.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+
+from rlkit.inference.polling import apply_from_env
+from rlkit.lifetime import SERVER_PID_ENV, follow_process
+
+apply_from_env()
+if os.environ.get(SERVER_PID_ENV, "").isdigit() and int(os.environ[SERVER_PID_ENV]) != os.getpid():
+    follow_process(int(os.environ[SERVER_PID_ENV]))
 
 
 def iter_safetensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -8,13 +8,12 @@ The result is deterministic for a seed: same seed, byte-identical safetensors.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Literal
 
 import torch
 
+from rlkit.atomic import atomic_dir
 from rlkit.errors import UsageError
 
 Arch = Literal["qwen3", "qwen3-moe"]
@@ -122,8 +121,7 @@ def init_tiny(
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model = model.to(torch.bfloat16)
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out, durable=False) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         save_hf_tokenizer(tok, tmp, MAX_POSITIONS)
         gen = {"eos_token_id": config.eos_token_id, "pad_token_id": config.pad_token_id}
@@ -136,10 +134,4 @@ def init_tiny(
             "parameters": model.num_parameters(),
         }
         (tmp / "rlkit_model.json").write_text(json.dumps(meta, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return out

@@ -1,12 +1,14 @@
 """From finished groups to trainer samples: errors out, advantages, zero-signal groups dropped.
 
-`GroupProcessor` is the schedulers' `accept` hook. For each finished group it
+`GroupProcessor` is the schedulers' group processor (`scheduler.ProcessGroup`). For each
+finished group it
 1. keeps errored rollouts (generation, env or reward failure) out and counts them,
 2. feeds the solve rate to the difficulty pools,
 3. computes group advantages (GRPO or Dr.GRPO) over the remaining rollouts,
 4. drops the group when all rewards are equal (no signal) if asked to,
 5. turns each rollout into a `TrainSample` stamped with the oldest policy version that
-   produced any of its turns (what staleness and `max_off_policy_steps` are measured from).
+   produced any of its turns (what staleness and `max_off_policy_steps` are measured from)
+   and its environment's sampling temperature (the trainer divides logits by it).
 It also accumulates the per-step statistics the metrics logger reports.
 """
 
@@ -16,8 +18,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlkit.envs.rollout import Rollout, TrainingTokens
 from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import Group, oldest_version
+from rlkit.orchestrator.watchdog import NoSignalWatchdog
 from rlkit.trainer.advantages import group_advantages
 from rlkit.trainer.batch import TrainBatch, TrainSample
 
@@ -28,28 +32,40 @@ class GroupStats:
 
     rewards: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     solved: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    task_rewards: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     errored: int = 0
     errors: list[str] = field(default_factory=list)  # first few messages, for the log
     zero_advantage_groups: int = 0
     groups: int = 0
     completion_tokens: int = 0  # every finished rollout, trained on or not
+    rollouts: int = 0  # every finished rollout, trained on or not
+    turns: int = 0  # model turns over those rollouts
+    exact_continuations: int = 0  # rollouts whose turns extend each other token for token
+    token_prompts: int = 0  # rollouts sent as token-id prompts (token in, token out)
+    context_ended: int = 0  # rollouts ended because the next prompt would not fit
 
 
 class GroupProcessor:
-    """The `accept` hook: fills `group.samples` / `group.tokens` and keeps statistics."""
+    """The schedulers' group processor: fills `group.samples` / `group.tokens`, keeps stats."""
 
     def __init__(
         self,
         *,
         advantage: str,
+        advantage_params: dict[str, Any] | None = None,
         drop_zero_advantage: bool,
         solve_threshold: float,
         sampler: PromptSampler | None = None,
+        watchdog: NoSignalWatchdog | None = None,
+        temperatures: dict[str, float] | None = None,
     ) -> None:
         self.advantage = advantage
+        self.advantage_params = advantage_params or {}
         self.drop_zero_advantage = drop_zero_advantage
         self.solve_threshold = solve_threshold
         self.sampler = sampler
+        self.watchdog = watchdog
+        self.temperatures = temperatures or {}  # env_id -> sampling temperature
         self.stats = GroupStats()
 
     def take_stats(self) -> GroupStats:
@@ -59,49 +75,70 @@ class GroupProcessor:
     def __call__(self, group: Group) -> None:
         stats = self.stats
         stats.groups += 1
-        valid: list[tuple[Any, tuple[list[int], list[int], list[float]]]] = []
+        valid: list[tuple[Rollout, TrainingTokens]] = []
+        errors: list[str] = []
         for rollout in group.rollouts:
             stats.completion_tokens += sum(len(t.completion_token_ids) for t in rollout.turns)
+            stats.rollouts += 1
+            stats.turns += len(rollout.turns)
+            stats.exact_continuations += rollout.exact_continuation
+            stats.token_prompts += rollout.prompt_mode == "tokens"
+            stats.context_ended += rollout.finish_reason == "context"
             error = rollout.error
             sample = None
             if error is None:
                 try:
                     sample = rollout.training_sample()
-                    if sum(sample[1]) == 0:
+                    if sum(sample.loss_mask) == 0:
                         error = "rollout has no model tokens"
                 except ValueError as exc:
                     error = str(exc)
             if error is not None or sample is None:
                 stats.errored += 1
+                errors.append(str(error))
                 if len(stats.errors) < 5:
                     stats.errors.append(f"{group.env_id}: {error}")
                 continue
             valid.append((rollout, sample))
             stats.rewards[group.env_id].append(rollout.reward)
             stats.solved[group.env_id].append(float(rollout.reward >= self.solve_threshold))
+            if rollout.info.get("task") is not None:  # environments with named tasks (logic)
+                stats.task_rewards[f"{group.env_id}/{rollout.info['task']}"].append(rollout.reward)
         if self.sampler is not None and group.index >= 0:
             self.sampler.observe(group.env_id, group.index, [r.reward for r, _ in valid])
         group.samples, group.tokens = [], 0
+        if self.watchdog is not None:  # may raise NoSignalError, which stops the run
+            self.watchdog.observe(group.env_id, [r.reward for r, _ in valid], errors)
         if not valid:
             return
         rewards = [r.reward for r, _ in valid]
         if self.drop_zero_advantage and max(rewards) - min(rewards) <= 1e-8:
             stats.zero_advantage_groups += 1
             return
-        advantages = group_advantages(rewards, len(rewards), method=self.advantage)
-        for (rollout, (tokens, mask, logprobs)), adv in zip(valid, advantages, strict=True):
+        advantages = group_advantages(
+            rewards, len(rewards), method=self.advantage, params=self.advantage_params
+        )
+        for (rollout, sample), adv in zip(valid, advantages, strict=True):
             group.samples.append(
                 TrainSample(
-                    token_ids=tokens,
-                    loss_mask=mask,
-                    inference_logprobs=logprobs,
+                    token_ids=sample.token_ids,
+                    loss_mask=sample.loss_mask,
+                    inference_logprobs=sample.inference_logprobs,
                     advantage=adv,
                     policy_version=oldest_version(rollout, group.start_version),
                     env_id=group.env_id,
                     reward=rollout.reward,
+                    temperature=self.temperatures.get(group.env_id, 1.0),
                 )
             )
-            group.tokens += sum(mask)
+            group.tokens += sum(sample.loss_mask)
+
+
+def sampling_temperature(env: Any, sampling: dict[str, Any]) -> float:
+    """The temperature an environment's requests use (its defaults under the orchestrator's
+    sampling); greedy (0) and unset count as 1, the distribution the engine's logprobs are of."""
+    temperature = env.sampling_for(sampling).get("temperature")
+    return float(temperature) if temperature else 1.0
 
 
 def make_batch(step: int, groups: list[Group], version: int) -> TrainBatch:

@@ -1,10 +1,9 @@
-"""The `rlkit train` configuration: one TOML file for servers, orchestrator and trainer.
+"""The orchestrator's sections of the `rlkit train` config: `[[env]]`, `[inference]`,
+`[orchestrator]` (with `.sampling`, `.difficulty`, `.eval`) and `[log]`.
 
-Sections: `[model]`, `[[env]]`, `[inference]`, `[orchestrator]` (with `.sampling`,
-`.difficulty`, `.eval`), `[trainer]` (the trainer's own model plus `nproc`), `[loss]`,
-`[ckpt]`, `[log]`. `check_train_config` adds the checks pydantic cannot do alone (environments
-that do not load, a budget smaller than one rollout) so that a bad config fails before anything
-is started.
+`RolloutJobConfig` is the orchestrator's view of a training job (policy, environments,
+servers, scheduling, run directory); the whole job's root, `rlkit.train.config.TrainConfig`,
+extends it with the trainer's sections.
 """
 
 from __future__ import annotations
@@ -14,8 +13,9 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from rlkit.config import Config
-from rlkit.errors import UsageError
-from rlkit.trainer.config import CkptConfig, LossConfig, ModelConfig, TrainerConfig
+from rlkit.deprecated import moved_names
+from rlkit.sandbox.config import SandboxConfig
+from rlkit.trainer.config import ModelConfig
 
 
 class EnvSpec(Config):
@@ -47,6 +47,12 @@ class InferenceConfig(Config):
     restart_dead_servers: bool = Field(
         True, description="Relaunch a launched server whose process died (single-machine mode)."
     )
+    busy_loop_s: float | None = Field(
+        None,
+        ge=0,
+        description="Seconds vLLM's worker spins after each message before sleeping "
+        "(None = 0.005 on CPU, where it would take cores from the trainer; vLLM's 1 s on GPU).",
+    )
 
 
 class DifficultyConfig(Config):
@@ -64,7 +70,9 @@ class DifficultyConfig(Config):
         return self
 
 
-class EvalConfig(Config):
+class OnlineEvalConfig(Config):
+    """Evaluation interleaved with training (`[orchestrator.eval]`); `rlkit eval` is EvalConfig."""
+
     every: int = Field(0, ge=0, description="Evaluate every N steps (0 = only before and after).")
     at_start: bool = Field(True, description="Evaluate before the first step.")
     at_end: bool = Field(True, description="Evaluate after the last step.")
@@ -73,6 +81,17 @@ class EvalConfig(Config):
     sampling: dict[str, Any] = Field(
         default_factory=lambda: {"temperature": 0.0},
         description="Sampling overrides for evaluation (on top of orchestrator.sampling).",
+    )
+
+
+class WatchdogConfig(Config):
+    warn_groups: int = Field(
+        0, ge=0, description="Log why after N consecutive groups without signal (0 = 2 batches)."
+    )
+    stop_groups: int = Field(
+        0,
+        ge=0,
+        description="Stop the run (checkpoint, exit 1) after N such groups (0 = 10 batches).",
     )
 
 
@@ -93,7 +112,14 @@ class OrchestratorConfig(Config):
     max_off_policy_steps: int = Field(
         4, ge=0, description="Drop samples whose oldest turn is more than N versions old."
     )
-    advantage: Literal["grpo", "drgrpo"] = Field("grpo", description="Group advantage method.")
+    advantage: str = Field(
+        "grpo",
+        description="Group advantage estimator: grpo | drgrpo, an entry point in group "
+        "rlkit.advantages, or 'my_pkg.my_module:function'.",
+    )
+    advantage_params: dict[str, Any] = Field(
+        default_factory=dict, description="Parameters of the advantage estimator (grpo: eps)."
+    )
     drop_zero_advantage: bool = Field(
         True, description="Leave groups whose rewards are all equal out of the batch."
     )
@@ -108,28 +134,55 @@ class OrchestratorConfig(Config):
     difficulty: DifficultyConfig = Field(
         default_factory=DifficultyConfig, description="Online difficulty pools."
     )
-    eval: EvalConfig = Field(default_factory=EvalConfig, description="Interleaved evaluation.")
+    eval: OnlineEvalConfig = Field(
+        default_factory=OnlineEvalConfig, description="Interleaved evaluation."
+    )
+    watchdog: WatchdogConfig = Field(
+        default_factory=WatchdogConfig, description="Stop a run whose groups carry no signal."
+    )
+
+    @model_validator(mode="after")
+    def _valid_advantage(self) -> OrchestratorConfig:
+        from rlkit.trainer.advantages import ADVANTAGES
+
+        ADVANTAGES.get(self.advantage).validate(self.advantage_params, "advantage_params")
+        return self
+
+    def watchdog_limits(self) -> tuple[int, int]:
+        """(warn_groups, stop_groups), defaults in batches' worth of groups."""
+        from rlkit.orchestrator.watchdog import default_limits, groups_per_batch
+
+        per_batch = groups_per_batch(
+            self.scheduler,
+            self.batch_groups,
+            self.capacity,
+            self.group_size,
+            self.token_budget,
+            self.max_tokens,
+        )
+        warn, stop = default_limits(per_batch)
+        return self.watchdog.warn_groups or warn, self.watchdog.stop_groups or stop
 
     @property
     def max_tokens(self) -> int:
         return int(self.sampling.get("max_tokens") or 0)
 
 
-class TrainerSection(TrainerConfig):
-    """The trainer's config; `run_dir`, `model`, `loss`, `ckpt`, `max_steps` come from the root."""
-
-    nproc: int = Field(1, ge=1, description="Trainer processes (torchrun --nproc-per-node).")
-
-
 class LogConfig(Config):
     run_dir: str = Field("runs/train", description="Run directory: batches, weights, metrics.")
     wandb: bool = Field(False, description="Also log to Weights & Biases (when installed).")
     wandb_project: str = Field("rlkit", description="W&B project.")
-    plot: bool = Field(True, description="Rewrite run_dir/metrics.png after every step.")
+    plot: bool = Field(True, description="Draw run_dir/metrics.png during and after the run.")
+    plot_every_s: float = Field(
+        30.0,
+        ge=0,
+        description="Redraw the plot at most this often (it takes ~0.5 s of a CPU core); it is "
+        "always drawn after the last step. 0 = after every step.",
+    )
 
 
-class TrainConfig(Config):
-    """Root of `rlkit train CONFIG.toml`."""
+class RolloutJobConfig(Config):
+    """The sections of `rlkit train`'s config that the orchestrator reads."""
 
     model: ModelConfig = Field(default_factory=ModelConfig, description="Policy to train.")
     env: list[EnvSpec] = Field(default_factory=list, description="Environments and weights.")
@@ -137,70 +190,18 @@ class TrainConfig(Config):
     orchestrator: OrchestratorConfig = Field(
         default_factory=OrchestratorConfig, description="Rollout scheduling and batching."
     )
-    trainer: TrainerSection = Field(default_factory=TrainerSection, description="Trainer.")
-    loss: LossConfig = Field(default_factory=LossConfig, description="Policy loss.")
-    ckpt: CkptConfig = Field(default_factory=CkptConfig, description="Checkpoints.")
     log: LogConfig = Field(default_factory=LogConfig, description="Run directory and logging.")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> TrainConfig:
-        o = self.orchestrator
-        if not self.env:
-            raise ValueError("env: at least one [[env]] section is required")
-        if not self.model.path:
-            raise ValueError("model.path: the model to train is required")
-        if o.max_tokens <= 0:
-            raise ValueError("orchestrator.sampling.max_tokens must be a positive integer")
-        if o.token_budget < o.max_tokens:
-            raise ValueError(
-                f"orchestrator.token_budget ({o.token_budget}) is smaller than one rollout's "
-                f"max tokens (orchestrator.sampling.max_tokens = {o.max_tokens})"
-            )
-        if o.capacity < o.group_size:
-            raise ValueError(
-                f"orchestrator.capacity ({o.capacity}) must hold at least one group "
-                f"(orchestrator.group_size = {o.group_size})"
-            )
-        if self.ckpt.interval and self.trainer.weights.keep_last <= self.ckpt.interval:
-            raise ValueError(
-                f"trainer.weights.keep_last ({self.trainer.weights.keep_last}) must exceed "
-                f"ckpt.interval ({self.ckpt.interval}) so a resumed run finds its weights"
-            )
-        for name in ("run_dir", "model", "loss", "ckpt", "max_steps"):
-            if name in self.trainer.model_fields_set:
-                raise ValueError(f"trainer.{name}: set it in its own section ([{name}]) instead")
-        return self
-
-    def trainer_config(self) -> TrainerConfig:
-        """The config the trainer process reads (`python -m rlkit.trainer.main --config`)."""
-        data = self.trainer.model_dump(exclude={"nproc"})
-        data.update(
-            run_dir=self.log.run_dir,
-            max_steps=self.orchestrator.max_steps,
-            model=self.model.model_dump(),
-            loss=self.loss.model_dump(),
-            ckpt=self.ckpt.model_dump(),
-        )
-        return TrainerConfig.model_validate(data)
+    sandbox: SandboxConfig = Field(
+        default_factory=SandboxConfig, description="Sandbox for untrusted code the envs run."
+    )
 
 
-def check_environments(config: TrainConfig) -> dict[str, Any]:
-    """Load every environment up front; an unknown id is a UsageError naming `env.N.id`."""
-    from rlkit.envs import load_environment
-
-    envs: dict[str, Any] = {}
-    for i, spec in enumerate(config.env):
-        if spec.id in envs:
-            raise UsageError(f"env.{i}.id: environment {spec.id!r} is listed twice")
-        try:
-            envs[spec.id] = load_environment(spec.id, **spec.args)
-        except UsageError as exc:
-            raise UsageError(f"env.{i}.id: {exc}") from exc
-        except TypeError as exc:
-            raise UsageError(f"env.{i}.args: {exc}") from exc
-        if envs[spec.id].dataset is None:  # never train on an evaluation set by accident
-            raise UsageError(
-                f"env.{i}.args: environment {spec.id!r} has no training set with these "
-                "arguments (only evaluation rows); point it at training data"
-            )
-    return envs
+__getattr__ = moved_names(
+    __name__,
+    {
+        "TrainConfig": "rlkit.train.config:TrainConfig",
+        "TrainerSection": "rlkit.train.config:TrainerSection",
+        "EvalConfig": "rlkit.orchestrator.config:OnlineEvalConfig",
+        "check_environments": "rlkit.train.config:check_environments",
+    },
+)

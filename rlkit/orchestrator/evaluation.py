@@ -17,7 +17,7 @@ from rich.console import Console
 
 from rlkit.eval.metrics import summarize
 from rlkit.inference import ClientPool
-from rlkit.orchestrator.config import EvalConfig
+from rlkit.orchestrator.config import OnlineEvalConfig
 
 
 async def evaluate(
@@ -25,7 +25,7 @@ async def evaluate(
     pool: ClientPool,
     model: str,
     sampling: dict[str, Any],
-    cfg: EvalConfig,
+    cfg: OnlineEvalConfig,
     *,
     step: int,
     run_dir: Path,

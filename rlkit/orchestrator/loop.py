@@ -2,8 +2,10 @@
 
 Per step N (numbered from 1, as the trainer expects):
 1. `scheduler.next_batch()` (sync: the whole batch; c3po: the shortest pool prefix with C >= Phi),
-2. `write_batch` -> `run_dir/batches/step_N.pt`, then the orchestrator state for step N,
-3. wait for the trainer's `weights/step_N/STABLE`; while it trains, c3po keeps generating,
+2. `write_batch` -> `run_dir/batches/step_N.pt` (ringing the trainer), then the orchestrator
+   state for step N,
+3. sleep until the trainer rings (`rlkit.handoff`) with `weights/step_N/STABLE` and its metrics
+   in place; while it trains, c3po keeps generating,
 4. load the weights on every server as policy version N; c3po purges over-retained rollouts,
 5. log the step's metrics (merged with the trainer's), evaluate every `eval.every` steps.
 """
@@ -18,15 +20,17 @@ from typing import Any
 
 from rich.console import Console
 
+from rlkit import handoff
 from rlkit.inference import ClientPool
-from rlkit.orchestrator.batching import GroupProcessor, make_batch
-from rlkit.orchestrator.config import TrainConfig, check_environments
+from rlkit.orchestrator.batching import GroupProcessor, make_batch, sampling_temperature
+from rlkit.orchestrator.config import RolloutJobConfig
 from rlkit.orchestrator.evaluation import evaluate
 from rlkit.orchestrator.metrics import MetricsLogger, read_trainer_record, step_record
 from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import C3POScheduler, Group, SyncScheduler
-from rlkit.orchestrator.source import EnvRolloutSource, ServersLost
+from rlkit.orchestrator.source import EnvRolloutSource, ServersLost, load_environments
 from rlkit.orchestrator.state import save_state
+from rlkit.orchestrator.watchdog import NoSignalError, NoSignalWatchdog
 from rlkit.trainer.batch import write_batch
 from rlkit.trainer.export import STABLE_MARKER, weights_dir
 
@@ -36,20 +40,20 @@ class TrainerFailed(RuntimeError):
 
 
 def make_scheduler(
-    cfg: TrainConfig, source: EnvRolloutSource, accept: GroupProcessor, version: int
+    cfg: RolloutJobConfig, source: EnvRolloutSource, processor: GroupProcessor, version: int
 ) -> SyncScheduler | C3POScheduler:
     o = cfg.orchestrator
     if o.scheduler == "sync":
         return SyncScheduler(
             source,
-            accept,
+            processor,
             batch_groups=o.batch_groups,
             max_off_policy_steps=o.max_off_policy_steps,
             version=version,
         )
     return C3POScheduler(
         source,
-        accept,
+        processor,
         capacity=o.capacity,
         token_budget=o.token_budget,
         retention=o.retention,
@@ -59,31 +63,50 @@ def make_scheduler(
 
 
 async def wait_for_weights(
-    run_dir: Path, step: int, timeout_s: float, trainer_exit: Callable[[], int | None] | None
+    doorbell: handoff.Doorbell,
+    run_dir: Path,
+    step: int,
+    timeout_s: float,
+    trainer_exit: Callable[[], int | None] | None,
 ) -> Path:
-    """Block until the trainer publishes step N's weights; fail fast if the trainer died."""
+    """Sleep until the trainer rings after publishing step N's weights; fail if it died."""
     path = weights_dir(run_dir, step)
-    deadline = time.monotonic() + timeout_s
-    while not (path / STABLE_MARKER).exists():
+
+    def published() -> bool:
+        if (path / STABLE_MARKER).exists():
+            return True
         code = trainer_exit() if trainer_exit is not None else None
         if code is not None:
             raise TrainerFailed(f"the trainer exited with code {code} before publishing {path}")
-        if time.monotonic() > deadline:
-            raise TrainerFailed(
-                f"no weights at {path} after {timeout_s:.0f}s (orchestrator.weights_timeout_s)"
-            )
-        await asyncio.sleep(0.1)
+        return False
+
+    if not await doorbell.wait_async(published, timeout=timeout_s):
+        raise TrainerFailed(
+            f"no weights at {path} after {timeout_s:.0f}s (orchestrator.weights_timeout_s)"
+        )
     return path
 
 
-async def trainer_record(run_dir: Path, step: int, wait_s: float = 10.0) -> dict[str, Any]:
-    """The trainer's metrics for `step` (it appends them right after publishing weights)."""
-    deadline = time.monotonic() + wait_s
-    while (record := read_trainer_record(run_dir, step)) is None:
-        if time.monotonic() > deadline:
-            return {}
-        await asyncio.sleep(0.1)
-    return record
+async def stop_with_checkpoint(
+    run_dir: Path,
+    step: int,
+    reason: str,
+    trainer_exit: Callable[[], int | None] | None,
+    console: Console,
+    timeout_s: float = 600.0,
+) -> None:
+    """Ask the trainer to checkpoint step `step` and exit; wait for it when it is our child."""
+    handoff.request_stop(run_dir, reason)
+    if trainer_exit is None:  # another machine's trainer: it sees the request on its own
+        return
+    deadline = time.monotonic() + timeout_s
+    while trainer_exit() is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    code = trainer_exit()
+    if code == 0:
+        console.print(f"checkpoint of step {step} written; continue with --resume")
+    else:
+        console.print(f"[red]the trainer did not confirm its checkpoint (exit {code})[/]")
 
 
 def merge_records(ours: dict[str, Any], trainer: dict[str, Any]) -> dict[str, Any]:
@@ -95,7 +118,7 @@ def merge_records(ours: dict[str, Any], trainer: dict[str, Any]) -> dict[str, An
     return merged
 
 
-def _wandb_run(cfg: TrainConfig, console: Console) -> Any:
+def _wandb_run(cfg: RolloutJobConfig, console: Console) -> Any:
     if not cfg.log.wandb:
         return None
     try:
@@ -112,7 +135,7 @@ def _wandb_run(cfg: TrainConfig, console: Console) -> Any:
 
 
 async def run_orchestrator(
-    cfg: TrainConfig,
+    cfg: RolloutJobConfig,
     urls: list[str],
     *,
     start_step: int = 0,
@@ -126,7 +149,8 @@ async def run_orchestrator(
     o = cfg.orchestrator
     run_dir = Path(cfg.log.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    envs = envs if envs is not None else check_environments(cfg)
+    cfg.sandbox.apply()
+    envs = envs if envs is not None else load_environments(cfg.env)
     sampler = PromptSampler(
         {env_id: len(env.get_dataset()) for env_id, env in envs.items()},
         {spec.id: spec.weight for spec in cfg.env},
@@ -150,12 +174,23 @@ async def run_orchestrator(
     )
     processor = GroupProcessor(
         advantage=o.advantage,
+        advantage_params=o.advantage_params,
         drop_zero_advantage=o.drop_zero_advantage,
         solve_threshold=o.difficulty.solve_threshold,
         sampler=sampler,
+        watchdog=NoSignalWatchdog(*o.watchdog_limits(), console=console),
+        temperatures={
+            env_id: sampling_temperature(env, o.sampling) for env_id, env in envs.items()
+        },
     )
     scheduler = make_scheduler(cfg, source, processor, version=start_step)
-    logger = MetricsLogger(run_dir, console, plot=cfg.log.plot, wandb_run=_wandb_run(cfg, console))
+    logger = MetricsLogger(
+        run_dir,
+        console,
+        plot=cfg.log.plot,
+        plot_every_s=cfg.log.plot_every_s,
+        wandb_run=_wandb_run(cfg, console),
+    )
     evals: dict[int, dict[str, Any]] = {}
 
     async def run_eval(step: int) -> None:
@@ -171,6 +206,8 @@ async def run_orchestrator(
             console=console,
         )
 
+    doorbell = handoff.Doorbell(run_dir, handoff.ORCHESTRATOR)
+    done = start_step  # last step whose weights are published
     try:
         await pool.wait_healthy(cfg.inference.startup_timeout_s)
         if start_step:
@@ -187,9 +224,12 @@ async def run_orchestrator(
             rollout_s = time.monotonic() - t0
             batch = make_batch(step, groups, scheduler.version)
             write_batch(batch, run_dir)
+            handoff.ring(run_dir, handoff.TRAINER)
             save_state(run_dir, step, {"sampler": sampler.state_dict()})
             t1 = time.monotonic()
-            path = await wait_for_weights(run_dir, step, o.weights_timeout_s, trainer_exit)
+            path = await wait_for_weights(
+                doorbell, run_dir, step, o.weights_timeout_s, trainer_exit
+            )
             await source.update_weights(str(path), step)
             scheduler.on_policy_update(step)
             train_s = time.monotonic() - t1
@@ -203,7 +243,8 @@ async def run_orchestrator(
                 step_time_s=time.monotonic() - t0,
                 idle_s=scheduler.take_idle_s(),
             )
-            logger.log(merge_records(ours, await trainer_record(run_dir, step)))
+            logger.log(merge_records(ours, read_trainer_record(run_dir, step) or {}))
+            done = step
             if o.eval.every and step % o.eval.every == 0 and step != o.max_steps:
                 await run_eval(step)
         if o.eval.at_end:
@@ -212,7 +253,14 @@ async def run_orchestrator(
     except ServersLost as exc:
         console.print(f"[bold red]stopping:[/] {exc}")
         raise
+    except NoSignalError as exc:
+        console.print(f"[bold red]stopping:[/] {exc}")
+        await stop_with_checkpoint(run_dir, done, str(exc), trainer_exit, console)
+        save_state(run_dir, done, {"sampler": sampler.state_dict()})
+        raise
     finally:
+        logger.draw_plot()
+        doorbell.close()
         await scheduler.close()
         await pool.aclose()
         if logger.wandb_run is not None:

@@ -8,14 +8,15 @@ F(tau), IcePop masked fractions, gradient norm, learning rate).
 from __future__ import annotations
 
 import json
-import os
 import statistics
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from rlkit.atomic import atomic_path, atomic_write
 from rlkit.orchestrator.batching import GroupStats
 from rlkit.orchestrator.scheduler import Counters
 from rlkit.trainer.batch import TrainBatch
@@ -26,6 +27,10 @@ PLOT_PANELS = (
     ("IcePop masked fraction", ("icepop_masked_low_frac", "icepop_masked_high_frac")),
     ("step time (s)", ("rollout_time_s", "train_time_s")),
 )
+
+
+def _frac(count: int, total: int) -> float | None:
+    return count / total if total else None
 
 
 def step_record(
@@ -47,6 +52,8 @@ def step_record(
         record[f"reward_mean/{env_id}"] = statistics.fmean(rewards)
         record[f"reward_std/{env_id}"] = statistics.pstdev(rewards)
         record[f"solve_rate/{env_id}"] = statistics.fmean(stats.solved[env_id])
+    for env_task, rewards in sorted(stats.task_rewards.items()):
+        record[f"reward_mean/{env_task}"] = statistics.fmean(rewards)
     staleness = batch.meta["staleness"]
     record.update(
         batch_samples=len(batch.samples),
@@ -63,6 +70,10 @@ def step_record(
         rollouts_purged=counters.purged,
         rollouts_stale=counters.stale,
         rollouts_errored=stats.errored,
+        rollouts_context=stats.context_ended,
+        exact_continuation_frac=_frac(stats.exact_continuations, stats.rollouts),
+        token_prompt_frac=_frac(stats.token_prompts, stats.rollouts),
+        turns_per_rollout=_frac(stats.turns, stats.rollouts),
         zero_advantage_groups=stats.zero_advantage_groups,
     )
     for lag, count in sorted(Counter(staleness).items()):
@@ -96,9 +107,7 @@ def truncate_jsonl(path: Path, max_step: int) -> None:
     if not path.exists():
         return
     kept = [r for r in read_jsonl(path) if r.get("step", 0) <= max_step]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    os.replace(tmp, path)
+    atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def write_plot(records: list[dict[str, Any]], out: Path) -> None:
@@ -121,10 +130,9 @@ def write_plot(records: list[dict[str, Any]], out: Path) -> None:
         if len(keys) > 1:
             ax.legend(fontsize=7)
     fig.tight_layout()
-    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
-    fig.savefig(tmp, dpi=90)
+    with atomic_path(out, durable=False) as tmp:
+        fig.savefig(tmp, dpi=90, format=out.suffix.removeprefix(".") or "png")
     plt.close(fig)
-    os.replace(tmp, out)
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -132,16 +140,36 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 class MetricsLogger:
-    """Appends step records to metrics.jsonl, prints a line, redraws the plot, feeds W&B."""
+    """Appends step records to metrics.jsonl, prints a line, redraws the plot, feeds W&B.
+
+    The plot is drawn after the first step, then at most every `plot_every_s`; call
+    `draw_plot()` at the end of a run for the final curves.
+    """
 
     def __init__(
-        self, run_dir: Path, console: Console, *, plot: bool, wandb_run: Any = None
+        self,
+        run_dir: Path,
+        console: Console,
+        *,
+        plot: bool,
+        plot_every_s: float = 0.0,
+        wandb_run: Any = None,
     ) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.plot_path = run_dir / "metrics.png"
         self.console = console
         self.plot = plot
+        self.plot_every_s = plot_every_s
+        self._plotted_at: float | None = None  # monotonic time of the last draw
+        self._unplotted = False
         self.wandb_run = wandb_run
+
+    def draw_plot(self) -> None:
+        """Redraw metrics.png now if any step was logged since the last draw."""
+        if self.plot and self._unplotted:
+            write_plot(read_jsonl(self.path), self.plot_path)
+            self._plotted_at = time.monotonic()
+            self._unplotted = False
 
     def log(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:
@@ -155,10 +183,14 @@ class MetricsLogger:
             f"kl {_fmt(r.get('mismatch_kl'), '.2e')} | masked {_fmt(masked, '.3f')} | "
             f"rollout {r['rollout_time_s']:.1f}s train {r['train_time_s']:.1f}s | "
             f"idle {r['inference_idle_frac']:.2f} | {r['tokens_per_s']:.0f} tok/s | "
-            f"stale {r['staleness_mean']:.2f} | purged {r['rollouts_purged']} | "
+            f"stale {r['staleness_mean']:.2f} | turns {_fmt(r.get('turns_per_rollout'), '.1f')} "
+            f"exact {_fmt(r.get('exact_continuation_frac'), '.2f')} | "
+            f"purged {r['rollouts_purged']} | "
             f"errored {r['rollouts_errored']}"
         )
-        if self.plot:
-            write_plot(read_jsonl(self.path), self.plot_path)
+        self._unplotted = True
+        due = self._plotted_at is None or time.monotonic() - self._plotted_at >= self.plot_every_s
+        if due:  # drawing blocks the event loop (and a core): rate-limited, see LogConfig
+            self.draw_plot()
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in r.items() if v is not None}, step=r["step"])

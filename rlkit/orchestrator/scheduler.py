@@ -6,8 +6,8 @@ trainer one batch per step:
 - `SyncScheduler` launches the whole batch, waits for every group, returns it. Inference idles
   while the trainer works and the slowest rollout sets the pace.
 - `C3POScheduler` keeps `capacity` rollouts in flight (also while the trainer trains, up to
-  one batch ahead). Each finished group goes
-  through `accept` (advantages and filters) into the training pool and adds its tokens to C;
+  one batch ahead). Each finished group goes through the group `processor` (advantages and
+  filters) into the training pool and adds its tokens to C;
   the batch is the shortest prefix of the pool with C >= Phi (the token budget). Unfinished
   groups keep running across weight updates (the server pauses, reloads and resumes them);
   after each update, groups whose retention (policy updates spanned) exceeds sigma are purged.
@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from rlkit.deprecated import moved_names
 
 
 class RolloutSource(Protocol):
@@ -46,7 +48,7 @@ class Group:
     env_id: str = ""
     index: int = -1  # example index in the environment's dataset
     rollouts: list[Any] = field(default_factory=list)
-    samples: list[Any] = field(default_factory=list)  # trainable samples after `accept`
+    samples: list[Any] = field(default_factory=list)  # trainable samples after the processor
     tokens: int = 0  # tokens counted against the budget
 
 
@@ -79,21 +81,22 @@ class Counters:
     failed_groups: int = 0  # groups whose source raised (server gone for good, bug)
 
 
-Accept = Callable[[Group], None]
-"""Fills `group.samples` and `group.tokens` from `group.rollouts` (advantages, filters)."""
+ProcessGroup = Callable[[Group], None]
+"""Fills `group.samples` and `group.tokens` from `group.rollouts` (advantages, filters);
+implemented by `rlkit.orchestrator.batching.GroupProcessor`."""
 
 
 class _SchedulerBase:
     def __init__(
         self,
         source: RolloutSource,
-        accept: Accept,
+        processor: ProcessGroup,
         *,
         max_off_policy_steps: int,
         version: int = 0,
     ) -> None:
         self.source = source
-        self.accept = accept
+        self.processor = processor
         self.max_off_policy_steps = max_off_policy_steps
         self.version = version  # policy version the servers currently serve
         self.counters = Counters()
@@ -143,7 +146,7 @@ class _SchedulerBase:
             if self.active == 0:
                 self._idle_since = time.monotonic()
         self.counters.finished += len(group.rollouts)
-        self.accept(group)
+        self.processor(group)
         return group
 
     async def close(self) -> None:
@@ -153,8 +156,10 @@ class _SchedulerBase:
 class SyncScheduler(_SchedulerBase):
     """Generate the whole batch (`batch_groups` groups), then return it; nothing overlaps."""
 
-    def __init__(self, source: RolloutSource, accept: Accept, *, batch_groups: int, **kw: Any):
-        super().__init__(source, accept, **kw)
+    def __init__(
+        self, source: RolloutSource, processor: ProcessGroup, *, batch_groups: int, **kw: Any
+    ):
+        super().__init__(source, processor, **kw)
         self.batch_groups = batch_groups
 
     async def next_batch(self) -> list[Group]:
@@ -178,14 +183,14 @@ class C3POScheduler(_SchedulerBase):
     def __init__(
         self,
         source: RolloutSource,
-        accept: Accept,
+        processor: ProcessGroup,
         *,
         capacity: int,
         token_budget: int,
         retention: int,
         **kw: Any,
     ) -> None:
-        super().__init__(source, accept, **kw)
+        super().__init__(source, processor, **kw)
         self.capacity = capacity
         self.token_budget = token_budget
         self.retention = retention
@@ -222,7 +227,7 @@ class C3POScheduler(_SchedulerBase):
             return
         if task.exception() is not None:
             self.counters.failed_groups += 1
-            self.error = task.exception()
+            self.error = self.error or task.exception()  # the first failure is the cause
         elif self.version - group.start_version > self.retention:
             self.counters.purged += len(group.rollouts)
         else:
@@ -267,3 +272,6 @@ class C3POScheduler(_SchedulerBase):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         self.tasks.clear()
+
+
+__getattr__ = moved_names(__name__, {"Accept": "rlkit.orchestrator.scheduler:ProcessGroup"})

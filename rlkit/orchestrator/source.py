@@ -15,7 +15,10 @@ from typing import Any
 
 from rich.console import Console
 
+from rlkit.envs import load_environment
+from rlkit.errors import UsageError
 from rlkit.inference import ClientPool, InferenceError
+from rlkit.orchestrator.config import EnvSpec
 from rlkit.orchestrator.sampler import PromptSampler
 
 GENERATION_FAILED = "generation failed"
@@ -99,3 +102,23 @@ class EnvRolloutSource:
             await self.pool.update_weights(path, version)
         except InferenceError:
             await self.recover()
+
+
+def load_environments(specs: list[EnvSpec]) -> dict[str, Any]:
+    """Load every environment up front; an unknown id is a UsageError naming `env.N.id`."""
+    envs: dict[str, Any] = {}
+    for i, spec in enumerate(specs):
+        if spec.id in envs:
+            raise UsageError(f"env.{i}.id: environment {spec.id!r} is listed twice")
+        try:
+            envs[spec.id] = load_environment(spec.id, **spec.args)
+        except UsageError as exc:
+            raise UsageError(f"env.{i}.id: {exc}") from exc
+        except TypeError as exc:
+            raise UsageError(f"env.{i}.args: {exc}") from exc
+        if envs[spec.id].dataset is None:  # never train on an evaluation set by accident
+            raise UsageError(
+                f"env.{i}.args: environment {spec.id!r} has no training set with these "
+                "arguments (only evaluation rows); point it at training data"
+            )
+    return envs

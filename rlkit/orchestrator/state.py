@@ -9,11 +9,12 @@ a stream the resumed run will regenerate.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
+from rlkit import handoff
+from rlkit.atomic import atomic_write
 from rlkit.errors import UsageError
 from rlkit.orchestrator.metrics import truncate_jsonl
 from rlkit.trainer.checkpoint import resolve_checkpoint
@@ -25,10 +26,7 @@ def state_path(run_dir: Path, step: int) -> Path:
 
 def save_state(run_dir: Path, step: int, state: dict[str, Any], keep_last: int = 5) -> None:
     path = state_path(run_dir, step)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"step": step, **state}))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps({"step": step, **state}))
     for old in sorted(path.parent.glob("step_*.json"))[:-keep_last]:
         old.unlink()
 
@@ -65,6 +63,7 @@ def prepare_resume(run_dir: Path) -> tuple[int, dict[str, Any] | None]:
     for path in (run_dir / "weights").glob("step_*"):
         if _step_of(path) > step:
             shutil.rmtree(path)
+    handoff.clear_stop(run_dir)
     truncate_jsonl(run_dir / "metrics.jsonl", step)
     truncate_jsonl(run_dir / "trainer_metrics.jsonl", step)
     return step, state

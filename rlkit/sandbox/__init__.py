@@ -6,15 +6,17 @@ program in a fresh sandbox; `PythonSession` keeps one sandboxed interpreter aliv
 """
 
 from rlkit.sandbox.result import SandboxResult, Status
-from rlkit.sandbox.runner import active_backend, configure, run
+from rlkit.sandbox.runner import SandboxUnavailable, active_backend, configure, require, run
 from rlkit.sandbox.session import CellResult, PythonSession
 
 __all__ = [
     "CellResult",
     "PythonSession",
     "SandboxResult",
+    "SandboxUnavailable",
     "Status",
     "active_backend",
     "configure",
+    "require",
     "run",
 ]

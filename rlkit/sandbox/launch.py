@@ -11,28 +11,21 @@ import contextlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from rlkit.sandbox.limits import MIB, Limits
+from rlkit.sandbox.rootfs import runtime_binds, sandbox_python
 
 WORKDIR = "/sandbox"
+# Where `Mounts.pythonpath` directories appear inside the sandbox (/opt/pythonpath/0, /1, ...).
+PYTHONPATH_ROOT = "/opt/pythonpath"
 # Host uid/gid the sandbox runs as when rlkit itself runs as root: an escape lands as `nobody`,
 # not root, and the kernel applies RLIMIT_NPROC (it exempts root).
 NOBODY = 65534
 PROGRAM_NAMES = {"python": "main.py", "bash": "main.sh"}
-
-
-def sandbox_python() -> Path:
-    """The interpreter the sandbox runs: the system one if present, so no host prefix such as a
-    pyenv install under /root needs to be visible inside; else this interpreter's base prefix."""
-    system = Path("/usr/bin/python3")
-    if system.exists():
-        return system
-    return Path(sys.base_prefix) / "bin" / "python3"
 
 
 def interpreter(language: str) -> list[str]:
@@ -92,6 +85,38 @@ class Launch:
         return status
 
 
+@dataclass(frozen=True)
+class Mounts:
+    """Host directories a run may see besides the system, each named explicitly.
+
+    `workdir`: a host directory bound read-write as the working directory instead of a fresh
+    tmpfs (a per-rollout repository copy that must outlive single commands); nothing else is
+    writable except /tmp. `pythonpath`: host directories bound read-only and put on PYTHONPATH
+    (a runtime tree with pytest; site-packages itself is never visible). bwrap binds by path as
+    the sandbox user, so every directory must be reachable by `nobody` when rlkit runs as root
+    (see `rlkit.sandbox.workspace`).
+    """
+
+    workdir: Path | None = None
+    pythonpath: tuple[Path, ...] = ()
+
+    def bwrap_binds(self) -> list[str]:
+        binds: list[str] = []
+        for i, path in enumerate(self.pythonpath):
+            binds += ["--ro-bind", str(path), f"{PYTHONPATH_ROOT}/{i}"]
+        return binds
+
+    def env(self, local: bool) -> dict[str, str]:
+        """PYTHONPATH naming the import roots as the program sees them."""
+        if not self.pythonpath:
+            return {}
+        paths = [
+            str(path) if local else f"{PYTHONPATH_ROOT}/{i}"
+            for i, path in enumerate(self.pythonpath)
+        ]
+        return {"PYTHONPATH": ":".join(paths)}
+
+
 def _memfd(name: str, content: bytes) -> int:
     fd = os.memfd_create(name.replace("/", "_"), 0)
     os.write(fd, content)
@@ -110,28 +135,18 @@ def _drop_root() -> list[str]:
     return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
 
 
-def _system_binds(python: Path) -> list[str]:
-    """Read-only system: /usr plus the merged-/usr links, and the interpreter's prefix only when
-    it lives outside /usr. Nothing else of the host (no /etc, /home, /root, checkout) exists."""
-    binds = ["--ro-bind", "/usr", "/usr"]
-    for link in ("bin", "lib", "lib64", "sbin"):
-        host = Path("/") / link
-        if host.is_symlink():
-            binds += ["--symlink", os.readlink(host), f"/{link}"]
-        elif host.is_dir():
-            binds += ["--ro-bind", str(host), f"/{link}"]
-    if not python.is_relative_to("/usr"):
-        prefix = python.resolve().parent.parent
-        binds += ["--ro-bind", str(prefix), str(prefix)]
-    return binds
-
-
 @contextlib.contextmanager
 def prepare_bwrap(
-    code: str, language: str, files: dict[str, str | bytes], limits: Limits
+    code: str,
+    language: str,
+    files: dict[str, str | bytes],
+    limits: Limits,
+    mounts: Mounts | None = None,
 ) -> Iterator[Launch]:
     """A bubblewrap launch: every namespace unshared (no network), a fresh size-capped tmpfs as
-    the working directory holding `files`, the program read-only at /program, no host env."""
+    the working directory (or `mounts.workdir`) holding `files`, the program read-only at
+    /program, no host env."""
+    mounts = mounts or Mounts()
     command = interpreter(language)
     program = f"/program/{PROGRAM_NAMES[language]}"
     launch = Launch(argv=[])
@@ -151,6 +166,10 @@ def prepare_bwrap(
             launch.child_fds.append(fd)
             file_args += ["--file", str(fd), f"{WORKDIR}/{path}"]
         work_size = 64 * MIB + 2 * files_size
+        if mounts.workdir is None:
+            workdir_args = ["--size", str(work_size), "--tmpfs", WORKDIR]
+        else:
+            workdir_args = ["--bind", str(mounts.workdir), WORKDIR]
         launch.argv = [
             *_drop_root(),
             "bwrap",
@@ -165,7 +184,7 @@ def prepare_bwrap(
             str(NOBODY),
             "--hostname",
             "sandbox",
-            *_system_binds(Path(command[0])),
+            *runtime_binds(sandbox_python()),
             "--proc",
             "/proc",
             "--dev",
@@ -174,10 +193,8 @@ def prepare_bwrap(
             str(64 * MIB),
             "--tmpfs",
             "/tmp",
-            "--size",
-            str(work_size),
-            "--tmpfs",
-            WORKDIR,
+            *workdir_args,
+            *mounts.bwrap_binds(),
             *file_args,
             "--ro-bind-data",
             str(program_fd),
@@ -197,6 +214,11 @@ def prepare_bwrap(
             "--setenv",
             "LANG",
             "C.UTF-8",
+            *[
+                arg
+                for name, value in mounts.env(local=False).items()
+                for arg in ("--setenv", name, value)
+            ],
             "--json-status-fd",
             str(status_write),
             "--",
@@ -214,22 +236,34 @@ def prepare_bwrap(
 
 @contextlib.contextmanager
 def prepare_local(
-    code: str, language: str, files: dict[str, str | bytes], limits: Limits
+    code: str,
+    language: str,
+    files: dict[str, str | bytes],
+    limits: Limits,
+    mounts: Mounts | None = None,
 ) -> Iterator[Launch]:
-    """The no-isolation fallback: a private temp dir, rlimits and a minimal environment only."""
-    workdir = Path(tempfile.mkdtemp(prefix="rlkit-sandbox-"))
+    """The no-isolation fallback: a private temp dir (or `mounts.workdir`), rlimits and a minimal
+    environment only."""
+    mounts = mounts or Mounts()
+    private = Path(tempfile.mkdtemp(prefix="rlkit-sandbox-"))
+    workdir = mounts.workdir or private
     try:
         for name, content in files.items():
             target = workdir / check_relative(name)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(as_bytes(content))
-        program = workdir / PROGRAM_NAMES[language]
+        program = private / PROGRAM_NAMES[language]
         program.write_text(code)
         yield Launch(
             argv=[*interpreter(language), str(program)],
             cwd=str(workdir),
-            env={"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8"},
+            env={
+                "PATH": "/usr/bin:/bin",
+                "HOME": str(workdir),
+                "LANG": "C.UTF-8",
+                **mounts.env(local=True),
+            },
             preexec_fn=limits.apply,
         )
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(private, ignore_errors=True)

@@ -1,4 +1,12 @@
-"""Resource limits for a sandboxed program, as `prlimit` arguments or as in-process rlimits."""
+"""Resource limits for a sandboxed program, as `prlimit` arguments or as in-process rlimits.
+
+Total memory of a sandbox's whole process tree is capped by accounting, not by a cgroup: each
+process may map at most `memory_mb` (RLIMIT_AS) and the sandbox may hold at most
+`total_memory_mb // memory_mb` processes besides bubblewrap's own init (RLIMIT_NPROC, counted
+per sandbox because each sandbox has its own user namespace), so the tree can never map more
+than `total_memory_mb`. Threads count as processes. A cgroup v2 memory controller would be the
+tighter tool, but it is not delegated on this machine kind (`rlkit sandbox check` says so).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,8 @@ import resource
 from dataclasses import dataclass
 
 MIB = 1 << 20
+# Memory cap of one sandbox's whole process tree unless configured otherwise (runner.configure).
+DEFAULT_TOTAL_MEMORY_MB = 2048
 
 
 @dataclass(frozen=True)
@@ -15,9 +25,23 @@ class Limits:
 
     timeout: float
     memory_mb: int
+    total_memory_mb: int = DEFAULT_TOTAL_MEMORY_MB
     file_mb: int = 64
-    nproc: int = 64
+    max_processes: int = 64
     nofile: int = 256
+
+    def __post_init__(self) -> None:
+        if self.memory_mb > self.total_memory_mb:
+            raise ValueError(
+                f"sandbox memory_mb ({self.memory_mb}) exceeds the total memory cap "
+                f"total_memory_mb ({self.total_memory_mb})"
+            )
+
+    @property
+    def nproc(self) -> int:
+        """RLIMIT_NPROC: the processes the total cap affords, plus one for bubblewrap's init
+        (which runs no program code and maps a few hundred KiB)."""
+        return min(self.max_processes, self.total_memory_mb // self.memory_mb) + 1
 
     @property
     def cpu_seconds(self) -> int:

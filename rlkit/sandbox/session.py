@@ -18,10 +18,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from rlkit.sandbox.launch import prepare_bwrap, prepare_local
-from rlkit.sandbox.limits import Limits
 from rlkit.sandbox.process import classify, kill_tree, spawn
 from rlkit.sandbox.result import Status
-from rlkit.sandbox.runner import active_backend
+from rlkit.sandbox.runner import active_backend, limits
 
 REPL_SOURCE = (Path(__file__).parent / "repl_server.py").read_text()
 # Interpreter start is slow on a loaded machine; it is waited for separately from cell timeouts.
@@ -56,7 +55,7 @@ class PythonSession:
         self.timeout = timeout
         self.output_limit = output_limit
         # rlimits cover the whole interpreter lifetime, so CPU is a session budget.
-        self.limits = Limits(timeout=lifetime_cpu_s, memory_mb=memory_mb)
+        self.limits = limits(lifetime_cpu_s, memory_mb)
         self.files = files or {}
         self._proc: asyncio.subprocess.Process | None = None
         self._stack: contextlib.ExitStack | None = None

@@ -1,5 +1,21 @@
-"""`rlkit train`: one command that runs inference servers, orchestrator and trainer together."""
+"""`rlkit train`: the whole RL job, its config (`rlkit.train.config.TrainConfig`) and the
+launcher of servers, orchestrator and trainer (`rlkit.train.launcher.run_train`)."""
 
-from rlkit.train.launcher import run_train
+from typing import Any
 
-__all__ = ["run_train"]
+from rlkit.train.roles import Role
+
+__all__ = ["Role", "TrainConfig", "run_train"]
+
+
+def __getattr__(name: str) -> Any:
+    """`TrainConfig` and `run_train` load on first use, so `rlkit --help` never imports torch."""
+    if name == "TrainConfig":
+        from rlkit.train.config import TrainConfig
+
+        return TrainConfig
+    if name == "run_train":
+        from rlkit.train.launcher import run_train
+
+        return run_train
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

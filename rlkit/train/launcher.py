@@ -16,31 +16,24 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from rich.console import Console
 
+from rlkit.atomic import atomic_write
 from rlkit.config import dump_toml
 from rlkit.errors import UsageError
 from rlkit.inference import ServerProcess, start_server
-from rlkit.orchestrator.config import TrainConfig, check_environments
+from rlkit.inference.lifecycle import has_cuda
+from rlkit.inference.polling import busy_loop_env
+from rlkit.lifetime import die_with_parent_preexec
 from rlkit.orchestrator.loop import run_orchestrator
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
-
-Role = Literal["all", "inference", "orchestrator", "trainer"]
-
-
-def trainer_command(config_path: Path, nproc: int, resume: bool) -> list[str]:
-    """One process, or torchrun with `nproc` ranks (FSDP2; gloo on CPU)."""
-    args = ["-m", "rlkit.trainer.main", "--config", str(config_path), "--mode", "rl"]
-    if resume:
-        args.append("--resume")
-    if nproc == 1:
-        return [sys.executable, *args]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *args]
+from rlkit.train.config import TrainConfig, check_environments
+from rlkit.train.roles import Role
+from rlkit.trainer.main import trainer_command
 
 
 def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
@@ -64,9 +57,7 @@ def write_pids(run_dir: Path, role: str, pids: list[int]) -> None:
     path = run_dir / "pids.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     data[role] = pids
-    tmp = path.with_name(".pids.json.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data), durable=False)
 
 
 class ServerFleet:
@@ -94,6 +85,7 @@ class ServerFleet:
             port=port,
             log_path=self.log_dir / f"inference-{i}.log",
             extra_args=list(inf.extra_args),
+            env=busy_loop_env(inf.busy_loop_s, on_gpu=has_cuda()),
         )
 
     def start(self) -> None:
@@ -135,23 +127,36 @@ class ServerFleet:
                 server.stop()
 
 
+def trainer_env() -> dict[str, str]:
+    """The trainer's environment; on CPU its OpenMP threads wait passively.
+
+    On CPU the trainer shares the cores with the inference server and the orchestrator, and
+    libgomp's default spin-wait between parallel regions then makes 2 threads slower than 1
+    (one hand-timed run on a loaded 2-core machine, not reproduced by a script in
+    tests/benchmarks/: 11.6 s vs 5.5 s per demo step; 3.0 s with OMP_WAIT_POLICY=PASSIVE).
+    An OMP_WAIT_POLICY set by the user wins.
+    """
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if not has_cuda():
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
+
+
 class TrainerProcess:
     """The trainer as a child process group writing to `run_dir/logs/trainer.log`."""
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool) -> None:
-        config_path = run_dir / "trainer.toml"
-        tmp = run_dir / ".trainer.toml.tmp"
-        tmp.write_text(dump_toml(cfg.trainer_config()))
-        os.replace(tmp, config_path)
+        config_path = atomic_write(run_dir / "trainer.toml", dump_toml(cfg.trainer_config()))
         self.log_path = run_dir / "logs" / "trainer.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            trainer_command(config_path, cfg.trainer.nproc, resume),
+            trainer_command(config_path, cfg.trainer.nproc, resume=resume),
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env=trainer_env(),
             start_new_session=True,
+            preexec_fn=die_with_parent_preexec(),
         )
 
     def exit_code(self) -> int | None:
@@ -185,8 +190,11 @@ def prepare_run_dir(cfg: TrainConfig, resume: bool) -> tuple[int, dict[str, Any]
     return start_step, state
 
 
-def run_train(cfg: TrainConfig, role: Role = "all", resume: bool = False) -> dict[str, Any]:
+def run_train(
+    cfg: TrainConfig, role: Role | str = Role.ALL, resume: bool = False
+) -> dict[str, Any]:
     """Run `role` of the training job described by `cfg` (see the module docstring)."""
+    role = Role(role)
     console = Console(stderr=True)
     run_dir = Path(cfg.log.run_dir)
     if role == "orchestrator" and not cfg.inference.urls:

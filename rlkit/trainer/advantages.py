@@ -4,17 +4,32 @@ GRPO (DeepSeekMath) centres rewards on the group mean and divides by the group s
 drops the std division because it up-weights groups that are nearly solved or nearly failed.
 A group whose rewards are all equal gives zero advantage everywhere and no learning signal;
 `zero_advantage_mask` finds those rollouts so the orchestrator can drop or count them.
+
+Estimators are registered by name with their parameter model (`ADVANTAGES`, like the losses):
+`[orchestrator] advantage = "grpo"` with `advantage_params`, or a user function
+`fn(rewards [G], params) -> advantages [G]` named `"my_pkg.my_adv:fn"` or by an entry point in
+group `rlkit.advantages`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import Literal
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
-AdvantageMethod = Literal["grpo", "drgrpo"]
+from rlkit.config import Config
+from rlkit.registry import Registry
+
+
+class AdvantageParams(Config):
+    """Parameters every advantage estimator accepts (none yet)."""
+
+
+class GRPOAdvantageParams(AdvantageParams):
+    eps: float = Field(1e-6, gt=0, description="Added to the group std before dividing.")
 
 
 def grpo_advantages(rewards: Tensor, std_normalize: bool = True, eps: float = 1e-6) -> Tensor:
@@ -34,6 +49,24 @@ def grpo_advantages(rewards: Tensor, std_normalize: bool = True, eps: float = 1e
 def drgrpo_advantages(rewards: Tensor) -> Tensor:
     """Dr.GRPO: r - group mean, no std division ([G] or [num_groups, G])."""
     return grpo_advantages(rewards, std_normalize=False)
+
+
+AdvantageFn = Callable[[Tensor, Any], Tensor]
+ADVANTAGES: Registry[AdvantageFn] = Registry(
+    "advantage estimator", "rlkit.advantages", AdvantageParams
+)
+
+
+@ADVANTAGES.register("grpo", params=GRPOAdvantageParams)
+def grpo(rewards: Tensor, p: GRPOAdvantageParams) -> Tensor:
+    """GRPO (DeepSeekMath): (r - mean) / (std + eps) within the group."""
+    return grpo_advantages(rewards, eps=p.eps)
+
+
+@ADVANTAGES.register("drgrpo")
+def drgrpo(rewards: Tensor, p: AdvantageParams) -> Tensor:
+    """Dr.GRPO: r - mean, no std division."""
+    return drgrpo_advantages(rewards)
 
 
 def _group_index(
@@ -60,20 +93,26 @@ def group_advantages(
     group_size: int | None = None,
     *,
     groups: Sequence[Hashable] | None = None,
-    method: AdvantageMethod = "grpo",
-    eps: float = 1e-6,
+    method: str = "grpo",
+    params: dict[str, Any] | None = None,
 ) -> list[float]:
-    """Advantages for a flat list of rewards, in the same order.
+    """Advantages for a flat list of rewards, in the same order, by a registered estimator.
 
     Groups are consecutive blocks of `group_size`, or given by `groups` (a key per rollout,
     e.g. the example id; groups may then differ in size after errored rollouts are dropped).
+    An unknown `method` or bad `params` raises ValueError.
     """
-    if method not in ("grpo", "drgrpo"):
-        raise ValueError(f"unknown advantage method {method!r}; expected 'grpo' or 'drgrpo'")
+    entry = ADVANTAGES.get(method)
+    p = entry.validate(params or {})
     advantages = [0.0] * len(rewards)
     for index in _group_index(len(rewards), group_size, groups):
         group = torch.tensor([rewards[i] for i in index], dtype=torch.float64)
-        values = grpo_advantages(group, std_normalize=method == "grpo", eps=eps)
+        values = entry.fn(group, p)
+        if values.shape != group.shape:
+            raise ValueError(
+                f"advantage estimator {method!r} returned shape {tuple(values.shape)} "
+                f"for {len(index)} rewards"
+            )
         for i, value in zip(index, values.tolist(), strict=True):
             advantages[i] = value
     return advantages

@@ -1,21 +1,23 @@
 """The batch format between the orchestrator (writer) and the trainer (reader).
 
-One file per optimiser step, `run_dir/batches/step_{step:06d}.pt`, written atomically (tmp +
-rename) so the trainer never sees half a batch. The payload is plain Python lists and numbers,
-so `torch.load(weights_only=True)` can read it safely. Each sample is one whole conversation:
-`token_ids`, a `loss_mask` (1 = model token that counts), the engine's `inference_logprobs`
-(0.0 where the mask is 0), one scalar `advantage` and the `policy_version` that generated it.
+One file per optimiser step, `run_dir/batches/step_{step:06d}.pt`, written atomically
+(`rlkit.atomic`) so the trainer never sees half a batch. The payload is plain Python lists and
+numbers, so `torch.load(weights_only=True)` can read it safely. Each sample is one whole
+conversation: `token_ids`, a `loss_mask` (1 = model token that counts), the engine's
+`inference_logprobs` (0.0 where the mask is 0), one scalar `advantage` and the `policy_version`
+that generated it.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from pydantic import BaseModel, Field
+
+from rlkit.atomic import atomic_path
 
 
 class MalformedBatchError(ValueError):
@@ -30,6 +32,7 @@ class TrainSample(BaseModel):
     policy_version: int
     env_id: str = ""
     reward: float = 0.0
+    temperature: float = 1.0  # sampling temperature; the trainer divides logits by it
 
 
 class TrainBatch(BaseModel):
@@ -49,13 +52,8 @@ def batch_path(run_dir: str | Path, step: int) -> Path:
 def write_batch(batch: TrainBatch, run_dir: str | Path) -> Path:
     """Write `batch` to its step file atomically; returns the path."""
     path = batch_path(run_dir, batch.step)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(batch.model_dump(), f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(batch.model_dump(), tmp)
     return path
 
 
@@ -77,6 +75,8 @@ def _check_sample(i: int, s: TrainSample) -> None:
         raise MalformedBatchError(f"{where}: token_ids contains a negative id")
     if not all(math.isfinite(x) for x in s.inference_logprobs):
         raise MalformedBatchError(f"{where}: inference_logprobs contains NaN or inf")
+    if not (math.isfinite(s.temperature) and s.temperature > 0):
+        raise MalformedBatchError(f"{where}: temperature must be > 0, got {s.temperature}")
     if not math.isfinite(s.advantage):
         raise MalformedBatchError(f"{where}: advantage is {s.advantage}")
 

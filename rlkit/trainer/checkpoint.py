@@ -10,7 +10,6 @@ usable and never a half-written one.
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 from pathlib import Path
@@ -22,24 +21,13 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from rlkit.atomic import atomic_write, replace
 from rlkit.errors import UsageError
 from rlkit.trainer import dist
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
-
-
-def _fsync_tree(path: Path) -> None:
-    for file in path.rglob("*"):
-        if file.is_file():
-            with open(file, "rb") as f:
-                os.fsync(f.fileno())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rng_state() -> dict[str, Any]:
@@ -91,12 +79,8 @@ def save_checkpoint(
     torch.save(extra, tmp / f"extra_rank{dist.rank()}.pt")
     dist.barrier()
     if dist.is_main():
-        _fsync_tree(tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        pointer = root / ".latest.tmp"
-        pointer.write_text(final.name + "\n")
-        os.replace(pointer, root / "latest")
+        replace(tmp, final)  # fsync the tree, then rename it over any older copy
+        atomic_write(root / "latest", final.name + "\n")
         _prune(root, keep_last)
     dist.barrier()
     return final

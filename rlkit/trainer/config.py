@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from rlkit.config import Config
+
+Correction = Literal["icepop", "tis", "none"]  # behaviour corrections (rlkit.trainer.loss)
 
 
 class ModelConfig(Config):
@@ -37,18 +39,47 @@ class OptimConfig(Config):
 
 
 class LossConfig(Config):
+    """`[loss]`: a registered policy loss, its parameters and the behaviour correction."""
+
     name: str = Field(
-        "icepop", description="Policy loss: icepop | grpo | tis | cispo | gspo | gppo."
+        "icepop",
+        description="Policy loss: icepop | grpo | tis | cispo | gspo | gppo, an entry point in "
+        "group rlkit.losses, or 'my_pkg.my_module:function'.",
     )
     params: dict[str, Any] = Field(
         default_factory=dict,
-        description="Keyword params of the loss (alpha, beta, eps_low, eps_high, agg, ...).",
+        description="Parameters of the loss (alpha, beta, eps_low, eps_high, agg, ...), "
+        "validated by the loss's own parameter model.",
+    )
+    behaviour_correction: Correction = Field(
+        "icepop",
+        description="Weight on pi_prox/pi_behav for losses without their own (icepop mask, "
+        "truncated IS weight, or none); icepop and tis always use theirs.",
     )
     recompute_old_logprobs: bool = Field(
         False,
-        description="Recompute pi_train(theta_old) with a no-grad pass before the update; "
-        "with one optimiser step per batch the detached current logprobs are identical.",
+        description="Recompute pi_prox (the trainer's policy at step start) with a no-grad pass; "
+        "off: grpo/cispo/gspo/gppo use the engine's logprobs as their old policy.",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _known_loss(cls, name: str) -> str:
+        from rlkit.trainer.loss import LOSSES
+
+        LOSSES.get(name)  # ValueError: unknown loss, unimportable module
+        return name
+
+    @model_validator(mode="after")
+    def _valid_params(self) -> LossConfig:
+        from rlkit.trainer.loss import LOSSES, loss_correction
+
+        entry = LOSSES.get(self.name)
+        entry.validate(self.params)  # ValueError naming params.<field>
+        fixed = loss_correction(entry, self.behaviour_correction)
+        if "behaviour_correction" in self.model_fields_set and fixed != self.behaviour_correction:
+            raise ValueError(f"behaviour_correction: loss {self.name!r} always applies {fixed!r}")
+        return self
 
 
 class CkptConfig(Config):
@@ -82,6 +113,11 @@ class TrainerConfig(Config):
     logprob_chunk_size: int = Field(
         1024, gt=0, description="Tokens per chunk when computing logprobs from hidden states."
     )
+    mini_batches: int = Field(
+        1,
+        ge=1,
+        description="RL: optimiser steps per batch (the batch split into this many mini-batches).",
+    )
     batch_timeout_s: float = Field(
         3600.0, gt=0, description="RL: how long to wait for the orchestrator's next batch."
     )
@@ -113,3 +149,8 @@ class SFTConfig(TrainerConfig):
     """`rlkit sft CONFIG.toml`: the trainer plus chat data; writes `run_dir/final`."""
 
     data: SFTDataConfig = Field(default_factory=SFTDataConfig, description="Chat data.")
+    nproc: int = Field(
+        1,
+        ge=1,
+        description="Trainer processes on this machine (torchrun when > 1), as trainer.nproc.",
+    )

@@ -71,10 +71,15 @@ class Trainer:
 
     # ---- forward ---------------------------------------------------------------------------
     def logprobs(self, mb: MicroBatch) -> tuple[Tensor, Tensor]:
-        """Logprobs and entropy of the counted targets, laid out as [S, T] (0 elsewhere)."""
+        """Logprobs and entropy of the counted targets, laid out as [S, T] (0 elsewhere), at
+        each sample's sampling temperature."""
         d = self.device
         lp, ent = self.policy(
-            mb.input_ids.to(d), mb.position_ids.to(d), mb.flat_index.to(d), mb.targets.to(d)
+            mb.input_ids.to(d),
+            mb.position_ids.to(d),
+            mb.flat_index.to(d),
+            mb.targets.to(d),
+            mb.temperatures.to(d),
         )
         slot = (mb.target_slot[0].to(d), mb.target_slot[1].to(d))
         zeros = torch.zeros(mb.shape, device=d, dtype=lp.dtype)
@@ -88,18 +93,19 @@ class Trainer:
         fill = mine[0][0] if mine else mbs[0]
         return mine + [(fill, 0.0)] * (per_rank - len(mine))
 
-    # ---- one optimiser step ----------------------------------------------------------------
-    def compute_gradients(
-        self, seqs: list[Sequence], loss_fn: LossFn, normalizer: float, recompute_old: bool = False
-    ) -> tuple[dict[str, float], bool, int]:
+    # ---- optimiser steps ---------------------------------------------------------------------
+    def _gradients(
+        self,
+        local: list[tuple[MicroBatch, float]],
+        loss_fn: LossFn,
+        normalizer: float,
+        olds: list[Tensor] | None,
+    ) -> tuple[dict[str, float], bool]:
         """Forward/backward over this rank's micro-batches; grads accumulate in the params.
 
-        Returns (metrics reduced over ranks, whether any loss was non-finite, micro-batches).
+        Returns (metrics reduced over ranks, whether any loss was non-finite).
         """
         self.policy.train()
-        mbs = make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.cfg.packing)
-        local = self._local(mbs)
-        olds = [self._no_grad_logprobs(mb) for mb, _ in local] if recompute_old else None
         norm = normalizer / dist.world_size()
         sums: dict[str, float] = {}
         nonfinite = 0.0
@@ -119,36 +125,84 @@ class Trainer:
             nonfinite += 0.0 if math.isfinite(float(loss.detach())) else weight
             self._accumulate(sums, metrics, weight)
         nonfinite = dist.all_reduce_sum([nonfinite])[0]
-        return self._reduce(sums), nonfinite > 0, len(mbs)
+        return self._reduce(sums), nonfinite > 0
 
-    def train_step(
+    def compute_gradients(
         self, seqs: list[Sequence], loss_fn: LossFn, normalizer: float, recompute_old: bool = False
-    ) -> StepResult:
-        """One optimiser step; a non-finite loss or gradient norm skips it (grads dropped)."""
-        t0 = time.perf_counter()
-        metrics, nonfinite, n_mbs = self.compute_gradients(seqs, loss_fn, normalizer, recompute_old)
+    ) -> tuple[dict[str, float], bool, int]:
+        """Gradients of one batch without a step: (metrics, any non-finite, micro-batches)."""
+        local, olds, n_mbs = self._prepare(seqs, recompute_old)
+        metrics, nonfinite = self._gradients(local, loss_fn, normalizer, olds)
+        return metrics, nonfinite, n_mbs
+
+    def _prepare(
+        self, seqs: list[Sequence], recompute_old: bool
+    ) -> tuple[list[tuple[MicroBatch, float]], list[Tensor] | None, int]:
+        """This rank's micro-batches of `seqs`, their pi_prox (no grad) when `recompute_old`,
+        and the number of micro-batches over all ranks."""
+        mbs = make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.cfg.packing)
+        local = self._local(mbs)
+        olds = [self._no_grad_logprobs(mb) for mb, _ in local] if recompute_old else None
+        return local, olds, len(mbs)
+
+    def _optimizer_step(self, nonfinite: bool) -> tuple[float, bool]:
+        """Clip and apply the accumulated gradients unless non-finite; returns (norm, skipped)."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         grad_norm = float(grad_norm)
         skipped = nonfinite or not math.isfinite(grad_norm)
-        lr = self.scheduler.get_last_lr()[0]
         if not skipped:
             self.optimizer.step()
-            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, skipped
+
+    def train_step(
+        self, seqs: list[Sequence], loss_fn: LossFn, normalizer: float, recompute_old: bool = False
+    ) -> StepResult:
+        """One optimiser step; a non-finite loss or gradient norm skips it (grads dropped)."""
+        return self.train_steps([seqs], loss_fn, [normalizer], recompute_old)
+
+    def train_steps(
+        self,
+        mini_batches: list[list[Sequence]],
+        loss_fn: LossFn,
+        normalizers: list[float],
+        recompute_old: bool = False,
+    ) -> StepResult:
+        """One optimiser step per mini-batch, then one LR-schedule step for the whole batch.
+
+        With `recompute_old`, pi_prox of every mini-batch is computed without grad before the
+        first update, so later mini-steps see r = pi_theta / pi_prox move away from 1. A
+        non-finite loss or gradient norm skips that mini-step's update (grads dropped).
+        Metrics are averaged over mini-steps (token-weighted; counts summed).
+        """
+        t0 = time.perf_counter()
+        lr = self.scheduler.get_last_lr()[0]
+        # every mini-batch's pi_prox before the first update
+        plans = [self._prepare(seqs, recompute_old) for seqs in mini_batches]
+        steps: list[dict[str, float]] = []
+        skipped_steps = 0
+        for (local, old, _), normalizer in zip(plans, normalizers, strict=True):
+            metrics, nonfinite = self._gradients(local, loss_fn, normalizer, old)
+            metrics["grad_norm"], skipped = self._optimizer_step(nonfinite)
+            skipped_steps += skipped
+            steps.append(metrics)
+        if skipped_steps < len(plans):
+            self.scheduler.step()
         elapsed = time.perf_counter() - t0
-        tokens = sum(len(s.token_ids) for s in seqs)
+        tokens = sum(len(s.token_ids) for seqs in mini_batches for s in seqs)
+        metrics = merge_mini_steps(steps)
         metrics.update(
-            grad_norm=grad_norm,
             lr=lr,
-            skipped=float(skipped),
+            skipped=float(skipped_steps > 0),
+            mini_steps=float(len(plans)),
             step_time_s=elapsed,
             tokens=float(tokens),
             tokens_per_s=tokens / elapsed,
-            micro_batches=float(n_mbs),
+            micro_batches=float(sum(n_mbs for _, _, n_mbs in plans)),
         )
-        return StepResult(metrics=metrics, skipped=skipped)
+        return StepResult(metrics=metrics, skipped=skipped_steps > 0)
 
     @torch.no_grad()
     def _no_grad_logprobs(self, mb: MicroBatch) -> Tensor:
@@ -205,6 +259,22 @@ class Trainer:
 
     def close(self) -> None:
         dist.close_distributed()
+
+
+def merge_mini_steps(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Counts summed; everything else averaged over mini-steps weighted by their tokens."""
+    if len(steps) == 1:
+        return dict(steps[0])
+    weights = [max(m.get("num_tokens", 1.0), 1e-9) for m in steps]
+    out: dict[str, float] = {}
+    for key in steps[0]:
+        values = [m[key] for m in steps if key in m]
+        if key in SUMMED_METRICS:
+            out[key] = sum(values)
+        else:
+            pairs = [(m[key], w) for m, w in zip(steps, weights, strict=True) if key in m]
+            out[key] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+    return out
 
 
 def seed_everything(seed: int) -> None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
 from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from rlkit.atomic import atomic_dir
 from rlkit.trainer import dist
 from rlkit.trainer.model import PolicyModel
 
@@ -42,18 +42,14 @@ def export_hf(
     aliases -= {n for n, _ in lm.named_parameters()}  # tied weights: keep one name, like HF
     state = {k.removeprefix("lm."): v.to(dtype) for k, v in full.items()}
     state = {k: v for k, v in state.items() if k not in aliases}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".tmp_{out.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    lm.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-    config = copy.deepcopy(lm.config)  # save_pretrained records the fp32 training dtype
-    config.dtype = dtype
-    config.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if extra:
-        (tmp / "rlkit_export.json").write_text(json.dumps(extra, indent=2) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    with atomic_dir(out, durable=False) as tmp:  # a hand-off to the servers: not flushed
+        lm.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+        config = copy.deepcopy(lm.config)  # save_pretrained records the fp32 training dtype
+        config.dtype = dtype
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if extra:
+            (tmp / "rlkit_export.json").write_text(json.dumps(extra, indent=2) + "\n")
     (out / STABLE_MARKER).write_text("")
     dist.barrier()
     return out

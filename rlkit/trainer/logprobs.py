@@ -13,9 +13,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+Temperature = float | Tensor  # one value, or one per row of `hidden` ([N], e.g. per sample)
+
+
+def _rows(temperature: Temperature, start: int, end: int) -> Temperature:
+    """The temperature of rows start..end, shaped to divide [rows, V] logits."""
+    if isinstance(temperature, Tensor):
+        return temperature[start:end, None]
+    return temperature
+
 
 def _check_inputs(
-    hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk_size: int = 1
+    hidden: Tensor, weight: Tensor, targets: Tensor, temperature: Temperature, chunk_size: int = 1
 ) -> None:
     """Shape/value errors here name the argument; deep inside a matmul they would not."""
     if hidden.dim() != 2:
@@ -38,16 +47,24 @@ def _check_inputs(
             f"targets must be token ids in [0, {weight.shape[0]}), got range "
             f"[{int(targets.min())}, {int(targets.max())}] (mask padding with a valid id)"
         )
-    if not temperature > 0:
+    if isinstance(temperature, Tensor):
+        if temperature.shape != (hidden.shape[0],):
+            raise ValueError(
+                f"temperature must be a float or [N] = [{hidden.shape[0]}], "
+                f"got shape {tuple(temperature.shape)}"
+            )
+        if temperature.numel() and not bool((temperature > 0).all()):
+            raise ValueError("temperature must be > 0 everywhere")
+    elif not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
 
 
-def _fp32_logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
+def _fp32_logits(hidden: Tensor, weight: Tensor, temperature: Temperature) -> Tensor:
     """fp32 logits (of one chunk); the matmul runs in the parameters' dtype like an LM head."""
     logits = (hidden @ weight.T).float()
-    if temperature != 1.0:
+    if isinstance(temperature, Tensor) or temperature != 1.0:
         logits.div_(temperature)
     return logits
 
@@ -62,7 +79,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         weight: Tensor,
         targets: Tensor,
         chunk_size: int,
-        temperature: float,
+        temperature: Temperature,
         with_entropy: bool,
     ) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
@@ -71,7 +88,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         entropy = torch.empty(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
         for start in range(0, n, chunk_size):
             end = min(start + chunk_size, n)
-            logits = _fp32_logits(hidden[start:end], weight, temperature)
+            logits = _fp32_logits(hidden[start:end], weight, _rows(temperature, start, end))
             lse = torch.logsumexp(logits, dim=-1)
             log_norm[start:end] = lse
             logprobs[start:end] = logits.gather(1, targets[start:end, None]).squeeze(1) - lse
@@ -101,12 +118,13 @@ class _ChunkedLogprobs(torch.autograd.Function):
         for start in range(0, n, step):
             end = min(start + step, n)
             g = grad_logprobs[start:end]
-            logits = _fp32_logits(hidden[start:end], weight, ctx.temperature)
+            temp = _rows(ctx.temperature, start, end)
+            logits = _fp32_logits(hidden[start:end], weight, temp)
             # d logprob / d logits = onehot(target) - softmax; built in place in the logits buffer.
             grad_logits = logits.sub_(log_norm[start:end, None]).exp_().mul_(-g[:, None])
             grad_logits.scatter_add_(1, targets[start:end, None], g[:, None])
-            if ctx.temperature != 1.0:
-                grad_logits.div_(ctx.temperature)
+            if isinstance(temp, Tensor) or temp != 1.0:
+                grad_logits.div_(temp)
             if grad_hidden is not None:
                 grad_hidden[start:end] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
             if grad_weight is not None:
@@ -122,10 +140,12 @@ def chunked_logprobs(
     weight: Tensor,
     targets: Tensor,
     chunk_size: int = 1024,
-    temperature: float = 1.0,
+    temperature: Temperature = 1.0,
     with_entropy: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probabilities of `targets` under logits `hidden @ weight.T / temperature`.
+
+    `temperature` is one float or one value per row ([N]: each sample's sampling temperature).
 
     hidden [N, H] (final hidden states), weight [V, H] (LM head), targets [N] (the next tokens).
     Returns fp32 (logprobs [N], entropy [N] or None). Gradients flow to hidden and weight and
@@ -143,12 +163,14 @@ def naive_logprobs(
     hidden: Tensor,
     weight: Tensor,
     targets: Tensor,
-    temperature: float = 1.0,
+    temperature: Temperature = 1.0,
     with_entropy: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Reference implementation: full [N, V] fp32 logits and log-softmax (tests, benchmarks)."""
     _check_inputs(hidden, weight, targets, temperature)
-    log_probs_all = torch.log_softmax(_fp32_logits(hidden, weight, temperature), dim=-1)
+    log_probs_all = torch.log_softmax(
+        _fp32_logits(hidden, weight, _rows(temperature, 0, hidden.shape[0])), dim=-1
+    )
     logprobs = log_probs_all.gather(1, targets[:, None]).squeeze(1)
     if not with_entropy:
         return logprobs, None

@@ -1,15 +1,22 @@
-"""The policy-loss family behind one entry point, `policy_loss(name, ...)`.
+"""The policy-loss family: one registered function per loss, one entry point `policy_loss`.
 
-Every loss is a per-token objective J (to maximise) built from three logprobs of the sampled
-tokens: the current policy (`logprobs`, with grad), the trainer's policy that generated the batch
-(`old_logprobs`) and what the inference engine reported for it (`inference_logprobs`). With
-r = exp(logprobs - old) and the trainer/engine mismatch k = exp(old - inference):
+Three policies are kept apart (decoupled PPO, as in AReaL and prime-rl): pi_behav, the engine
+that sampled the tokens (`inference_logprobs`); pi_prox, the trainer's policy at the start of the
+step (`old_logprobs`); pi_theta, the policy being optimised (`logprobs`, with grad). Every loss is
+a per-token objective J (to maximise) of the PPO-style ratio r = pi_theta / pi_prox, multiplied
+by a behaviour correction w(k) of the mismatch k = pi_prox / pi_behav (without gradient):
 
-- icepop (Ring-1T eq. 1-2): M(k) * min(r A, clip(r, 1-eps_low, 1+eps_high) A) with
-  M(k) = k if alpha <= k <= beta else 0: mismatched tokens are dropped, the rest calibrated.
+- correction "icepop" (Ring-1T eq. 1-2): w = M(k) = k if alpha <= k <= beta else 0: tokens the
+  trainer and engine disagree on get no gradient at all, the rest are calibrated;
+- correction "tis" (truncated importance sampling): w = min(k, tis_cap);
+- correction "none": w = 1.
+
+The losses (each a function below, registered under its name with its own parameter model):
+
 - grpo: PPO clip with clip-higher (eps_low != eps_high) and optional dual clip `clip_c`
   (for A < 0 the objective is at least clip_c * A).
-- tis: min(k, tis_cap) * PPO clip (truncated importance sampling, weight without gradient).
+- icepop: PPO clip, always with the icepop correction (it *is* GRPO + the IcePop mask).
+- tis: PPO clip, always with the tis correction.
 - cispo (MiniMax-M1): sg(clip(r, 1-eps_low, 1+eps_high)) * A * logprobs; every token keeps
   its gradient, only the weight is clipped. eps_low=1 means no lower bound, as in the paper.
 - gspo (Qwen): sequence ratio s = exp(mean_t(logprobs - old)) clipped with its own (tiny)
@@ -18,10 +25,15 @@ r = exp(logprobs - old) and the trainer/engine mismatch k = exp(old - inference)
 - gppo (Klear): forward value of PPO clip, but a clipped token passes gradient
   (1 +/- eps) * A instead of 0 (the clip bound is written as (1+eps) * r / sg(r)).
 
+Which "old" policy the trainer passes (`rlkit.trainer.rl`): with `recompute_old_logprobs` it is
+pi_prox from a no-grad pass at the start of the step, and `[trainer] mini_batches = N` optimiser
+steps move r away from 1 so clipping acts. Without recomputation, grpo / cispo / gspo / gppo take
+pi_behav as their old policy (their papers' asynchronous use: r = pi_theta / pi_infer, k = 1), and
+icepop / tis take the detached current policy (r = 1 in value, k = sg(pi_theta) / pi_infer), which
+is INTELLECT-3's single-step asynchronous objective.
+
 `seq_reject_below` (INTELLECT-3) zeroes a whole sequence when any counted token has k below it.
 Zeroed tokens (IcePop mask, rejection) stay in the denominator; loss_mask 0 tokens never count.
-With one optimiser step per batch pass `old_logprobs = logprobs.detach()`: r is then 1 in value
-and the IcePop form reduces to INTELLECT-3's single-step async objective.
 
 Normalising across micro-batches and ranks: by default a call divides by its own count (counted
 tokens for "token-mean", sequences with at least one counted token for "seq-mean-token-mean").
@@ -30,8 +42,13 @@ unit); then the sum of the micro-batch losses (and their gradients) equals the f
 A sequence must not be split across micro-batches. Data-parallel FSDP averages gradients over
 ranks, so there pass `normalizer = global_count / world_size`.
 
+A custom loss is a function `fn(x: LossInputs, p: Params) -> (objective [B, T], stats)` in any
+importable module, named in the config as `"my_pkg.my_loss:fn"` (or an entry point in group
+`rlkit.losses`); decorate it with `@register_loss("name", params=MyParams)` to give it
+parameters (a subclass of `LossParams`).
+
 Metrics (floats; means over this call's counted tokens unless noted): mismatch_kl (k3 = k - 1 -
-log k, unbiased for KL(pi_infer || pi_train) since the engine sampled the tokens),
+log k, unbiased for KL(pi_behav || pi_prox) since the engine sampled the tokens),
 mismatch_extreme_frac (R3 eq. 3: share of tokens with max(k, 1/k) > extreme_tau), clip_frac_low /
 clip_frac_high (tokens whose gradient the clip cuts; for cispo, weights clipped), ratio_mean,
 icepop_masked_low_frac / icepop_masked_high_frac, dual_clip_frac (grpo with clip_c),
@@ -42,39 +59,65 @@ loss, and the counts num_tokens / num_sequences for weighting metrics across mic
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
-LossName = Literal["icepop", "grpo", "tis", "cispo", "gspo", "gppo"]
+from rlkit.config import Config
+from rlkit.registry import Entry, Registry
+from rlkit.trainer.config import Correction
+
 Aggregation = Literal["token-mean", "seq-mean-token-mean"]
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
-
-# Params every loss accepts (see policy_loss) and each loss's own params with defaults.
-COMMON_PARAMS: dict[str, Any] = {
-    "agg": "token-mean",
-    "normalizer": None,
-    "segment_ids": None,
-    "seq_reject_below": None,
-    "extreme_tau": 2.0,
-    "entropy": None,
-    "ref_logprobs": None,
-    "kl_coef": 0.0,
-    "sft_on_correct": False,
-    "sft_coef": 0.1,
-}
-LOSS_PARAMS: dict[str, dict[str, Any]] = {
-    "icepop": {"alpha": 0.5, "beta": 5.0, "eps_low": 0.2, "eps_high": 0.28},
-    "grpo": {"eps_low": 0.2, "eps_high": 0.28, "clip_c": None},
-    "tis": {"eps_low": 0.2, "eps_high": 0.28, "tis_cap": 2.0},
-    "cispo": {"eps_low": 1.0, "eps_high": 0.28},
-    "gspo": {"eps_low": 3e-4, "eps_high": 4e-4, "agg": "seq-mean-token-mean"},
-    "gppo": {"eps_low": 0.2, "eps_high": 0.28},
-}
 
 
-class _Sequences:
+class LossParams(Config):
+    """Parameters every loss accepts: aggregation, behaviour correction, auxiliary terms."""
+
+    agg: Aggregation = Field(
+        "token-mean", description="Divide by counted tokens, or average per-sequence means."
+    )
+    alpha: float = Field(
+        0.5, ge=0, le=1, description="icepop correction: lowest pi_prox/pi_behav kept."
+    )
+    beta: float = Field(5.0, ge=1, description="icepop correction: highest pi_prox/pi_behav kept.")
+    tis_cap: float = Field(2.0, gt=0, description="tis correction: cap of the importance weight.")
+    seq_reject_below: float | None = Field(
+        None, gt=0, description="Zero a whole sequence if any token's k is below this."
+    )
+    extreme_tau: float = Field(2.0, gt=1, description="tau of the extreme-token fraction F(tau).")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL to reference logprobs.")
+    sft_on_correct: bool = Field(
+        False, description="Add Klear's NLL on positive-advantage sequences."
+    )
+    sft_coef: float = Field(0.1, ge=0, description="Weight of the sft_on_correct NLL.")
+
+
+class ClipParams(LossParams):
+    eps_low: float = Field(0.2, ge=0, le=1, description="Lower clip range: r >= 1 - eps_low.")
+    eps_high: float = Field(0.28, ge=0, description="Upper clip range: r <= 1 + eps_high.")
+
+
+class GRPOParams(ClipParams):
+    clip_c: float | None = Field(
+        None, gt=1, description="Dual clip: for A < 0 the objective is at least clip_c * A."
+    )
+
+
+class CISPOParams(ClipParams):
+    eps_low: float = Field(1.0, ge=0, le=1, description="Lower weight clip (1 = none).")
+
+
+class GSPOParams(ClipParams):
+    agg: Aggregation = Field("seq-mean-token-mean", description="GSPO is sequence-level.")
+    eps_low: float = Field(3e-4, ge=0, le=1, description="Lower clip of the sequence ratio.")
+    eps_high: float = Field(4e-4, ge=0, description="Upper clip of the sequence ratio.")
+
+
+class Sequences:
     """Which sequence each token belongs to: a row, or a `segment_ids` span in packed rows."""
 
     def __init__(self, shape: torch.Size, segment_ids: Tensor | None, device: torch.device):
@@ -100,7 +143,7 @@ class _Sequences:
 def _aggregate(
     per_token: Tensor,
     mask: Tensor,
-    sequences: _Sequences,
+    sequences: Sequences,
     agg: str,
     normalizer: float | None,
 ) -> Tensor:
@@ -123,109 +166,173 @@ def _ppo_clip(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Te
     return torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)
 
 
-def _clip_masks(
-    ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float
-) -> tuple[Tensor, Tensor]:
+def sft_on_correct_loss(
+    logprobs: Tensor,
+    loss_mask: Tensor,
+    advantages: Tensor,
+    *,
+    agg: Aggregation = "token-mean",
+    normalizer: float | None = None,
+    segment_ids: Tensor | None = None,
+) -> Tensor:
+    """Klear's auxiliary NLL on tokens of sequences with positive advantage (to minimise).
+
+    It uses the policy loss's denominator (all counted tokens, or sequences), so it can be added
+    with a weight (0.1 in Klear) and keeps the same micro-batch normalisation.
+    """
+    mask = loss_mask.bool()
+    adv = advantages[:, None].expand(mask.shape) if advantages.dim() == 1 else advantages
+    nll = torch.where(mask & (adv > 0), -logprobs.float(), 0.0)
+    sequences = Sequences(mask.shape, segment_ids, mask.device)
+    return _aggregate(nll, mask, sequences, agg, normalizer)
+
+
+def reference_kl_loss(
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    loss_mask: Tensor,
+    *,
+    agg: Aggregation = "token-mean",
+    normalizer: float | None = None,
+    segment_ids: Tensor | None = None,
+) -> Tensor:
+    """k3 estimate of KL(pi_theta || pi_ref) on sampled tokens: exp(d) - d - 1, d = ref - pi."""
+    mask = loss_mask.bool()
+    delta = torch.where(mask, ref_logprobs.float().detach() - logprobs.float(), 0.0)
+    k3 = torch.exp(delta) - delta - 1
+    sequences = Sequences(mask.shape, segment_ids, mask.device)
+    return _aggregate(k3, mask, sequences, agg, normalizer)
+
+
+@dataclass
+class LossInputs:
+    """What a loss function sees; masked positions already hold 0 (never NaN)."""
+
+    logprobs: Tensor  # log pi_theta [B, T], with grad
+    old: Tensor  # log pi_prox [B, T] (the "old" policy of the PPO ratio), no grad
+    advantages: Tensor  # [B, T]
+    mask: Tensor  # [B, T] bool: tokens that count
+    sequences: Sequences
+
+    @property
+    def ratio(self) -> Tensor:
+        """r = pi_theta / pi_prox per token."""
+        return torch.exp(self.logprobs - self.old)
+
+
+LossFn = Callable[[LossInputs, Any], tuple[Tensor, dict[str, Tensor]]]
+LOSSES: Registry[LossFn] = Registry("loss", "rlkit.losses", LossParams)
+register_loss = LOSSES.register
+
+
+def _clip_stats(x: LossInputs, ratio: Tensor, p: ClipParams) -> dict[str, Tensor]:
     """Tokens whose PPO gradient is cut: ratio below the band with A<0, above it with A>0."""
     ratio = ratio.detach()
-    return (ratio < 1 - eps_low) & (adv < 0), (ratio > 1 + eps_high) & (adv > 0)
+    adv = x.advantages
+    return {
+        "clip_frac_low": (ratio < 1 - p.eps_low) & (adv < 0),
+        "clip_frac_high": (ratio > 1 + p.eps_high) & (adv > 0),
+        "ratio_mean": ratio,
+    }
 
 
-def _objective(
-    name: str,
-    p: dict[str, Any],
-    logprobs: Tensor,
-    old: Tensor,
-    k: Tensor,
-    adv: Tensor,
-    mask: Tensor,
-    sequences: _Sequences,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-token objective to maximise [B, T], and per-token stats averaged into metrics."""
-    ratio = torch.exp(logprobs - old)
-    eps_low, eps_high = p["eps_low"], p["eps_high"]
-    stats: dict[str, Tensor] = {}
-    if name == "icepop":
-        in_band = (k >= p["alpha"]) & (k <= p["beta"])
-        objective = torch.where(in_band, k, 0.0) * _ppo_clip(ratio, adv, eps_low, eps_high)
-        stats["icepop_masked_low_frac"] = k < p["alpha"]
-        stats["icepop_masked_high_frac"] = k > p["beta"]
-    elif name == "grpo":
-        objective = _ppo_clip(ratio, adv, eps_low, eps_high)
-        if p["clip_c"] is not None:
-            floor = p["clip_c"] * adv
-            dual = (adv < 0) & (objective < floor)
-            objective = torch.where(dual, floor, objective)
-            stats["dual_clip_frac"] = dual
-    elif name == "tis":
-        objective = k.clamp(max=p["tis_cap"]) * _ppo_clip(ratio, adv, eps_low, eps_high)
-        stats["tis_truncated_frac"] = k > p["tis_cap"]
-    elif name == "cispo":
-        weight = ratio.detach().clamp(1 - eps_low, 1 + eps_high)
-        objective = weight * adv * logprobs
-        stats["clip_frac_low"] = ratio.detach() < 1 - eps_low
-        stats["clip_frac_high"] = ratio.detach() > 1 + eps_high
-    elif name == "gspo":
-        log_ratio = torch.where(mask, logprobs - old, 0.0)
-        tokens = sequences.sum(mask.float()).clamp(min=1)
-        seq_log_ratio = sequences.sum(log_ratio) / tokens
-        ratio = torch.exp(sequences.spread(seq_log_ratio.detach()) + logprobs - logprobs.detach())
-        objective = _ppo_clip(ratio, adv, eps_low, eps_high)
-    elif name == "gppo":
-        ratio_grad = ratio / ratio.detach()  # value 1, gradient d log pi
-        bound = torch.where(
-            ratio.detach() > 1 + eps_high,
-            (1 + eps_high) * ratio_grad,
-            torch.where(ratio.detach() < 1 - eps_low, (1 - eps_low) * ratio_grad, ratio),
-        )
-        objective = torch.minimum(ratio * adv, bound * adv)
-    else:  # unreachable: names are validated first
-        raise AssertionError(name)
-    if "clip_frac_low" not in stats:
-        stats["clip_frac_low"], stats["clip_frac_high"] = _clip_masks(ratio, adv, eps_low, eps_high)
-    stats["ratio_mean"] = ratio.detach()
+def _clipped(x: LossInputs, p: ClipParams) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clip of r with the clip-higher range, and its clip statistics."""
+    ratio = x.ratio
+    return _ppo_clip(ratio, x.advantages, p.eps_low, p.eps_high), _clip_stats(x, ratio, p)
+
+
+@register_loss("grpo", params=GRPOParams)
+def grpo(x: LossInputs, p: GRPOParams) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clip with clip-higher; with `clip_c`, the dual clip floor c * A for A < 0."""
+    objective, stats = _clipped(x, p)
+    if p.clip_c is not None:
+        floor = p.clip_c * x.advantages
+        dual = (x.advantages < 0) & (objective < floor)
+        objective = torch.where(dual, floor, objective)
+        stats["dual_clip_frac"] = dual
     return objective, stats
 
 
-def resolve_loss_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Defaults merged with `params`, validated; errors name the loss or param (ValueError).
+@register_loss("icepop", params=ClipParams, correction="icepop")
+def icepop(x: LossInputs, p: ClipParams) -> tuple[Tensor, dict[str, Tensor]]:
+    """IcePop (Ring-1T): PPO clip; the mask M(k) is its fixed behaviour correction."""
+    return _clipped(x, p)
 
-    Public so a trainer can check a config before the first step.
+
+@register_loss("tis", params=ClipParams, correction="tis")
+def tis(x: LossInputs, p: ClipParams) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clip; the truncated importance weight min(k, tis_cap) is its fixed correction."""
+    return _clipped(x, p)
+
+
+@register_loss("cispo", params=CISPOParams)
+def cispo(x: LossInputs, p: CISPOParams) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1): the clipped ratio is a weight without gradient on A * logprobs."""
+    ratio = x.ratio.detach()
+    objective = ratio.clamp(1 - p.eps_low, 1 + p.eps_high) * x.advantages * x.logprobs
+    stats = {
+        "clip_frac_low": ratio < 1 - p.eps_low,
+        "clip_frac_high": ratio > 1 + p.eps_high,
+        "ratio_mean": ratio,
+    }
+    return objective, stats
+
+
+@register_loss("gspo", params=GSPOParams)
+def gspo(x: LossInputs, p: GSPOParams) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (Qwen): PPO clip of the length-normalised sequence ratio, written per token."""
+    seqs, logprobs = x.sequences, x.logprobs
+    log_ratio = torch.where(x.mask, logprobs - x.old, 0.0)
+    tokens = seqs.sum(x.mask.float()).clamp(min=1)
+    seq_log_ratio = seqs.sum(log_ratio) / tokens
+    ratio = torch.exp(seqs.spread(seq_log_ratio.detach()) + logprobs - logprobs.detach())
+    return _ppo_clip(ratio, x.advantages, p.eps_low, p.eps_high), _clip_stats(x, ratio, p)
+
+
+@register_loss("gppo", params=ClipParams)
+def gppo(x: LossInputs, p: ClipParams) -> tuple[Tensor, dict[str, Tensor]]:
+    """GPPO (Klear): PPO clip's value, but clipped tokens pass the gradient (1 +/- eps) * A."""
+    ratio = x.ratio
+    ratio_grad = ratio / ratio.detach()  # value 1, gradient d log pi
+    bound = torch.where(
+        ratio.detach() > 1 + p.eps_high,
+        (1 + p.eps_high) * ratio_grad,
+        torch.where(ratio.detach() < 1 - p.eps_low, (1 - p.eps_low) * ratio_grad, ratio),
+    )
+    return torch.minimum(ratio * x.advantages, bound * x.advantages), _clip_stats(x, ratio, p)
+
+
+def behaviour_weight(
+    correction: str, k: Tensor, p: LossParams, stats: dict[str, Tensor]
+) -> Tensor | None:
+    """w(k) on k = pi_prox / pi_behav (no gradient); None for "none". Adds its statistics."""
+    if correction == "icepop":
+        stats["icepop_masked_low_frac"] = k < p.alpha
+        stats["icepop_masked_high_frac"] = k > p.beta
+        return torch.where((k >= p.alpha) & (k <= p.beta), k, 0.0)
+    if correction == "tis":
+        stats["tis_truncated_frac"] = k > p.tis_cap
+        return k.clamp(max=p.tis_cap)
+    if correction == "none":
+        return None
+    raise ValueError(
+        f"unknown behaviour correction {correction!r}; expected one of {get_args(Correction)}"
+    )
+
+
+def loss_correction(entry: Entry, configured: str) -> str:
+    """The correction a loss applies: its own fixed one (icepop, tis) or the configured one."""
+    return entry.options.get("correction", configured)
+
+
+def resolve_loss(name: str, params: dict[str, Any]) -> tuple[Entry, LossParams]:
+    """The registered loss and its validated parameters; ValueError names the loss or param.
+
+    Public so a config can be checked before the first step.
     """
-    if name not in LOSS_PARAMS:
-        raise ValueError(f"unknown loss {name!r}; expected one of {sorted(LOSS_PARAMS)}")
-    merged = {**COMMON_PARAMS, **LOSS_PARAMS[name]}
-    unknown = sorted(set(params) - set(merged))
-    if unknown:
-        raise ValueError(
-            f"unknown param(s) {unknown} for loss {name!r}; accepted: {sorted(merged)}"
-        )
-    merged.update(params)
-    if merged["agg"] not in AGGREGATIONS:
-        raise ValueError(f"unknown agg {merged['agg']!r}; expected one of {list(AGGREGATIONS)}")
-    if not 0 <= merged["eps_low"] <= 1 or merged["eps_high"] < 0:
-        raise ValueError(
-            f"eps_low must be in [0, 1] and eps_high >= 0, got {merged['eps_low']}, "
-            f"{merged['eps_high']}"
-        )
-    if name == "icepop" and not 0 <= merged["alpha"] <= 1 <= merged["beta"]:
-        raise ValueError(
-            f"icepop needs 0 <= alpha <= 1 <= beta, got alpha={merged['alpha']}, "
-            f"beta={merged['beta']}"
-        )
-    if name == "grpo" and merged["clip_c"] is not None and merged["clip_c"] <= 1:
-        raise ValueError(f"clip_c (dual clip) must be > 1, got {merged['clip_c']}")
-    if name == "tis" and merged["tis_cap"] <= 0:
-        raise ValueError(f"tis_cap must be > 0, got {merged['tis_cap']}")
-    if merged["normalizer"] is not None and not merged["normalizer"] > 0:
-        raise ValueError(f"normalizer must be > 0, got {merged['normalizer']}")
-    if merged["seq_reject_below"] is not None and not merged["seq_reject_below"] > 0:
-        raise ValueError(f"seq_reject_below must be > 0, got {merged['seq_reject_below']}")
-    if not merged["extreme_tau"] > 1:
-        raise ValueError(f"extreme_tau must be > 1, got {merged['extreme_tau']}")
-    if merged["kl_coef"] and merged["ref_logprobs"] is None:
-        raise ValueError("kl_coef > 0 needs ref_logprobs (the reference model's logprobs)")
-    return merged
+    entry = LOSSES.get(name)
+    return entry, entry.validate(params)  # type: ignore[return-value]
 
 
 def _check_shapes(tensors: dict[str, Tensor | None], advantages: Tensor) -> None:
@@ -245,44 +352,6 @@ def _check_shapes(tensors: dict[str, Tensor | None], advantages: Tensor) -> None
         )
 
 
-def sft_on_correct_loss(
-    logprobs: Tensor,
-    loss_mask: Tensor,
-    advantages: Tensor,
-    *,
-    agg: Aggregation = "token-mean",
-    normalizer: float | None = None,
-    segment_ids: Tensor | None = None,
-) -> Tensor:
-    """Klear's auxiliary NLL on tokens of sequences with positive advantage (to minimise).
-
-    It uses the policy loss's denominator (all counted tokens, or sequences), so it can be added
-    with a weight (0.1 in Klear) and keeps the same micro-batch normalisation.
-    """
-    mask = loss_mask.bool()
-    adv = advantages[:, None].expand(mask.shape) if advantages.dim() == 1 else advantages
-    nll = torch.where(mask & (adv > 0), -logprobs.float(), 0.0)
-    sequences = _Sequences(mask.shape, segment_ids, mask.device)
-    return _aggregate(nll, mask, sequences, agg, normalizer)
-
-
-def reference_kl_loss(
-    logprobs: Tensor,
-    ref_logprobs: Tensor,
-    loss_mask: Tensor,
-    *,
-    agg: Aggregation = "token-mean",
-    normalizer: float | None = None,
-    segment_ids: Tensor | None = None,
-) -> Tensor:
-    """k3 estimate of KL(pi_theta || pi_ref) on sampled tokens: exp(d) - d - 1, d = ref - pi."""
-    mask = loss_mask.bool()
-    delta = torch.where(mask, ref_logprobs.float().detach() - logprobs.float(), 0.0)
-    k3 = torch.exp(delta) - delta - 1
-    sequences = _Sequences(mask.shape, segment_ids, mask.device)
-    return _aggregate(k3, mask, sequences, agg, normalizer)
-
-
 def policy_loss(
     name: str,
     logprobs: Tensor,
@@ -290,28 +359,74 @@ def policy_loss(
     inference_logprobs: Tensor,
     advantages: Tensor,
     loss_mask: Tensor,
+    *,
+    correction: str = "icepop",
+    normalizer: float | None = None,
+    segment_ids: Tensor | None = None,
+    entropy: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
     **params: Any,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Scalar loss to minimise and float metrics; see the module docstring for each loss.
+    """Scalar loss to minimise and float metrics of loss `name`; see the module docstring.
 
-    Shapes: logprobs/old_logprobs/inference_logprobs/loss_mask [B, T], advantages [B] or [B, T].
-    Common params: agg ("token-mean" | "seq-mean-token-mean"), normalizer (whole-batch count for
-    exact micro-batch/rank accumulation), segment_ids ([B, T] ints: sequence id per token when
-    several sequences are packed into one row; default one sequence per row), seq_reject_below,
-    extreme_tau (2.0, for F(tau)), entropy ([B, T], reported), ref_logprobs + kl_coef (k3 KL to
-    a reference), sft_on_correct + sft_coef (Klear NLL on positive-advantage sequences, 0.1).
-    Loss params (defaults in LOSS_PARAMS): eps_low, eps_high; icepop alpha, beta; grpo clip_c;
-    tis tis_cap. Unknown names or params raise ValueError.
+    Shapes: logprobs (pi_theta) / old_logprobs (pi_prox) / inference_logprobs (pi_behav) /
+    loss_mask [B, T], advantages [B] or [B, T]. `correction` ("icepop" | "tis" | "none") applies
+    to losses without a fixed one. normalizer: whole-batch count for exact micro-batch/rank
+    accumulation; segment_ids ([B, T] ints): sequence id per token when several sequences are
+    packed into one row (default one sequence per row); entropy ([B, T], reported);
+    ref_logprobs with params kl_coef > 0: k3 KL to a reference. `params` are the loss's own
+    (see its parameter model); an unknown name or bad param raises ValueError.
     """
-    p = resolve_loss_params(name, params)
+    entry, p = resolve_loss(name, params)
+    return compute_policy_loss(
+        entry,
+        p,
+        loss_correction(entry, correction),
+        logprobs,
+        old_logprobs,
+        inference_logprobs,
+        advantages,
+        loss_mask,
+        normalizer=normalizer,
+        segment_ids=segment_ids,
+        entropy=entropy,
+        ref_logprobs=ref_logprobs,
+    )
+
+
+def compute_policy_loss(
+    entry: Entry,
+    p: LossParams,
+    correction: str,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    inference_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    normalizer: float | None = None,
+    segment_ids: Tensor | None = None,
+    entropy: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    trainer_logprobs: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """`policy_loss` for an already resolved loss (the trainer resolves once per run).
+
+    `trainer_logprobs` (default `old_logprobs`) is what the mismatch metrics compare with the
+    engine: the trainer's policy, also when the loss takes pi_behav as its old policy.
+    """
+    if normalizer is not None and not normalizer > 0:
+        raise ValueError(f"normalizer must be > 0, got {normalizer}")
+    if p.kl_coef and ref_logprobs is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs (the reference model's logprobs)")
     _check_shapes(
         {
             "old_logprobs": old_logprobs,
             "inference_logprobs": inference_logprobs,
             "loss_mask": loss_mask,
-            "segment_ids": p["segment_ids"],
-            "entropy": p["entropy"],
-            "ref_logprobs": p["ref_logprobs"],
+            "segment_ids": segment_ids,
+            "entropy": entropy,
+            "ref_logprobs": ref_logprobs,
             "logprobs": logprobs,
         },
         advantages,
@@ -324,39 +439,45 @@ def policy_loss(
     inference = inference_logprobs.detach().float().masked_fill(~mask, 0.0)
     adv = advantages.detach().float()
     adv = (adv[:, None].expand(mask.shape) if adv.dim() == 1 else adv).masked_fill(~mask, 0.0)
-    sequences = _Sequences(mask.shape, p["segment_ids"], mask.device)
+    sequences = Sequences(mask.shape, segment_ids, mask.device)
 
+    objective, stats = entry.fn(LossInputs(logprobs, old, adv, mask, sequences), p)
     k = torch.exp(old - inference)
-    objective, stats = _objective(name, p, logprobs, old, k, adv, mask, sequences)
-    if p["seq_reject_below"] is not None:
-        rejected_seq = sequences.sum((mask & (k < p["seq_reject_below"])).float()) > 0
+    weight = behaviour_weight(correction, k, p, stats)
+    if weight is not None:
+        objective = weight * objective
+    if p.seq_reject_below is not None:
+        rejected_seq = sequences.sum((mask & (k < p.seq_reject_below)).float()) > 0
         objective = torch.where(sequences.spread(rejected_seq), 0.0, objective)
         stats["seq_rejected"] = rejected_seq
-    pg_loss = -_aggregate(objective, mask, sequences, p["agg"], p["normalizer"])
+    pg_loss = -_aggregate(objective, mask, sequences, p.agg, normalizer)
     loss = pg_loss
 
     extra: dict[str, Tensor] = {"policy_loss": pg_loss.detach()}
-    shared = {"agg": p["agg"], "normalizer": p["normalizer"], "segment_ids": p["segment_ids"]}
-    if p["ref_logprobs"] is not None:
-        ref_kl = reference_kl_loss(logprobs, p["ref_logprobs"], mask, **shared)
-        loss = loss + p["kl_coef"] * ref_kl
+    shared: dict[str, Any] = {"agg": p.agg, "normalizer": normalizer, "segment_ids": segment_ids}
+    if ref_logprobs is not None:
+        ref_kl = reference_kl_loss(logprobs, ref_logprobs, mask, **shared)
+        loss = loss + p.kl_coef * ref_kl
         extra["ref_kl"] = ref_kl.detach()
-    if p["sft_on_correct"]:
+    if p.sft_on_correct:
         sft = sft_on_correct_loss(logprobs, mask, adv, **shared)
-        loss = loss + p["sft_coef"] * sft
+        loss = loss + p.sft_coef * sft
         extra["sft_loss"] = sft.detach()
     extra["loss"] = loss.detach()
     extra["num_sequences"] = (sequences.sum(mask.float()) > 0).sum().float()
-    return loss, _metrics(stats, extra, mask, old, inference, p)
+    if entropy is not None:
+        stats["entropy"] = entropy.detach()
+    trainer = old if trainer_logprobs is None else trainer_logprobs.detach().float()
+    return loss, _metrics(stats, extra, mask, trainer.masked_fill(~mask, 0.0), inference, p)
 
 
 def _metrics(
     stats: dict[str, Tensor],
     extra: dict[str, Tensor],
     mask: Tensor,
-    old: Tensor,
+    trainer: Tensor,
     inference: Tensor,
-    p: dict[str, Any],
+    p: LossParams,
 ) -> dict[str, float]:
     """Means over counted tokens (sequence counts for rejection), converted in one sync."""
     count = mask.sum().clamp(min=1)
@@ -364,18 +485,16 @@ def _metrics(
     def token_mean(values: Tensor) -> Tensor:
         return torch.where(mask, values.float(), 0.0).sum() / count
 
-    # k3 = k - 1 - log k with k = pi_train / pi_infer: unbiased for KL(pi_infer || pi_train)
+    # k3 = k - 1 - log k with k = pi_train / pi_behav: unbiased for KL(pi_behav || pi_train)
     # because the tokens were sampled by the engine.
-    delta = old - inference
+    delta = trainer - inference
     values = {
         "mismatch_kl": token_mean(torch.exp(delta) - delta - 1),
-        "mismatch_extreme_frac": token_mean(delta.abs() > math.log(p["extreme_tau"])),
+        "mismatch_extreme_frac": token_mean(delta.abs() > math.log(p.extreme_tau)),
         "num_tokens": mask.sum().float(),
     }
     for key, stat in stats.items():
         values[key] = stat.float().sum() if key == "seq_rejected" else token_mean(stat)
-    if p["entropy"] is not None:
-        values["entropy"] = token_mean(p["entropy"].detach())
     values.update(extra)
     keys = list(values)
     numbers = torch.stack([values[key].float() for key in keys]).tolist()

@@ -1,22 +1,50 @@
-"""Trainer entry point, identical as one process and under `torchrun --nproc_per_node N`:
+"""Trainer entry point, identical as one process and under `torchrun --nproc-per-node N`:
 
-python -m rlkit.trainer.main --config X.toml [--mode rl|sft] [--resume [latest|DIR]] [a.b=v ...]
+python -m rlkit.trainer.main --config X.toml [--mode rl|sft] [--resume [latest|DIR]]
+    [--section.field=VALUE ...]
+
+`trainer_command` builds that command line (with torchrun for several ranks) for every caller:
+`rlkit train` launching its trainer and `rlkit sft`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from rich.console import Console
 
 from rlkit.config import load_config
 from rlkit.errors import UsageError
+from rlkit.lifetime import die_with_parent
 from rlkit.trainer.batch import MalformedBatchError
 
 
+def trainer_command(
+    config_path: str | Path, nproc: int, *, mode: str = "rl", resume: bool | str | None = None
+) -> list[str]:
+    """The trainer's command line: one process, or torchrun with `nproc` ranks on this machine
+    (`--standalone`: a private rendezvous, so two runs on one machine never collide).
+    `config_path` is the resolved config: overrides are not passed on, since torchrun would
+    read `--nproc...` among them as its own options. `resume`: True or "latest" for the run's
+    latest checkpoint, or a checkpoint directory."""
+    args = ["-m", "rlkit.trainer.main", "--config", str(config_path), "--mode", mode]
+    if resume is True or resume == "latest":
+        args.append("--resume")
+    elif resume:
+        args.append(f"--resume={resume}")
+    if nproc == 1:
+        return [sys.executable, *args]
+    torchrun = ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone"]
+    return [sys.executable, *torchrun, *args]
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="python -m rlkit.trainer.main", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m rlkit.trainer.main", description=__doc__, allow_abbrev=False
+    )
     parser.add_argument("--config", required=True, help="TOML file (TrainerConfig or SFTConfig)")
     parser.add_argument("--mode", choices=["rl", "sft"], default="rl")
     parser.add_argument(
@@ -45,6 +73,8 @@ def run(mode: str, config_path: str, overrides: list[str], resume: str | None = 
 
 def main(argv: list[str] | None = None) -> None:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    if "LOCAL_RANK" in os.environ:  # a torchrun rank: die with the agent (rlkit.lifetime)
+        die_with_parent()
     try:
         run(args.mode, args.config, overrides, args.resume)
     except UsageError as exc:

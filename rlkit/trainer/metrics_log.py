@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
+
+from rlkit.atomic import atomic_write
 
 
 class MetricsLog:
@@ -29,9 +30,7 @@ class MetricsLog:
             for line in self.path.read_text().splitlines()
             if line.strip() and json.loads(line).get("step", 0) <= step
         ]
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, self.path)
+        atomic_write(self.path, "".join(line + "\n" for line in kept))
 
     def append(self, record: dict[str, Any]) -> None:
         """Non-finite numbers (a skipped step's loss) become null: strict JSON for any reader."""

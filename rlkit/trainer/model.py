@@ -28,13 +28,24 @@ class PolicyModel(nn.Module):
         self.chunk_size = chunk_size
 
     def forward(
-        self, input_ids: Tensor, position_ids: Tensor, flat_index: Tensor, targets: Tensor
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        flat_index: Tensor,
+        targets: Tensor,
+        temperatures: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Returns (logprobs [N], entropy [N]) of `targets` at hidden positions `flat_index`."""
+        """Returns (logprobs [N], entropy [N]) of `targets` at hidden positions `flat_index`,
+        with the logits divided by each target's sampling temperature ([N], default 1)."""
         out = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
         hidden = out.last_hidden_state.flatten(0, 1)[flat_index]
         logprobs, entropy = chunked_logprobs(
-            hidden, self.lm.lm_head.weight, targets, chunk_size=self.chunk_size, with_entropy=True
+            hidden,
+            self.lm.lm_head.weight,
+            targets,
+            chunk_size=self.chunk_size,
+            temperature=1.0 if temperatures is None else temperatures,
+            with_entropy=True,
         )
         return logprobs, entropy
 

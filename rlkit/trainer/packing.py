@@ -27,6 +27,7 @@ class Sequence:
     loss_mask: list[int]
     inference_logprobs: list[float]
     advantage: float = 0.0
+    temperature: float = 1.0  # sampling temperature: logits are divided by it
 
 
 @dataclass
@@ -37,6 +38,7 @@ class MicroBatch:
     position_ids: Tensor  # [R, L]
     flat_index: Tensor  # [N] row-major index into [R*L] of the hidden state predicting a target
     targets: Tensor  # [N] next-token ids at counted positions
+    temperatures: Tensor  # [N] sampling temperature of each target's sample
     target_slot: tuple[Tensor, Tensor]  # ([N] sample index, [N] shifted position) into [S, T-1]
     loss_mask: Tensor  # [S, T-1] float
     inference_logprobs: Tensor  # [S, T-1]
@@ -89,7 +91,7 @@ def _build(seqs: list[Sequence], rows: list[list[int]]) -> MicroBatch:
     loss_mask = torch.zeros(len(order), t_max)
     inf_lp = torch.zeros(len(order), t_max)
     advantages = torch.tensor([seqs[i].advantage for i in order], dtype=torch.float32)
-    flat, targets, slot_s, slot_t = [], [], [], []
+    flat, targets, temps, slot_s, slot_t = [], [], [], [], []
     s = 0
     for r, row in enumerate(rows):
         start = 0
@@ -106,6 +108,7 @@ def _build(seqs: list[Sequence], rows: list[list[int]]) -> MicroBatch:
             pos = mask.nonzero().squeeze(1)
             flat.append(r * row_len + start + pos)
             targets.append(torch.tensor(seq.token_ids, dtype=torch.long)[1:][pos])
+            temps.append(torch.full(pos.shape, seq.temperature, dtype=torch.float32))
             slot_s.append(torch.full_like(pos, s))
             slot_t.append(pos)
             start += n
@@ -115,6 +118,7 @@ def _build(seqs: list[Sequence], rows: list[list[int]]) -> MicroBatch:
         position_ids=position_ids,
         flat_index=torch.cat(flat),
         targets=torch.cat(targets),
+        temperatures=torch.cat(temps),
         target_slot=(torch.cat(slot_s), torch.cat(slot_t)),
         loss_mask=loss_mask,
         inference_logprobs=inf_lp * loss_mask,

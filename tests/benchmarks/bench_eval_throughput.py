@@ -6,7 +6,8 @@ verifiers-style reverse-text `vf.SingleTurnEnv`, written once) runs through rlki
 and through verifiers' own loop (`env.evaluate(...)` with an `AsyncOpenAI` client), interleaved
 (best of `--repeats` each), against the same fake server running in its own process. Both timings
 include loading the environment. Prints one JSON line with both fractions of the ideal and
-their ratio.
+their ratio, and each loop's own CPU seconds (what machine load does not change: on a shared
+2-core machine the wall-clock fractions mostly measure the neighbours).
 
     .venv/bin/python tests/benchmarks/bench_eval_throughput.py [--requests 1024] [--latency 1.0]
 """
@@ -75,7 +76,7 @@ def start_fake_server(latency: float) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("fake server did not start")
 
 
-def bench_rlkit(url: str, n: int, r: int, concurrency: int, out: Path) -> float:
+def bench_rlkit(url: str, n: int, r: int, concurrency: int, out: Path) -> tuple[float, float]:
     from rlkit.eval import EvalConfig, load_run, run_eval_async
 
     config = EvalConfig(
@@ -88,27 +89,27 @@ def bench_rlkit(url: str, n: int, r: int, concurrency: int, out: Path) -> float:
         max_concurrent=concurrency,
         output_dir=out,
     )
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     run_dir = asyncio.run(run_eval_async(config))
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     run = load_run(run_dir)
     assert len(run.results) == n * r and run.metadata.summary["errors"] == 0
-    return elapsed
+    return elapsed, cpu
 
 
-def bench_verifiers(url: str, n: int, r: int, concurrency: int) -> float:
+def bench_verifiers(url: str, n: int, r: int, concurrency: int) -> tuple[float, float]:
     from bench_reverse_text import load_environment
     from openai import AsyncOpenAI
 
-    t0 = time.perf_counter()  # like rlkit's timing, this includes loading the environment
+    t0, cpu0 = time.perf_counter(), time.process_time()  # like rlkit's: includes loading
     env = load_environment(num_examples=n)
     client = AsyncOpenAI(base_url=url, api_key="unused", max_retries=5, timeout=600)
     results = env.evaluate(
         client, "fake-model", num_examples=n, rollouts_per_example=r, max_concurrent=concurrency
     )
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     assert len(results.reward) == n * r
-    return elapsed
+    return elapsed, cpu
 
 
 def main() -> None:
@@ -151,11 +152,16 @@ def main() -> None:
         proc, url = start_fake_server(args.latency)
         rlkit_runs: list[float] = []
         verifiers_runs: list[float] = []
+        cpu: dict[str, list[float]] = {"rlkit": [], "verifiers": []}
         try:
             for repeat in range(args.repeats):  # interleaved, best of each: the machine is shared
                 out = Path(tmp) / f"out{repeat}"
-                rlkit_runs.append(n * r / bench_rlkit(url, n, r, args.concurrency, out))
-                verifiers_runs.append(n * r / bench_verifiers(url, n, r, args.concurrency))
+                elapsed, cpu_s = bench_rlkit(url, n, r, args.concurrency, out)
+                rlkit_runs.append(n * r / elapsed)
+                cpu["rlkit"].append(cpu_s)
+                elapsed, cpu_s = bench_verifiers(url, n, r, args.concurrency)
+                verifiers_runs.append(n * r / elapsed)
+                cpu["verifiers"].append(cpu_s)
         finally:
             proc.terminate()
             proc.wait(timeout=10)
@@ -166,6 +172,12 @@ def main() -> None:
     report["verifiers_fraction_of_ideal"] = verifiers_rps / ideal
     report["ratio_rlkit_over_verifiers"] = rlkit_rps / verifiers_rps
     report["runs_rps"] = {"rlkit": rlkit_runs, "verifiers": verifiers_runs}
+    # The client's own CPU cost, which machine load does not change: CPU seconds per run and
+    # the share of one core the client needs to keep up with the ideal rate.
+    for name, runs in cpu.items():
+        report[f"{name}_client_cpu_s"] = min(runs)
+        report[f"{name}_client_core_share_at_ideal"] = min(runs) / (n * r / ideal)
+    report["load_avg"] = os.getloadavg()[0]
     print(json.dumps(report))
 
 

@@ -170,22 +170,22 @@ class Source:
 async def run_scheduler(kind: str, engine: Any, args: argparse.Namespace) -> dict[str, float]:
     lengths = LongTail(args.median, args.sigma, args.max_tokens, seed=args.seed)
     source = Source(engine, lengths, args.group_size)
-    accept = GroupProcessor(advantage="grpo", drop_zero_advantage=True, solve_threshold=1.0)
+    processor = GroupProcessor(advantage="grpo", drop_zero_advantage=True, solve_threshold=1.0)
     budget = int(args.batch_groups * args.group_size * lengths.mean())
     if kind == "sync":
         sched: Any = SyncScheduler(
-            source, accept, batch_groups=args.batch_groups, max_off_policy_steps=10**6
+            source, processor, batch_groups=args.batch_groups, max_off_policy_steps=10**6
         )
     else:
         sched = C3POScheduler(
             source,
-            accept,
+            processor,
             capacity=args.batch_groups * args.group_size,
             token_budget=budget,
             retention=args.retention,
             max_off_policy_steps=10**6,
         )
-    rollout_times, step_times, tokens = [], [], []
+    rollout_times, step_times, update_times, tokens = [], [], [], []
     version = engine.version
     for _ in range(args.steps):
         t0 = time.perf_counter()
@@ -194,7 +194,9 @@ async def run_scheduler(kind: str, engine: Any, args: argparse.Namespace) -> dic
         batch_tokens = sum(g.tokens for g in batch)
         tokens.append(batch_tokens)
         await asyncio.sleep(args.train_base_s + args.train_per_token_s * batch_tokens)
+        t1 = time.perf_counter()
         await engine.update_weights()
+        update_times.append(time.perf_counter() - t1)
         version += 1
         sched.on_policy_update(version)
         step_times.append(time.perf_counter() - t0)
@@ -203,6 +205,7 @@ async def run_scheduler(kind: str, engine: Any, args: argparse.Namespace) -> dic
     return {
         "rollout_s_per_step": statistics.fmean(rollout_times),
         "step_s_per_step": statistics.fmean(step_times),
+        "update_s_per_step": statistics.fmean(update_times),
         "tokens_per_step": statistics.fmean(tokens),
         "purged": purged,
         "budget": budget,

@@ -10,6 +10,12 @@ token counts are easy to predict in tests.
         ...
         server.stats[429]                      # how many 429s were served
 
+With `tokenizer=` (a transformers tokenizer, and `model_root=` the directory it was saved to) it
+plays a vLLM server instead: chat prompts are rendered with the tokenizer's chat template, replies
+are tokenized with it and end with its eos token, `/v1/models` reports `root` and
+`max_model_len` (so clients send token-id prompts), and a prompt longer than `max_model_len` is
+vLLM's 400.
+
 The responder maps the request body to the reply: a string (assistant content) or a message dict
 (`content`, optional `tool_calls`). The default reverses the last user message, so the
 reverse-text environment scores 1.0. Run standalone (for benchmarks, in another process) with
@@ -53,6 +59,18 @@ def reverse_last_user(body: dict[str, Any]) -> str:
     return prompt[::-1] if isinstance(prompt, str) else ""
 
 
+def replay(scripts: dict[str, list[dict[str, Any]]]) -> Responder:
+    """A responder playing one script per question (keyed by the first user message's text):
+    the model's i-th message is `scripts[question][i]`, e.g. gold rollouts in benchmarks."""
+
+    def respond(body: dict[str, Any]) -> dict[str, Any]:
+        messages = body["messages"]
+        question = next(_text_of(m.get("content")) for m in messages if m["role"] == "user")
+        return scripts[question][sum(m["role"] == "assistant" for m in messages)]
+
+    return respond
+
+
 def _tokens(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
@@ -79,8 +97,14 @@ class FakeOpenAIServer:
         models: Iterable[str] = ("fake-model",),
         seed: int = 0,
         port: int = 0,
+        tokenizer: Any = None,
+        model_root: str | None = None,
+        max_model_len: int = 4096,
     ) -> None:
         self.responder = responder
+        self.tokenizer = tokenizer
+        self.model_root = model_root
+        self.max_model_len = max_model_len
         self.latency = latency
         self.fail_rate = fail_rate
         self.fail_statuses = list(fail_statuses)
@@ -102,6 +126,36 @@ class FakeOpenAIServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     # ---- request handling -------------------------------------------------------------------
+    def _encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            return _tokens(text)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _chat_prompt_ids(self, body: dict[str, Any]) -> list[int]:
+        messages = body.get("messages") or []
+        if self.tokenizer is None:
+            return _tokens(_render_chat(messages))
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=body.get("tools"), tokenize=False, add_generation_prompt=True
+        )
+        return self._encode(text)
+
+    def _too_long(self, prompt_ids: list[int]) -> JSONResponse | None:
+        """vLLM's 400 for a prompt over max_model_len (tokenizer mode only)."""
+        if self.tokenizer is None or len(prompt_ids) <= self.max_model_len:
+            return None
+        message = (
+            f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+            f"prompt contains {len(prompt_ids)} input tokens."
+        )
+        self.stats[400] += 1
+        return JSONResponse({"error": {"message": message, "code": 400}}, status_code=400)
+
+    def _token_text(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return bytes([token_id]).decode("latin-1")
+        return self.tokenizer.convert_ids_to_tokens(token_id)
+
     def _failure(self) -> int | None:
         if self.script:
             status = self.script.pop(0)
@@ -130,12 +184,18 @@ class FakeOpenAIServer:
         text = _text_of(message.get("content")) + "".join(
             f"<tool_call>{json.dumps(call['function'])}</tool_call>" for call in tool_calls
         )
-        token_ids = _tokens(text)
+        token_ids = self._encode(text)
+        if self.tokenizer is not None:
+            token_ids.append(self.tokenizer.eos_token_id)
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         finish = "tool_calls" if tool_calls else "stop"
         if limit is not None and len(token_ids) > int(limit):
             token_ids = token_ids[: int(limit)]
-            message["content"] = bytes(token_ids).decode("utf-8", errors="ignore")
+            message["content"] = (
+                bytes(token_ids).decode("utf-8", errors="ignore")
+                if self.tokenizer is None
+                else self.tokenizer.decode(token_ids)
+            )
             message.pop("tool_calls", None)
             finish = "length"
         return message, token_ids, finish
@@ -149,7 +209,12 @@ class FakeOpenAIServer:
 
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
-            data = [{"id": m, "object": "model", "owned_by": "fake"} for m in self.models]
+            data: list[dict[str, Any]] = [
+                {"id": m, "object": "model", "owned_by": "fake"} for m in self.models
+            ]
+            if self.tokenizer is not None:
+                for card in data:
+                    card.update(root=self.model_root, max_model_len=self.max_model_len)
             return {"object": "list", "data": data}
 
         @app.post("/v1/chat/completions")
@@ -157,12 +222,14 @@ class FakeOpenAIServer:
             body = await request.json()
             if failed := await self._gate():
                 return failed
+            prompt_ids = self._chat_prompt_ids(body)
+            if too_long := self._too_long(prompt_ids):
+                return too_long
             message, token_ids, finish = self._reply(body)
-            prompt_ids = _tokens(_render_chat(body.get("messages") or []))
             choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
             if body.get("logprobs"):
                 content = [
-                    {"token": bytes([t]).decode("latin-1"), "logprob": _logprob(t), "bytes": [t]}
+                    {"token": self._token_text(t), "logprob": _logprob(t), "bytes": [t]}
                     for t in token_ids
                 ]
                 choice["logprobs"] = {"content": [{**c, "top_logprobs": []} for c in content]}
@@ -176,7 +243,9 @@ class FakeOpenAIServer:
             if failed := await self._gate():
                 return failed
             prompt = body.get("prompt", "")
-            prompt_ids = list(prompt) if isinstance(prompt, list) else _tokens(prompt)
+            prompt_ids = list(prompt) if isinstance(prompt, list) else self._encode(prompt)
+            if too_long := self._too_long(prompt_ids):
+                return too_long
             message, token_ids, finish = self._reply(body)
             choice: dict[str, Any] = {
                 "index": 0,
@@ -185,7 +254,7 @@ class FakeOpenAIServer:
             }
             if body.get("logprobs") is not None:
                 choice["logprobs"] = {
-                    "tokens": [bytes([t]).decode("latin-1") for t in token_ids],
+                    "tokens": [self._token_text(t) for t in token_ids],
                     "token_logprobs": [_logprob(t) for t in token_ids],
                     "top_logprobs": None,
                     "text_offset": list(range(len(token_ids))),

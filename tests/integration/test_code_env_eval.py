@@ -4,6 +4,10 @@ broken sandbox) and the real vLLM CPU tiny model. Errored rollouts are counted, 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -90,3 +94,20 @@ def test_eval_code_against_the_real_tiny_model(
         assert 0.0 <= rollout.reward <= 1.0
         assert rollout.turns[0].completion_token_ids
     assert run.metadata.summary["errors"] == 0
+
+
+def test_without_bubblewrap_the_code_env_refuses_with_the_fix(tmp_path: Path) -> None:
+    """No isolation (bwrap hidden from PATH): `rlkit eval code` stops before any rollout and
+    says how to install bubblewrap; nothing falls back to running the code unisolated."""
+    env = {**os.environ, "PATH": str(tmp_path / "no-bwrap-here"), "RLKIT_HOME": str(tmp_path)}
+    env.pop("RLKIT_SANDBOX_BACKEND", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlkit_cli.main", "eval", "code", "-m", "m",
+         "-b", "http://127.0.0.1:9/v1", "-o", str(tmp_path / "runs")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "bwrap is not installed" in proc.stderr
+    assert "apt-get install bubblewrap" in proc.stderr
+    assert "RLKIT_SANDBOX_BACKEND=local" in proc.stderr
+    assert not (tmp_path / "runs").exists()

@@ -21,7 +21,8 @@ def _check_engine_record(rollout: Rollout) -> None:
         assert all(lp <= 0.0 for lp in turn.completion_logprobs)
         assert turn.finish_reason in ("stop", "length")
         assert turn.policy_version_end is not None
-    tokens, mask, logprobs = rollout.training_sample()
+    sample = rollout.training_sample()
+    tokens, mask, logprobs = sample.token_ids, sample.loss_mask, sample.inference_logprobs
     last = rollout.turns[-1]
     assert tokens == last.prompt_token_ids + last.completion_token_ids
     assert len(mask) == len(logprobs) == len(tokens)
@@ -79,6 +80,7 @@ async def test_multi_turn_rollout_concatenates_turns(
     assert max(len(r.turns) for r in rollouts) > 1
     for rollout in rollouts:
         _check_engine_record(rollout)
+        assert rollout.prompt_mode == "tokens" and rollout.exact_continuation
         assert all(t.finish_reason == "stop" for t in rollout.turns[:-1])
         assert len(rollout.turns) == 3 or rollout.turns[-1].finish_reason == "length"
         assert [m["role"] for m in rollout.completion][1::2] == ["user"] * (len(rollout.turns) - 1)

@@ -1,20 +1,26 @@
 """The hub server's store on PostgreSQL: the same code as on SQLite, behind a database URL.
 
 Starts a throwaway cluster with the Debian `postgresql` binaries (skipped when they or psycopg
-are missing) and runs uploads, ownership, immutability, privacy, concurrency and evaluations.
+are missing, a failure under CI=true) and runs uploads, ownership, immutability, privacy,
+concurrency and evaluations.
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
+import importlib.util
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -23,10 +29,17 @@ from rlkit.hub.artifacts import inspect_artifact
 from rlkit.hub.server.db import create_token, make_engine
 from rlkit.hub.server.store import HubStore
 from tests.hub_dists import make_sdist, make_wheel
+from tests.system import require_system
 
 BINDIRS = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
-pytest.importorskip("psycopg")
-pytestmark = pytest.mark.skipif(not BINDIRS, reason="Debian postgresql binaries not installed")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _postgres_installed() -> None:
+    require_system("PostgreSQL", bool(BINDIRS), "apt-get install postgresql")
+    require_system(
+        "psycopg", importlib.util.find_spec("psycopg") is not None, "pip install 'rlkit[hub]'"
+    )
 
 
 def as_postgres(cmd: list[str]) -> list[str]:
@@ -94,3 +107,78 @@ def test_store_on_postgres(pg_url: str, tmp_path: Path) -> None:
     store.add_eval("alice", "pg-env", "0.1.0", EvalRecord(model="m", mean_reward=1, n=2), "alice")
     assert store.card("alice", "pg-env", viewer="alice").evals[0].version == "0.1.0"
     engine.dispose()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_server_processes_race_without_losing_a_committed_file(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Two `rlkit hub serve` processes on one database and one data dir; 50 concurrent uploads,
+    each file name sent twice with different bytes: every committed file is present and its
+    bytes match the hash the database recorded."""
+    import httpx
+
+    from tests.integration.test_hub_server import upload
+
+    engine = make_engine(pg_url)
+    token = create_token(engine, "racer")
+    engine.dispose()
+    ports = [_free_port(), _free_port()]
+    servers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rlkit_cli.main",
+                "hub",
+                "serve",
+                "--data",
+                str(tmp_path),
+                "--db",
+                pg_url,
+                "--port",
+                str(port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        for port in ports
+    ]
+    try:
+        urls = [f"http://127.0.0.1:{port}" for port in ports]
+        deadline = time.monotonic() + 60
+        for url in urls:
+            while True:
+                try:
+                    httpx.get(f"{url}/simple/", timeout=2)
+                    break
+                except httpx.HTTPError:
+                    assert time.monotonic() < deadline, "hub server did not start"
+                    time.sleep(0.3)
+        jobs = []
+        for i in range(25):
+            for side in (0, 1):
+                filename, data = make_wheel("race-env", f"0.0.{i}", readme=f"# side {side}")
+                jobs.append((SimpleNamespace(url=urls[side]), filename, data))
+        with ThreadPoolExecutor(50) as pool:
+            responses = list(pool.map(lambda j: upload(j[0], token, j[1], j[2]), jobs))
+        codes = sorted(r.status_code for r in responses)
+        assert set(codes) <= {200, 409}, codes
+        assert codes.count(200) == 25  # exactly one winner per file name
+        card = httpx.get(f"{urls[0]}/api/v1/envs/racer/race-env", timeout=10).json()
+        recorded = {f["filename"]: f["sha256"] for v in card["versions"] for f in v["files"]}
+        assert len(recorded) == 25
+        for filename, sha in recorded.items():
+            for url in urls:
+                served = httpx.get(f"{url}/files/race-env/{filename}", timeout=10)
+                assert served.status_code == 200, filename
+                assert hashlib.sha256(served.content).hexdigest() == sha, filename
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=30)

@@ -24,6 +24,7 @@ from rlkit.hub.names import EnvRef
 from rlkit.hub.server.app import create_app
 from rlkit.hub.server.db import create_token
 from tests.hub_dists import make_sdist, make_wheel
+from tests.system import require_system
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
@@ -287,8 +288,8 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian chromium not installed")
 def test_web_pages_in_headless_chromium(hub: RunningHub, tmp_path: Path) -> None:
+    require_system("chromium", shutil.which("chromium") is not None, "apt-get install chromium")
     from PIL import Image, ImageStat
     from playwright.sync_api import sync_playwright
 

@@ -4,7 +4,9 @@ gets a classified result. Processes are recognised on the host by a unique `slee
 from __future__ import annotations
 
 import hashlib
+import json
 import random
+import shutil
 import socket
 import subprocess
 import threading
@@ -14,14 +16,16 @@ from pathlib import Path
 import pytest
 
 from rlkit import sandbox
+from rlkit.sandbox import rootfs, runner
+from tests.system import require_system
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
 def _bwrap_backend() -> None:
-    if sandbox.active_backend() != "bwrap":
-        pytest.skip("bubblewrap is not usable on this machine")
+    problem = runner.bwrap_self_test()
+    require_system("bubblewrap", problem is None, f"{problem}; {runner.INSTALL_HINT}")
 
 
 def _marker() -> str:
@@ -289,3 +293,99 @@ for attempt in (lambda: open(path, "a").write("pwned"), lambda: os.remove(path),
     assert "CHANGED" not in result.stdout and result.stdout.count("DENIED") == 4
     after = (hashlib.sha256(target.read_bytes()).hexdigest(), target.stat().st_mtime_ns)
     assert after == before
+
+
+@pytest.fixture
+def planted_grader_data() -> Iterator[str]:
+    """A grader's expected-output file installed the way a system or container Python install
+    puts environment data: inside the interpreter's site-packages (when this user may write
+    there; the checkout's own copy of the code env's data is searched for either way)."""
+    secret = f"rlkit-grader-expected-output-{_marker()}"
+    site = Path(rootfs.interpreter_paths(rootfs.sandbox_python())["purelib"])
+    planted = site / f"rlkit_grader_probe_{_marker().replace('.', '_')}"
+    try:
+        (planted / "data").mkdir(parents=True)
+        (planted / "data" / "problems.jsonl").write_text(json.dumps({"output": secret}) + "\n")
+    except OSError:
+        planted = None
+    try:
+        yield secret
+    finally:
+        if planted is not None:
+            shutil.rmtree(planted, ignore_errors=True)
+
+
+async def test_grader_data_and_site_packages_are_not_visible(planted_grader_data: str) -> None:
+    """A reward hacker searches every file it can see for the graders' expected outputs."""
+    problems = REPO / "environments/code/code_env/data/problems.jsonl"
+    line = problems.read_text().splitlines()[0]
+    needles = [planted_grader_data, line[len(line) // 2 : len(line) // 2 + 64]]
+    # Reversed in the program text, so the program file itself does not contain them.
+    code = f"""
+import os
+needles = [n[::-1].encode() for n in {[n[::-1] for n in needles]!r}]
+suspicious = ("site-packages", "dist-packages", "code_env", "rlkit")
+found, named, files = [], [], 0
+for root, dirs, names in os.walk("/", followlinks=False):
+    if root in ("/proc", "/sys", "/dev"):
+        dirs[:] = []
+        continue
+    named += [os.path.join(root, n) for n in dirs + names if any(s in n for s in suspicious)]
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            if os.path.islink(path) or os.path.getsize(path) > 8 << 20:
+                continue
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        files += 1
+        found += [path for n in needles if n in data]
+print("FILES", files)
+print("FOUND", found)
+print("NAMED", named)
+"""
+    result = await sandbox.run(code, timeout=120)
+    assert result.status == "ok", result.stderr
+    assert int(result.stdout.split("FILES ")[1].split()[0]) > 100  # it really searched
+    assert "FOUND []" in result.stdout
+    assert "NAMED []" in result.stdout
+    for hidden in rootfs.hidden_paths(rootfs.sandbox_python()):
+        assert hidden not in result.stdout
+
+
+async def test_memory_across_many_processes_stops_at_the_total_cap() -> None:
+    """Each child stays under the per-process limit; together they would far exceed the cap."""
+    sandbox.configure(total_memory_mb=512)
+    code = """
+import os, time
+held = 0
+for _ in range(16):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        try:
+            block = bytearray(80 << 20)
+            block[::4096] = b"x" * len(block[::4096])  # touch every page
+            os.write(1, b"HELD\\n")
+            time.sleep(30)
+        except MemoryError:
+            os.write(1, b"REFUSED\\n")
+        os._exit(0)
+    held += 1
+    time.sleep(0.2)
+print("FORKED", held, flush=True)
+"""
+    try:
+        result = await sandbox.run(code, memory_mb=128, timeout=15)
+    finally:
+        sandbox.configure(total_memory_mb=2048)
+    assert result.status == "ok", result.stderr
+    held = result.stdout.count("HELD")
+    forked = int(result.stdout.split("FORKED ")[1].split()[0])
+    assert 1 <= held <= forked < 16  # fork was refused long before 16 children
+    # Every process in the tree maps at most 128 MiB and at most 512 // 128 of them exist.
+    assert (forked + 1) * 128 <= 512

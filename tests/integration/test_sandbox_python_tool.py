@@ -66,7 +66,7 @@ async def test_state_persists_across_calls_and_session_is_closed() -> None:
         assert tool_messages == ["(no output)", "(no output)", "43\n"]
         assert rollout.reward == 1.0
         assert len(rollout.turns) == 4
-        _, mask, _ = rollout.training_sample()
+        mask = rollout.training_sample().loss_mask
         assert 0 < sum(mask) < len(mask)  # tool output tokens are not trained on
     assert _sessions_alive(f"main.py {output_limit}") == []
 

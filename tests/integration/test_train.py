@@ -51,9 +51,9 @@ def sft_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "sft",
             "--config",
             str(ROOT / "examples/tiny-cpu/sft.toml"),
-            f"run_dir={root / 'sft'}",
-            f"model.path={base}",
-            f"data.path={data}",
+            f"--run_dir={root / 'sft'}",
+            f"--model.path={base}",
+            f"--data.path={data}",
         ],
         check=True,
         timeout=1200,
@@ -161,7 +161,10 @@ def test_inference_server_killed_mid_run(sft_model: Path, tmp_path: Path) -> Non
     proc = start(cmd, tmp_path / "run.log")
     try:
         wait_for_step(proc, run_dir, 2, timeout=900)
-        server_pid = json.loads((run_dir / "pids.json").read_text())["inference"][0]
+        pids = json.loads((run_dir / "pids.json").read_text())
+        environ = Path(f"/proc/{pids['trainer'][0]}/environ").read_bytes().split(b"\0")
+        assert b"OMP_WAIT_POLICY=PASSIVE" in environ  # the CPU default reached the trainer
+        server_pid = pids["inference"][0]
         os.killpg(server_pid, signal.SIGKILL)
         assert proc.wait(timeout=1200) == 0, (tmp_path / "run.log").read_text()[-3000:]
     finally:
@@ -169,6 +172,8 @@ def test_inference_server_killed_mid_run(sft_model: Path, tmp_path: Path) -> Non
             os.killpg(proc.pid, signal.SIGKILL)
     log = (tmp_path / "run.log").read_text()
     assert "relaunching" in log
+    server_log = (run_dir / "logs" / "inference-0.log").read_text()
+    assert "busy-wait limited to 0.005 s" in server_log  # the CPU default reached the worker
     assert [r["step"] for r in records(run_dir)] == [1, 2, 3, 4, 5]
     for step in range(1, 6):  # every batch is complete and valid
         read_batch(run_dir / "batches" / f"step_{step:06d}.pt")

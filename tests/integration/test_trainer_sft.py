@@ -127,3 +127,18 @@ def test_sft_lowers_loss_and_kill9_resume_is_bitwise(tiny_model_dir: Path, tmp_p
 
     model = AutoModelForCausalLM.from_pretrained(run_a / "final")
     assert model.dtype == torch.bfloat16 and (run_a / "final" / "STABLE").exists()
+
+
+@pytest.mark.slow
+def test_sft_cli_runs_two_ranks_with_overrides(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`rlkit sft CFG --nproc 2 --section.field V`: torchrun gets the resolved config, not the
+    overrides (it would take `--nproc` for its own `--nproc-per-node`)."""
+    run_dir = tmp_path / "two"
+    cfg = write_config(tmp_path, tiny_model_dir, run_dir)
+    cli = [RLKIT, "sft", str(cfg), "--nproc", "2", "--max_steps", "2", "--ckpt.interval=0"]
+    done = subprocess.run(cli, env=env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    resolved = (run_dir / "sft.toml").read_text()
+    assert "nproc = 2" in resolved and "max_steps = 2" in resolved
+    steps = [json.loads(line)["step"] for line in (run_dir / "sft_metrics.jsonl").open()]
+    assert steps == [1, 2] and (run_dir / "final" / "STABLE").exists()

@@ -74,3 +74,63 @@ async def test_exported_weights_served_with_trainer_logprobs(
     finally:
         trainer.close()
         server.stop()
+
+
+def k3(trainer: Trainer, prompt: list[int], gens: list, temperature: float) -> float:
+    """Mean k3 = k - 1 - log k, k = pi_train / pi_vllm, over the sampled tokens."""
+    values = []
+    for gen in gens:
+        ids = prompt + gen.completion_token_ids
+        mask = [0] * len(prompt) + [1] * len(gen.completion_token_ids)
+        seq = Sequence(ids, mask, [0.0] * len(ids), temperature=temperature)
+        (mb,) = make_micro_batches([seq], 4096)
+        with torch.no_grad():
+            ours = trainer.logprobs(mb)[0][0, len(prompt) - 1 :]
+        delta = ours - torch.tensor(gen.completion_logprobs)
+        values.append(torch.exp(delta) - delta - 1)
+    return float(torch.cat(values).mean())
+
+
+@pytest.mark.slow
+async def test_trainer_scores_tokens_at_the_sampling_temperature(
+    vllm_server, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """k3 between trainer and vLLM at temperature 0.7 stays at its temperature-1 level."""
+    from rlkit.inference import InferenceClient
+
+    model = str(tiny_model_dir)
+    trainer = Trainer(
+        TrainerConfig(
+            run_dir=str(tmp_path / "run"), model=ModelConfig(path=model), optim=OptimConfig(lr=1e-2)
+        ),
+        total_steps=4,
+    )
+    try:
+        train_a_little(trainer)  # a peaked policy: temperature changes its distribution a lot
+        exported = trainer.export(weights_dir(tmp_path / "run", 4))
+        prompt = trainer.tokenizer("<|im_start|>user\nreverse abc<|im_end|>\n")["input_ids"]
+        gens: dict[float, list] = {}
+        async with InferenceClient(vllm_server.url) as client:
+            await client.update_weights(str(exported), version=4)
+            try:
+                for temperature in (1.0, 0.7):
+                    gens[temperature] = [
+                        await client.completion(
+                            prompt,
+                            model,
+                            {"max_tokens": 24, "temperature": temperature, "seed": seed},
+                        )
+                        for seed in range(6)
+                    ]
+            finally:  # the session server is shared: serve the original weights again
+                await client.update_weights(model, version=0)
+        at_1 = k3(trainer, prompt, gens[1.0], 1.0)
+        at_07 = k3(trainer, prompt, gens[0.7], 0.7)
+        unscaled = k3(trainer, prompt, gens[0.7], 1.0)  # what the trainer computed before
+        print(
+            f"k3 trainer vs vLLM: T=1 {at_1:.2e}, T=0.7 {at_07:.2e}, T=0.7 unscaled {unscaled:.2e}"
+        )
+        assert at_07 < 2 * at_1 + 1e-3
+        assert unscaled > 10 * at_07
+    finally:
+        trainer.close()

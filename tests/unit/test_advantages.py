@@ -57,8 +57,10 @@ def test_group_advantages_errors() -> None:
         group_advantages([1.0, 0.0, 1.0], 4)
     with pytest.raises(ValueError, match="exactly one of"):
         group_advantages([1.0, 0.0], 2, groups=[0, 0])
-    with pytest.raises(ValueError, match="unknown advantage method 'ppo'"):
-        group_advantages([1.0, 0.0], 2, method="ppo")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'"):
+        group_advantages([1.0, 0.0], 2, method="ppo")
+    with pytest.raises(ValueError, match=r"params\.eps: Input should be greater than 0"):
+        group_advantages([1.0, 0.0], 2, params={"eps": -1.0})
     with pytest.raises(ValueError, match="3 keys for 2 rewards"):
         group_advantages([1.0, 0.0], groups=[0, 0, 1])
 

@@ -30,7 +30,7 @@ class Root(Config):
 def test_toml_and_overrides(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('name = "a"\n[optim]\nlr = 0.1\n[[env]]\nid = "math"\n')
-    cfg = load_config(Root, path, ["--optim.lr", "1e-5", "env.0.weight=2", "--name=b"])
+    cfg = load_config(Root, path, ["--optim.lr", "1e-5", "--env.0.weight=2", "--name=b"])
     assert cfg.name == "b"
     assert cfg.optim.lr == 1e-5
     assert cfg.env[0].id == "math" and cfg.env[0].weight == 2.0
@@ -38,7 +38,7 @@ def test_toml_and_overrides(tmp_path: Path) -> None:
 
 
 def test_override_values_parse_as_toml_literals() -> None:
-    assert parse_overrides(["a=[1, 2]", "--b", "true", "c=hello"]) == [
+    assert parse_overrides(["--a=[1, 2]", "--b", "true", "--c=hello"]) == [
         ("a", [1, 2]),
         ("b", True),
         ("c", "hello"),
@@ -48,9 +48,9 @@ def test_override_values_parse_as_toml_literals() -> None:
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
-        (["optim.lrr=1"], "optim.lrr"),
-        (["env.0.weight=-1"], "env.0.weight"),
-        (["optim.lr=fast"], "optim.lr"),
+        (["--optim.lrr=1"], "optim.lrr"),
+        (["--env.0.weight", "-1"], "env.0.weight"),
+        (["--optim.lr", "fast"], "optim.lr"),
     ],
 )
 def test_bad_fields_are_named(overrides: list[str], needle: str) -> None:
@@ -67,3 +67,8 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
         load_config(Root, bad)
     with pytest.raises(UsageError, match="--section.field"):
         load_config(Root, None, ["dangling"])
+
+
+def test_bare_key_value_overrides_still_work_with_a_deprecation_warning() -> None:
+    with pytest.warns(FutureWarning, match="write --optim.lr 0.5"):
+        assert parse_overrides(["optim.lr=0.5"]) == [("optim.lr", 0.5)]

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import sys
 import textwrap
-import types
 from pathlib import Path
 
 import pytest
 
 from rlkit.envs import Environment, list_environments, load_environment
-from rlkit.envs.loader import parse_env_id
 from rlkit.errors import UsageError
+from rlkit.hub.names import EnvRef, parse_env_id
 from rlkit.inference import InferenceClient
 from tests.fakes.fake_openai import FakeOpenAIServer
 
@@ -72,9 +71,9 @@ def _write_env(folder: Path, name: str, module: str, source: str) -> None:
 
 
 def test_parse_env_id() -> None:
-    assert parse_env_id("owner/my-env@1.2") == ("owner", "my-env", "1.2")
-    assert parse_env_id("my-env") == (None, "my-env", None)
-    with pytest.raises(UsageError, match="malformed"):
+    assert parse_env_id("owner/my-env@1.2") == EnvRef("owner", "my-env", "1.2")
+    assert parse_env_id("my-env", require_owner=False) == EnvRef("", "my-env", None)
+    with pytest.raises(UsageError, match="must look like"):
         parse_env_id("a/b/c")
 
 
@@ -82,6 +81,7 @@ async def test_custom_environment_in_a_folder_is_found_and_runs(env_path: Path) 
     _write_env(env_path, "shout-words", "shout_words", CUSTOM_ENV)
     env = load_environment("someone/shout-words@0.1.0", num_examples=2)
     assert isinstance(env, Environment) and env.env_id == "shout-words"
+    assert env.version == "0.1.0"  # from the folder's pyproject.toml (no installed package)
     assert "shout-words" in list_environments()
     rows = env.get_eval_dataset()
     assert rows[1]["prompt"][0] == {
@@ -134,9 +134,7 @@ def test_hub_ids_are_installed_then_imported(
         (site / "hubbed.py").write_text(CUSTOM_ENV)  # what `pip install` would have done
         sys.path.insert(0, str(site))
 
-    monkeypatch.setitem(
-        sys.modules, "rlkit.hub", types.SimpleNamespace(ensure_installed=ensure_installed)
-    )
+    monkeypatch.setattr("rlkit.envs.loader.ensure_installed", ensure_installed)
     env = load_environment("alice/hubbed@1.0")
     assert calls == ["alice/hubbed@1.0"] and env.env_id == "hubbed"
     with pytest.raises(UsageError, match="unknown environment 'nohub'"):

@@ -43,7 +43,8 @@ async def test_multi_turn_loop_records_every_turn() -> None:
     assert len(rollout.turns) == 3 and rollout.reward == 3.0 and rollout.error is None
     for turn in rollout.turns:
         assert len(turn.completion_logprobs) == len(turn.completion_token_ids) > 0
-    tokens, mask, logprobs = rollout.training_sample()
+    sample = rollout.training_sample()
+    tokens, mask, logprobs = sample.token_ids, sample.loss_mask, sample.inference_logprobs
     assert len(tokens) == len(mask) == len(logprobs) and sum(mask) > 0
     assert rollout.usage["completion_tokens"] == sum(
         len(t.completion_token_ids) for t in rollout.turns

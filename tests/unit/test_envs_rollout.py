@@ -22,7 +22,8 @@ def _turn(prompt: list[int], completion: list[int], version: int = 0) -> Turn:
 
 def test_single_turn_training_sample() -> None:
     rollout = Rollout(turns=[_turn([1, 2, 3], [4, 5])])
-    tokens, mask, logprobs = rollout.training_sample()
+    sample = rollout.training_sample()
+    tokens, mask, logprobs = sample.token_ids, sample.loss_mask, sample.inference_logprobs
     assert tokens == [1, 2, 3, 4, 5]
     assert mask == [0, 0, 0, 1, 1]
     assert logprobs == [0.0, 0.0, 0.0, pytest.approx(-0.1), pytest.approx(-0.2)]
@@ -31,7 +32,8 @@ def test_single_turn_training_sample() -> None:
 def test_multi_turn_sample_masks_environment_tokens() -> None:
     # turn 2's prompt extends turn 1's prompt + completion with environment tokens 6, 7
     rollout = Rollout(turns=[_turn([1, 2], [3, 4]), _turn([1, 2, 3, 4, 6, 7], [8], version=2)])
-    tokens, mask, logprobs = rollout.training_sample()
+    sample = rollout.training_sample()
+    tokens, mask, logprobs = sample.token_ids, sample.loss_mask, sample.inference_logprobs
     assert tokens == [1, 2, 3, 4, 6, 7, 8]
     assert mask == [0, 0, 1, 1, 0, 0, 1]
     assert logprobs[-1] == pytest.approx(-0.1)
@@ -42,7 +44,8 @@ def test_multi_turn_sample_masks_environment_tokens() -> None:
 def test_broken_prefix_falls_back_to_the_last_turns_context() -> None:
     # the template re-tokenised turn 1's completion [3, 4] as [9]: keep the common prefix [1, 2]
     rollout = Rollout(turns=[_turn([1, 2], [3, 4]), _turn([1, 2, 9, 6], [8])])
-    tokens, mask, _ = rollout.training_sample()
+    sample = rollout.training_sample()
+    tokens, mask = sample.token_ids, sample.loss_mask
     assert tokens == [1, 2, 9, 6, 8]
     assert mask == [0, 0, 0, 0, 1]
 

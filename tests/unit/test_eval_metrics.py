@@ -87,6 +87,20 @@ def test_summarize_threshold_and_metric_decide_success() -> None:
     assert by_metric["pass_at_k"] == {"pass@1": pytest.approx(0.5), "pass@2": pytest.approx(1.0)}
 
 
+def test_summarize_splits_reward_by_task_and_level() -> None:
+    rollouts = [
+        _rollout(0, 1.0, info={"task": "sudoku", "level": "easy"}),
+        _rollout(0, 0.5, info={"task": "sudoku", "level": "easy"}),
+        _rollout(1, 0.9, info={"task": "countdown", "level": "hard"}, error="boom"),  # counts 0
+        _rollout(2, 1.0, info={"task": "countdown", "level": "easy"}),
+    ]
+    assert summarize(rollouts, k=2)["reward_by"] == {
+        "task": {"countdown": pytest.approx(0.5), "sudoku": pytest.approx(0.75)},
+        "level": {"easy": pytest.approx(2.5 / 3), "hard": 0.0},
+    }
+    assert summarize([_rollout(0, 1.0)], k=1)["reward_by"] == {}
+
+
 def test_summarize_empty_run() -> None:
     summary = summarize([], k=3)
     assert summary["num_rollouts"] == 0

@@ -19,12 +19,14 @@ def _inputs(
 
 
 @pytest.mark.parametrize("chunk_size", [1, 8, 37, 1024])
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("temperature", [1.0, 0.7, "per-row"])
 def test_chunked_matches_naive_values_entropy_and_grads(
-    chunk_size: int, temperature: float
+    chunk_size: int, temperature: float | str
 ) -> None:
     hidden, weight, targets = _inputs()
     upstream = torch.randn(hidden.shape[0], generator=torch.Generator().manual_seed(1))
+    if temperature == "per-row":  # each sample of a batch keeps its own sampling temperature
+        temperature = torch.tensor([0.6, 1.0, 1.3])[torch.arange(hidden.shape[0]) % 3]
     results = []
     for fn, kwargs in ((naive_logprobs, {}), (chunked_logprobs, {"chunk_size": chunk_size})):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
@@ -37,6 +39,15 @@ def test_chunked_matches_naive_values_entropy_and_grads(
     torch.testing.assert_close(gh_c, gh_n)
     torch.testing.assert_close(gw_c, gw_n)
     assert lp_c.dtype == torch.float32 and not ent_c.requires_grad
+
+
+def test_per_row_temperature_equals_scaling_each_row() -> None:
+    hidden, weight, targets = _inputs()
+    temps = torch.linspace(0.5, 1.5, hidden.shape[0])
+    together, _ = chunked_logprobs(hidden, weight, targets, chunk_size=8, temperature=temps)
+    for i in (0, 10, 36):
+        alone, _ = naive_logprobs(hidden[i : i + 1], weight, targets[i : i + 1], float(temps[i]))
+        torch.testing.assert_close(together[i : i + 1], alone)
 
 
 def test_logprobs_are_log_softmax_of_targets() -> None:

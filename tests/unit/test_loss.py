@@ -12,10 +12,11 @@ import math
 import pytest
 import torch
 
+from rlkit.trainer import loss as losses
 from rlkit.trainer.loss import (
     policy_loss,
     reference_kl_loss,
-    resolve_loss_params,
+    resolve_loss,
     sft_on_correct_loss,
 )
 
@@ -365,9 +366,9 @@ def test_bad_input_raises_clear_errors() -> None:
     logprobs, old, inference, adv, mask = _random_batch(4)
     with pytest.raises(ValueError, match="unknown loss 'ppo'"):
         policy_loss("ppo", logprobs, old, inference, adv, mask)
-    with pytest.raises(ValueError, match=r"unknown param\(s\) \['alpha'\] for loss 'grpo'"):
-        policy_loss("grpo", logprobs, old, inference, adv, mask, alpha=0.5)
-    with pytest.raises(ValueError, match="unknown agg 'mean'"):
+    with pytest.raises(ValueError, match=r"params\.clip_c: Extra inputs .* \('icepop'\)"):
+        policy_loss("icepop", logprobs, old, inference, adv, mask, clip_c=2.0)
+    with pytest.raises(ValueError, match="params.agg: Input should be"):
         policy_loss("grpo", logprobs, old, inference, adv, mask, agg="mean")
     with pytest.raises(ValueError, match="inference_logprobs must have the shape"):
         policy_loss("grpo", logprobs, old, inference[:, :3], adv, mask)
@@ -385,10 +386,11 @@ def test_bad_input_raises_clear_errors() -> None:
         policy_loss("icepop", logprobs, old, inference, adv, mask, normalizer=0)
 
 
-def test_resolve_loss_params_gives_defaults_for_config_checks() -> None:
-    gspo = resolve_loss_params("gspo", {})
-    assert gspo["agg"] == "seq-mean-token-mean" and gspo["eps_high"] == 4e-4
-    icepop = resolve_loss_params("icepop", {"beta": 3.0})
-    assert (icepop["alpha"], icepop["beta"], icepop["agg"]) == (0.5, 3.0, "token-mean")
-    with pytest.raises(ValueError, match="tis_cap"):
-        resolve_loss_params("icepop", {"tis_cap": 2.0})
+def test_resolve_loss_gives_typed_defaults_for_config_checks() -> None:
+    entry, gspo = resolve_loss("gspo", {})
+    assert entry.fn is losses.gspo and isinstance(gspo, losses.GSPOParams)
+    assert gspo.agg == "seq-mean-token-mean" and gspo.eps_high == 4e-4
+    _, icepop = resolve_loss("icepop", {"beta": 3.0})
+    assert (icepop.alpha, icepop.beta, icepop.agg) == (0.5, 3.0, "token-mean")
+    with pytest.raises(ValueError, match="params.eps_high"):
+        resolve_loss("grpo", {"eps_high": -1.0})

@@ -13,11 +13,12 @@ from rlkit.config import load_config
 from rlkit.envs import Rollout, Turn
 from rlkit.errors import UsageError
 from rlkit.orchestrator.batching import GroupProcessor, make_batch
-from rlkit.orchestrator.config import DifficultyConfig, TrainConfig
+from rlkit.orchestrator.config import DifficultyConfig
 from rlkit.orchestrator.metrics import MetricsLogger, step_record, truncate_jsonl
 from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import Counters, Group
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume, save_state
+from rlkit.train.config import TrainConfig
 from rlkit.trainer.batch import read_batch, write_batch
 
 BASE = """
@@ -38,7 +39,7 @@ def config(tmp_path: Path, text: str = BASE, overrides: list[str] | None = None)
 
 
 def test_config_defaults_and_overrides(tmp_path: Path) -> None:
-    cfg = config(tmp_path, overrides=["--orchestrator.group_size", "4", "loss.name=grpo"])
+    cfg = config(tmp_path, overrides=["--orchestrator.group_size", "4", "--loss.name=grpo"])
     assert cfg.orchestrator.group_size == 4 and cfg.loss.name == "grpo"
     trainer = cfg.trainer_config()
     assert trainer.run_dir == cfg.log.run_dir and trainer.model.path == "/tmp/model"
@@ -58,11 +59,20 @@ def test_config_defaults_and_overrides(tmp_path: Path) -> None:
             "orchestrator.difficulty={easy_fraction = 0.8, hard_fraction = 0.3}",
             "easy_fraction + hard_fraction",
         ),
+        ("loss.name=ppo", "loss.name: .*unknown loss 'ppo'"),
+        ("loss.name=no_such_module_xyz:fn", "loss.name: .*cannot import no_such_module_xyz"),
+        ("loss.params.alpha=2", "loss: .*params.alpha: Input should be less than or equal to 1"),
+        ("loss.params.clip_c=3", "loss: .*params.clip_c: Extra inputs"),
+        ("loss.behaviour_correction=mask", "loss.behaviour_correction"),
+        ("trainer.mini_batches=0", "trainer.mini_batches"),
+        ("orchestrator.advantage=ppo", "orchestrator: .*unknown advantage estimator 'ppo'"),
+        ("orchestrator.advantage_params.eps=0", "advantage_params.eps: Input should be greater"),
     ],
 )
 def test_bad_config_names_the_field(tmp_path: Path, override: str, field: str) -> None:
-    with pytest.raises(UsageError, match=field.replace(".", r"\.").replace("+", r"\+")):
-        config(tmp_path, overrides=[override])
+    pattern = field if ".*" in field else field.replace(".", r"\.").replace("+", r"\+")
+    with pytest.raises(UsageError, match=pattern):
+        config(tmp_path, overrides=[f"--{override}"])
 
 
 def test_cli_bad_config_exits_2_and_starts_nothing(tmp_path: Path) -> None:
@@ -80,10 +90,15 @@ def test_cli_bad_config_exits_2_and_starts_nothing(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2 and "orchestrator.token_budget" in proc.stderr
     assert not run_dir.exists()
+    proc = subprocess.run(
+        [*cli, "--loss.params.beta", "0.5"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2 and "params.beta" in proc.stderr
+    assert not run_dir.exists()
 
 
 def test_evaluation_only_environment_is_refused_for_training(tmp_path: Path) -> None:
-    from rlkit.orchestrator.config import check_environments
+    from rlkit.train.config import check_environments
 
     cfg = config(tmp_path, BASE.replace('id = "reverse-text"', 'id = "math"'))
     with pytest.raises(UsageError, match=r"env\.0\.args: .*no training set"):
@@ -155,6 +170,8 @@ def test_metrics_record_log_and_plot(tmp_path: Path) -> None:
     proc = GroupProcessor(advantage="grpo", drop_zero_advantage=True, solve_threshold=1.0)
     group = Group(uid=0, start_version=0, env_id="e", index=0)
     group.rollouts = [rollout(1.0, version=0), rollout(0.0, version=1)]
+    for r, task in zip(group.rollouts, ["sudoku", "countdown"], strict=True):
+        r.info = {"task": task}  # environments with named tasks get a reward curve per task
     proc(group)
     batch = make_batch(1, [group], version=1)
     record = step_record(
@@ -168,14 +185,20 @@ def test_metrics_record_log_and_plot(tmp_path: Path) -> None:
         idle_s=1.5,
     )
     assert record["reward_mean/e"] == 0.5 and record["solve_rate/e"] == 0.5
+    assert record["reward_mean/e/sudoku"] == 1.0 and record["reward_mean/e/countdown"] == 0.0
     assert record["staleness_hist/0"] == 1 and record["staleness_hist/1"] == 1
     assert record["inference_idle_frac"] == 0.5
     from rich.console import Console
 
-    logger = MetricsLogger(tmp_path, Console(file=open(tmp_path / "out.txt", "w")), plot=True)
+    out = Console(file=open(tmp_path / "out.txt", "w"))
+    logger = MetricsLogger(tmp_path, out, plot=True, plot_every_s=3600)
     for step in (1, 2):
         logger.log({**record, "step": step, "mismatch_kl": 1e-3, "icepop_masked_low_frac": 0.01})
-    assert (tmp_path / "metrics.png").stat().st_size > 1000
+        if step == 1:  # drawn after the first step, then not again within the hour
+            first = (tmp_path / "metrics.png").stat().st_mtime_ns
+    assert (tmp_path / "metrics.png").stat().st_mtime_ns == first
+    logger.draw_plot()  # the end of the run draws the last steps
+    assert (tmp_path / "metrics.png").stat().st_mtime_ns > first
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
     truncate_jsonl(tmp_path / "metrics.jsonl", 1)
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1

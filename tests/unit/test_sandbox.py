@@ -13,12 +13,13 @@ from rlkit.sandbox import runner
 from rlkit.sandbox.limits import MIB, Limits
 from rlkit.sandbox.process import classify
 from rlkit.sandbox.session import PythonSession
+from tests.system import require_system
 
 
 @pytest.fixture(autouse=True)
 def _bwrap_backend() -> None:
-    if sandbox.active_backend() != "bwrap":
-        pytest.skip("bubblewrap is not usable on this machine")
+    problem = runner.bwrap_self_test()
+    require_system("bubblewrap", problem is None, f"{problem}; {runner.INSTALL_HINT}")
 
 
 def test_limits_become_prlimit_arguments() -> None:
@@ -26,7 +27,14 @@ def test_limits_become_prlimit_arguments() -> None:
     assert args[0] == "prlimit" and args[-1] == "--"
     assert "--cpu=4:5" in args
     assert f"--as={128 * MIB}" in args
-    assert "--nproc=64" in args
+    assert "--nproc=17" in args  # 2048 MiB total / 128 MiB per process, + bwrap's init
+    capped = Limits(timeout=1, memory_mb=16, total_memory_mb=4096).prlimit_args()
+    assert "--nproc=65" in capped
+
+
+def test_per_process_memory_cannot_exceed_the_total_cap() -> None:
+    with pytest.raises(ValueError, match="total memory cap"):
+        Limits(timeout=1, memory_mb=1024, total_memory_mb=512)
 
 
 @pytest.mark.parametrize(
@@ -98,7 +106,7 @@ async def test_concurrency_limit_is_respected() -> None:
 
 async def test_broken_sandbox_is_a_sandbox_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        launch_mod, "_system_binds", lambda python: ["--ro-bind", "/nonexistent-rlkit", "/usr"]
+        launch_mod, "runtime_binds", lambda python: ["--ro-bind", "/nonexistent-rlkit", "/usr"]
     )
     result = await sandbox.run("print('never')")
     assert result.status == "sandbox_error"
@@ -115,7 +123,7 @@ async def test_local_backend_runs_with_limits() -> None:
         assert (ok.status, ok.stdout) == ("ok", "True\n")
         assert spin.status == "timeout"
     finally:
-        sandbox.configure(backend="auto")
+        sandbox.configure(backend="bwrap")
     assert sandbox.active_backend() == "bwrap"
 
 
@@ -138,25 +146,80 @@ async def test_python_session_keeps_state_and_recovers() -> None:
 
 async def test_python_session_reports_a_broken_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        launch_mod, "_system_binds", lambda python: ["--ro-bind", "/nonexistent-rlkit", "/usr"]
+        launch_mod, "runtime_binds", lambda python: ["--ro-bind", "/nonexistent-rlkit", "/usr"]
     )
     async with PythonSession() as py:
         result = await py.execute("print(1)")
     assert result.status == "sandbox_error"
 
 
-def test_unusable_bwrap_falls_back_to_local_loudly(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_unusable_bwrap_fails_closed_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner, "bwrap_self_test", lambda: "bwrap is not installed")
-    sandbox.configure(backend="auto")
+    runner.active_backend.cache_clear()
     try:
-        with caplog.at_level("WARNING"):
-            assert sandbox.active_backend() == "local"
-        assert "UNSAFE" in caplog.text and "bwrap is not installed" in caplog.text
-        sandbox.configure(backend="bwrap")
-        with pytest.raises(RuntimeError, match="bwrap requested but unusable"):
-            sandbox.active_backend()
+        with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
+            await sandbox.run("print('never runs unisolated')")
+        with pytest.raises(sandbox.SandboxUnavailable, match="RLKIT_SANDBOX_BACKEND=local"):
+            sandbox.require()
     finally:
         monkeypatch.undo()
-        sandbox.configure(backend="auto")
+        runner.active_backend.cache_clear()
+    assert sandbox.active_backend() == "bwrap"
+
+
+async def test_mounts_bind_a_writable_workdir_and_read_only_import_roots(tmp_path) -> None:
+    from rlkit.sandbox.launch import Mounts
+    from rlkit.sandbox.runtime import runtime_tree
+    from rlkit.sandbox.workspace import writable_copy
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "test_one.py").write_text("def test_one():\n    assert True\n")
+    tree = runtime_tree("pytest")
+    assert "pytest==" in (tree / "RUNTIME.txt").read_text()
+    assert runtime_tree("pytest") == tree  # built once per set of versions
+    with writable_copy(tmp_path / "src") as repo:
+        mounts = Mounts(workdir=repo, pythonpath=(tree,))
+        script = (
+            "echo kept > made.txt\n"
+            "touch /opt/pythonpath/0/x 2>/dev/null && echo runtime-writable\n"
+            "touch /usr/x 2>/dev/null && echo usr-writable\n"
+            "python3 -m pytest -q -p no:cacheprovider\n"
+        )
+        result = await sandbox.run(script, language="bash", mounts=mounts, timeout=30)
+        assert result.status == "ok", result.stderr
+        assert "1 passed" in result.stdout and "writable" not in result.stdout
+        assert (repo / "made.txt").read_text() == "kept\n"  # the next run sees it
+        again = await sandbox.run("cat made.txt", language="bash", mounts=mounts)
+        assert again.stdout == "kept\n"
+    assert not repo.exists()  # the copy is removed with everything the runs wrote
+
+
+def test_explicit_local_backend_is_logged_at_every_run_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sandbox.configure(backend="local")
+    try:
+        with caplog.at_level("WARNING"):
+            assert sandbox.require() == "local"
+            assert sandbox.require() == "local"
+        assert caplog.text.count("UNSAFE: the `local` sandbox backend was chosen") == 2
+        with pytest.raises(ValueError, match="backend must be one of"):
+            sandbox.configure(backend="auto")
+    finally:
+        sandbox.configure(backend="bwrap")
+
+
+def test_rlkit_sandbox_check_reports_each_property(monkeypatch, capsys) -> None:
+    from tests.cli import run_cli
+
+    code, output = run_cli(monkeypatch, capsys, "sandbox", "check")
+    assert code == 0, output
+    for name in ("backend", "filesystem", "network", "processes", "user", "memory"):
+        assert name in output
+    assert "NO" not in output
+    sandbox.configure(backend="local")  # no isolation: the check must say so and fail
+    try:
+        code, output = run_cli(monkeypatch, capsys, "sandbox", "check")
+    finally:
+        sandbox.configure(backend="bwrap")
+    assert code == 1 and "NO" in output, output

@@ -12,7 +12,7 @@ from rlkit.trainer.config import LossConfig, ModelConfig, OptimConfig, TrainerCo
 from rlkit.trainer.engine import Trainer
 from rlkit.trainer.optim import lr_factor
 from rlkit.trainer.packing import Sequence
-from rlkit.trainer.rl import batch_normalizer, make_rl_loss
+from rlkit.trainer.rl import batch_normalizer, make_rl_loss, resolve_loss_config
 
 
 def test_warmup_then_cosine_and_constant() -> None:
@@ -64,18 +64,18 @@ def test_activation_checkpointing_gives_the_same_gradients(
 
 
 def test_bad_loss_config_fails_before_any_work(tmp_path: Path) -> None:
-    from rlkit.errors import UsageError
-    from rlkit.trainer.main import main
-    from rlkit.trainer.rl import loss_aggregation
+    from pydantic import ValidationError
 
-    with pytest.raises(UsageError, match="unknown param"):
-        loss_aggregation(LossConfig(name="icepop", params={"alpah": 0.3}))
-    with pytest.raises(UsageError, match="loss.name 'ppo' unknown"):
-        loss_aggregation(LossConfig(name="ppo"))
-    assert loss_aggregation(LossConfig(name="gspo")) == "seq-mean-token-mean"
+    from rlkit.trainer.main import main
+
+    with pytest.raises(ValidationError, match=r"params\.alpah: Extra inputs"):
+        LossConfig(name="icepop", params={"alpah": 0.3})
+    with pytest.raises(ValidationError, match="unknown loss 'ppo'"):
+        LossConfig(name="ppo")
+    assert resolve_loss_config(LossConfig(name="gspo"))[1].agg == "seq-mean-token-mean"
     config = tmp_path / "rl.toml"
     config.write_text('[loss]\nname = "icepop"\n[optim]\nlr = -1.0\n')
     with pytest.raises(SystemExit) as exit_info:
-        main(["--config", str(config), "loss.params.alpah=1"])
+        main(["--config", str(config), "--loss.params.alpah=1"])
     assert exit_info.value.code == 2
     assert not (tmp_path / "runs").exists()

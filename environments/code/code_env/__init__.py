@@ -13,6 +13,7 @@ from typing import Any
 from code_env.dataset import load_problems
 from code_env.extract import extract_code
 from code_env.grading import SandboxFailure, TestSuite, run_tests
+from rlkit import sandbox
 from rlkit.envs import Rubric, SingleTurnEnv
 from rlkit.envs.parsers import last_assistant_text
 from rlkit.errors import UsageError
@@ -23,7 +24,24 @@ SYSTEM_PROMPT = (
 )
 REWARD_MODES = ("fraction", "all")
 
-__all__ = ["SandboxFailure", "extract_code", "load_environment", "load_problems", "run_tests"]
+__all__ = [
+    "CodeEnv",
+    "SandboxFailure",
+    "extract_code",
+    "load_environment",
+    "load_problems",
+    "run_tests",
+]
+
+
+class CodeEnv(SingleTurnEnv):
+    """Single-turn code problems; the gold completion is the row's reference solution."""
+
+    def gold_completion(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        reference = (row.get("info") or {}).get("reference")
+        if not reference:
+            return None
+        return [{"role": "assistant", "content": f"```python\n{reference.rstrip()}\n```"}]
 
 
 def load_environment(
@@ -35,8 +53,9 @@ def load_environment(
     memory_mb: int = 512,
     num_examples: int = -1,
     system_prompt: str = SYSTEM_PROMPT,
-) -> SingleTurnEnv:
+) -> CodeEnv:
     """Build the environment; `timeout` and `memory_mb` apply to each test's sandboxed run."""
+    sandbox.require()  # no isolation: refuse now, with the fix, not per rollout
     if reward_mode not in REWARD_MODES:
         raise UsageError(f"code environment: reward_mode must be one of {REWARD_MODES}")
     if max_tests < 1:
@@ -66,7 +85,7 @@ def load_environment(
         return float(all(await test_results(completion, info, state)))
 
     weights = [1.0, 0.0] if reward_mode == "fraction" else [0.0, 1.0]
-    return SingleTurnEnv(
+    return CodeEnv(
         dataset=problems,
         system_prompt=system_prompt,
         rubric=Rubric(funcs=[pass_rate, all_passed], weights=weights),

@@ -42,8 +42,21 @@ def _suite_from_row(row: dict[str, Any]) -> TestSuite:
     raise ValueError("row has neither `tests` nor `input_output`")
 
 
+def _reference(row: dict[str, Any]) -> str:
+    """A known-correct program: rlkit's `reference`, else APPS/TACO's first `solutions` entry."""
+    if row.get("reference"):
+        return str(row["reference"])
+    solutions = row.get("solutions")
+    if isinstance(solutions, str):
+        try:
+            solutions = json.loads(solutions)
+        except json.JSONDecodeError:
+            return ""
+    return str(solutions[0]) if isinstance(solutions, list) and solutions else ""
+
+
 def load_problems(source: str = "offline", split: str = "train", max_tests: int = 15) -> Dataset:
-    """Rows with `question` (+ I/O hint), `answer` (""), `info` {tests (JSON), style, id}."""
+    """Rows: `question` (+ I/O hint), `answer` (""), `info` {tests (JSON), style, id, reference}."""
     rows = []
     raw = load_dataset_any(str(OFFLINE) if source == "offline" else source, split)
     for index, row in enumerate(raw):
@@ -59,7 +72,12 @@ def load_problems(source: str = "offline", split: str = "train", max_tests: int 
             {
                 "question": f"{question.strip()}\n\n{hint}",
                 "answer": "",
-                "info": {"tests": suite.model_dump_json(), "style": suite.style, "id": problem_id},
+                "info": {
+                    "tests": suite.model_dump_json(),
+                    "style": suite.style,
+                    "id": problem_id,
+                    "reference": _reference(row),
+                },
                 "example_id": index,
             }
         )

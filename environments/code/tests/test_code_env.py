@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from code_env.dataset import OFFLINE
 
 from rlkit import sandbox
 from rlkit.envs import Rollout
+from rlkit.envs.check import check_environment, check_environment_async, report_lines
 from rlkit.errors import UsageError
 from rlkit.sandbox import SandboxResult
 
@@ -61,15 +61,14 @@ def test_offline_set_shape() -> None:
     assert env.dataset[0]["prompt"][0]["role"] == "system"
 
 
-async def test_every_reference_solution_scores_one() -> None:
-    env = load_environment()
-    scored = await asyncio.gather(
-        *(_score(env, [_answer(p["reference"])], index) for index, p in enumerate(PROBLEMS))
-    )
-    for problem, [rollout] in zip(PROBLEMS, scored, strict=True):
-        assert rollout.error is None, (problem["id"], rollout.error)
-        assert rollout.reward == 1.0, (problem["id"], rollout.metrics)
-        assert rollout.metrics == {"pass_rate": 1.0, "all_passed": 1.0}
+def test_every_reference_solution_is_gold() -> None:
+    """`rlkit env check code --gold`: each reference, played through the rollout, passes all
+    tests in the sandbox; empty and garbage replies pass none."""
+    report = check_environment(load_environment(), num_rows=len(PROBLEMS), gold=True)
+    assert report.ok, report_lines(report)
+    gold = [case for case in report.cases if case.kind == "gold"]
+    assert len(gold) == len(PROBLEMS)
+    assert all(case.metrics == {"pass_rate": 1.0, "all_passed": 1.0} for case in gold)
 
 
 async def test_known_wrong_solutions_score_as_expected() -> None:
@@ -172,6 +171,7 @@ def test_loads_apps_style_jsonl_and_parquet(tmp_path: Path) -> None:
         "output": "7\n",
     }
     assert info[1]["fn_name"] == "double" and info[1]["cases"][1]["output"] == 10
+    assert [row["info"]["reference"] for row in env.dataset] == ["", ""]
 
     parquet = tmp_path / "problems.parquet"
     datasets.Dataset.from_list(PROBLEMS[:3]).to_parquet(str(parquet))
@@ -183,8 +183,13 @@ def test_loads_apps_style_jsonl_and_parquet(tmp_path: Path) -> None:
 async def test_apps_style_problem_is_graded(tmp_path: Path) -> None:
     apps = tmp_path / "apps.jsonl"
     io = {"fn_name": "double", "inputs": [[1], [5], [0]], "outputs": [[2], [10], [0]]}
-    apps.write_text(json.dumps({"question": "Double x.", "input_output": json.dumps(io)}) + "\n")
+    solutions = json.dumps(["def double(x):\n    return x + x\n"])
+    problem = {"question": "Double x.", "input_output": json.dumps(io), "solutions": solutions}
+    apps.write_text(json.dumps(problem) + "\n")
     env = load_environment(dataset=str(apps))
+    assert (
+        await check_environment_async(env, num_rows=1, gold=True)
+    ).ok  # APPS' first solution is the gold
     good, half = await _score(
         env,
         [_answer("def double(x):\n    return 2 * x\n"), _answer("def double(x):\n    return 2\n")],

@@ -21,10 +21,11 @@ from typing import Any
 
 from datasets import Dataset
 
-from math_env.judge import Judge
+from math_env.judge import equivalent
 from math_env.verify import MathVerifier
 from rlkit.envs import SingleTurnEnv, ThinkParser, extract_boxed_answer
 from rlkit.envs.data import load_dataset_any
+from rlkit.envs.judge import judge_from_args
 from rlkit.envs.rubric import Rubric
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -90,6 +91,16 @@ def load_rows(dataset: str, split: str = "train", num_examples: int = -1) -> Dat
     return Dataset.from_list(rows)
 
 
+class MathEnv(SingleTurnEnv):
+    """Single-turn math; the gold completion boxes the reference answer."""
+
+    def gold_completion(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        answer = row.get("answer")
+        if not answer:
+            return None
+        return [{"role": "assistant", "content": f"The final answer is \\boxed{{{answer}}}."}]
+
+
 def load_environment(
     dataset: str = "math500",
     dataset_split: str = "train",
@@ -100,14 +111,12 @@ def load_environment(
     judge_base_url: str | None = None,
     judge_model: str | None = None,
     judge_api_key_var: str | None = None,
-) -> SingleTurnEnv:
+) -> MathEnv:
     """Shipped sets are evaluation-only (`eval_dataset`); other sources are the training set."""
-    if (judge_base_url is None) != (judge_model is None):
-        raise ValueError("set both judge_base_url and judge_model to use the LLM judge")
+    judge = judge_from_args(judge_base_url, judge_model, judge_api_key_var)
     rows = load_rows(dataset, dataset_split, num_examples)
     parser = ThinkParser(extract_fn=extract_boxed_answer)
     verifier = MathVerifier(workers=verify_workers, timeout=verify_timeout)
-    judge = Judge(judge_base_url, judge_model, judge_api_key_var) if judge_base_url else None
 
     async def correct_answer(
         prompt: list[dict[str, Any]], completion: list[dict[str, Any]], answer: str
@@ -118,7 +127,7 @@ def load_environment(
         if await verifier.verify(answer, predicted):
             return 1.0
         if judge is not None:
-            return float(await judge.equivalent(prompt[-1]["content"], answer, predicted))
+            return float(await equivalent(judge, prompt[-1]["content"], answer, predicted))
         return 0.0
 
     def boxed_answer(completion: list[dict[str, Any]]) -> float:
@@ -126,7 +135,7 @@ def load_environment(
         return float(bool(parser.parse_answer(completion)))
 
     shipped = dataset in SHIPPED
-    env = SingleTurnEnv(
+    env = MathEnv(
         dataset=None if shipped else rows,
         eval_dataset=rows if shipped else None,
         system_prompt=system_prompt,

@@ -13,6 +13,7 @@ from math_env import SHIPPED, load_rows
 from math_env.verify import MathVerifier
 
 from rlkit.envs import load_environment
+from rlkit.envs.check import check_environment, report_lines
 from rlkit.errors import UsageError
 from rlkit.inference import InferenceClient
 from tests.fakes.fake_openai import FakeOpenAIServer
@@ -158,3 +159,15 @@ def test_judge_key_variable_must_be_set(monkeypatch: pytest.MonkeyPatch, tmp_pat
             judge_model="j",
             judge_api_key_var="RLKIT_TEST_JUDGE_KEY",
         )
+
+
+@pytest.mark.parametrize("dataset", sorted(SHIPPED))
+def test_boxed_reference_answers_are_gold(dataset: str) -> None:
+    """`rlkit env check math --gold` on each shipped set: math-verify accepts every reference
+    against itself, and empty or garbage replies score 0."""
+    env = load_environment("math", dataset=dataset, num_examples=40)
+    try:
+        report = check_environment(env, num_rows=40, gold=True)
+    finally:
+        env.verifier.close()
+    assert report.ok, report_lines(report)

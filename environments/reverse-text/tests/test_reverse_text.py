@@ -9,6 +9,7 @@ import pytest
 from reverse_text import lcs_ratio, load_environment, sft_examples
 
 from rlkit.envs import load_environment as load_by_id
+from rlkit.envs.check import check_environment
 from rlkit.errors import UsageError
 from rlkit.inference import InferenceClient
 from tests.fakes.fake_openai import FakeOpenAIServer
@@ -81,3 +82,9 @@ async def test_rollouts_are_scored_by_lcs() -> None:
             (bad,) = await env.run_group(row, client, "fake-model", {}, n=1)
     assert [r.reward for r in good] == [1.0, 1.0] and good[0].metrics == {"lcs_reward": 1.0}
     assert bad.reward == 0.0 and bad.error is None
+
+
+def test_reversed_text_is_gold() -> None:
+    env = load_by_id("reverse-text", num_train_examples=10, num_eval_examples=10)
+    report = check_environment(env, num_rows=10, gold=True)
+    assert report.ok and report.summary()["gold"] == (10, 10)

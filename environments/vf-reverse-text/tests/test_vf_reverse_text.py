@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("verifiers")
 
 from rlkit.envs import Environment, load_environment  # noqa: E402
-from rlkit.envs.verifiers import VerifiersEnv  # noqa: E402
+from rlkit.envs.vf_adapter import VerifiersEnv  # noqa: E402
 from rlkit.inference import InferenceClient  # noqa: E402
 from tests.fakes.fake_openai import FakeOpenAIServer  # noqa: E402
 

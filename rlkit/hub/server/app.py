@@ -36,6 +36,7 @@ from rlkit.hub.simple import (
     project_page_html,
     project_page_json,
 )
+from rlkit.ports import HUB_PORT
 
 HERE = Path(__file__).parent
 ALIASES = {
@@ -246,7 +247,7 @@ def serve(
     data_dir: Path,
     db_url: str | None = None,
     host: str = "127.0.0.1",
-    port: int = 8000,
+    port: int = HUB_PORT,
     max_upload_mb: float = 50.0,
     log_level: Literal["info", "warning", "error"] = "info",
 ) -> None:

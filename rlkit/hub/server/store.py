@@ -7,32 +7,49 @@ a time; unique constraints keep a multi-process PostgreSQL deployment consistent
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
+from typing import Any
 
-from packaging.version import Version
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from rlkit.atomic import atomic_path
+from rlkit.hub import publishing
 from rlkit.hub.artifacts import ArtifactInfo
 from rlkit.hub.base import HubError, matches
-from rlkit.hub.records import (
-    EnvCard,
-    EnvSummary,
-    EvalRecord,
-    FileRecord,
-    VersionRecord,
-    Visibility,
-)
+from rlkit.hub.records import EnvCard, EnvSummary, EvalRecord, FileRecord, VersionRecord, Visibility
 from rlkit.hub.server.db import Eval, File, Project, Release, owner_for_token
-from rlkit.hub.simple import IndexFile
+from rlkit.hub.simple import IndexFile, index_entries
+
+# What an Eval row and an EvalRecord share, column for field.
+EVAL_COLUMNS = (
+    "model",
+    "mean_reward",
+    "pass_at_k",
+    "n",
+    "num_examples",
+    "rollouts_per_example",
+    "date",
+)
 
 
 def _visible(project: Project | None, viewer: str | None) -> bool:
     return project is not None and (project.visibility == "public" or project.owner == viewer)
+
+
+def _summary_fields(project: Project) -> dict[str, Any]:
+    """The columns of a project that its search row (EnvSummary) and its card share."""
+    return {
+        "owner": project.owner,
+        "name": project.name,
+        "summary": project.summary,
+        "tags": list(project.tags or []),
+        "latest_version": project.latest_version,
+        "visibility": project.visibility,
+    }
 
 
 def _card(project: Project) -> EnvCard:
@@ -57,26 +74,15 @@ def _card(project: Project) -> EnvCard:
     evals = [
         EvalRecord(
             version=r.version,
-            model=e.model,
-            mean_reward=e.mean_reward,
-            pass_at_k=e.pass_at_k,
-            n=e.n,
-            num_examples=e.num_examples,
-            rollouts_per_example=e.rollouts_per_example,
-            date=e.date,
             submitted_by=e.submitted_by,
             metadata=e.meta,
+            **{column: getattr(e, column) for column in EVAL_COLUMNS},
         )
         for r in project.releases
         for e in r.evals
     ]
     return EnvCard(
-        owner=project.owner,
-        name=project.name,
-        summary=project.summary,
-        tags=list(project.tags or []),
-        latest_version=project.latest_version,
-        visibility=project.visibility,  # type: ignore[arg-type]
+        **_summary_fields(project),
         readme=project.readme,
         readme_content_type=project.readme_content_type,
         license=project.license,
@@ -109,14 +115,7 @@ class HubStore:
         with Session(self.engine) as session:
             projects = session.scalars(select(Project).order_by(Project.name)).all()
             rows = [
-                EnvSummary(
-                    owner=p.owner,
-                    name=p.name,
-                    summary=p.summary,
-                    tags=list(p.tags or []),
-                    latest_version=p.latest_version,
-                    visibility=p.visibility,  # type: ignore[arg-type]
-                )
+                EnvSummary(**_summary_fields(p))
                 for p in projects
                 if p.latest_version and _visible(p, viewer)
             ]
@@ -132,20 +131,8 @@ class HubStore:
     def index_files(self, name: str, viewer: str | None) -> tuple[list[str], list[IndexFile]]:
         """Versions and files of a project for its simple-index page (relative file URLs)."""
         with Session(self.engine) as session:
-            project = self._project(session, name, viewer)
-            files = [
-                IndexFile(
-                    filename=f.filename,
-                    url=f"../../files/{project.name}/{f.filename}",
-                    sha256=f.sha256,
-                    size=f.size,
-                    requires_python=f.requires_python,
-                    upload_time=f.upload_time.isoformat(timespec="seconds"),
-                )
-                for r in project.releases
-                for f in r.files
-            ]
-            return [r.version for r in project.releases], files
+            card = _card(self._project(session, name, viewer))
+        return [v.version for v in card.versions], index_entries(card)
 
     def project_names(self, viewer: str | None) -> list[str]:
         return [s.name for s in self.search(viewer)]
@@ -163,63 +150,38 @@ class HubStore:
             return self.files_dir / project.name / row.filename
 
     def upload(self, owner: str, info: ArtifactInfo, data: bytes) -> None:
-        """Store one validated file; 403 for another owner's project, 409 if already there."""
+        """Store one validated file; 403 for another owner's project, 409 if already there.
+
+        The bytes go to a private temp path, the row is committed, and only then is the file
+        renamed into place: a concurrent upload that loses (another server process on the same
+        database) removes only its own temp file, never a path someone else committed.
+        """
         path = self.files_dir / info.name / info.filename
-        written = False  # only a file this call wrote may be removed on failure
         with self._write_lock:
             try:
-                with Session(self.engine) as session, session.begin():
-                    self._add_file(session, owner, info, path, data)
-                    written = True
+                with atomic_path(path) as tmp:
+                    tmp.write_bytes(data)
+                    with Session(self.engine) as session, session.begin():
+                        self._add_file(session, owner, info)
             except IntegrityError as exc:
-                if written:
-                    path.unlink(missing_ok=True)
                 raise HubError(f"{info.filename} already exists", 409) from exc
-            except BaseException:
-                if written:
-                    path.unlink(missing_ok=True)
-                raise
 
-    def _add_file(
-        self, session: Session, owner: str, info: ArtifactInfo, path: Path, data: bytes
-    ) -> None:
+    def _add_file(self, session: Session, owner: str, info: ArtifactInfo) -> None:
         project = session.scalar(select(Project).where(Project.name == info.name))
+        publishing.check_owner(info.name, project.owner if project else None, owner)
         if project is None:
             project = Project(name=info.name, owner=owner, tags=[])
             session.add(project)
-        elif project.owner != owner:
-            raise HubError(f"{info.name} belongs to owner {project.owner}, not {owner}", 403)
-        if session.scalar(select(File).where(File.filename == info.filename)) is not None:
-            raise HubError(f"{info.filename} already exists: published files are immutable", 409)
         release = next((r for r in project.releases if r.version == info.version), None)
+        label = f"{project.owner}/{info.name}@{info.version}"
+        publishing.files_to_add(label, release.files if release else [], [info])
         if release is None:
             release = Release(version=info.version)
             project.releases.append(release)
-        elif any(f.packagetype == info.packagetype for f in release.files):
-            raise HubError(
-                f"{info.name} {info.version} already has a {info.packagetype}: "
-                "published versions are immutable",
-                409,
-            )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-        release.files.append(
-            File(
-                filename=info.filename,
-                sha256=info.sha256,
-                size=info.size,
-                packagetype=info.packagetype,
-                requires_python=info.requires_python,
-            )
-        )
-        latest = max([r.version for r in project.releases], key=Version)
-        project.latest_version = latest
-        if info.version == latest:  # the newest release describes the environment
-            project.summary, project.readme = info.summary, info.readme
-            project.readme_content_type = info.readme_content_type
-            project.tags, project.license = info.keywords, info.license
+        release.files.append(File(**publishing.file_fields(info)))
+        project.latest_version = publishing.latest_version(r.version for r in project.releases)
+        if info.version == project.latest_version:
+            publishing.describe(project, info)
 
     def set_visibility(self, owner: str, name: str, viewer: str, visibility: Visibility) -> None:
         """Create (claim) or update a project's visibility; only its owner may."""
@@ -242,17 +204,6 @@ class HubStore:
             release = next((r for r in project.releases if r.version == version), None)
             if project.owner != owner or release is None:
                 raise HubError(f"environment {owner}/{name}@{version} not found", 404)
-            release.evals.append(
-                Eval(
-                    model=record.model,
-                    mean_reward=record.mean_reward,
-                    pass_at_k=record.pass_at_k,
-                    n=record.n,
-                    num_examples=record.num_examples,
-                    rollouts_per_example=record.rollouts_per_example,
-                    date=record.date,
-                    submitted_by=viewer,
-                    meta=record.metadata,
-                )
-            )
+            columns = record.model_dump(include=set(EVAL_COLUMNS))
+            release.evals.append(Eval(submitted_by=viewer, meta=record.metadata, **columns))
         return record.model_copy(update={"version": version, "submitted_by": viewer})

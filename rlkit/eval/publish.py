@@ -1,10 +1,16 @@
-"""Publishing an eval run's results to the hub, against the environment version evaluated."""
+"""Publishing an eval run's results to the hub, against the environment version evaluated.
+
+It lives in `rlkit.eval` (which may use the hub client) so that the hub never imports the
+evaluation code: the layering is envs -> hub, eval -> envs + hub.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from rlkit.errors import UsageError
+from rlkit.eval.metrics import summarize
+from rlkit.eval.store import load_run
 from rlkit.hub.base import HubError
 from rlkit.hub.client import open_hub
 from rlkit.hub.local import LocalHub
@@ -14,8 +20,6 @@ from rlkit.hub.records import EvalRecord
 
 def run_record(run_dir: Path) -> tuple[str, str | None, EvalRecord]:
     """(env id, env version, leaderboard record) of a finished eval run directory."""
-    from rlkit.eval import load_run, summarize
-
     run = load_run(run_dir)
     meta = run.metadata
     if meta.status != "complete":

@@ -1,0 +1,75 @@
+"""Children of `rlkit train` die with it, also when it is killed with SIGKILL (Linux).
+
+The launcher starts its inference servers and trainer in their own sessions (so it can stop each
+process group), which also means nothing reaps them if the launcher itself is killed. On Linux
+each child asks the kernel for a parent-death signal (`prctl(PR_SET_PDEATHSIG, SIGKILL)`) between
+fork and exec (`preexec_fn=die_with_parent_preexec()`); torchrun's ranks do the same in-process
+(`die_with_parent()`), so killing the launcher kills torchrun and then its ranks. The signal is
+tied to the thread that started the child, so start children from a thread that outlives them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+PR_SET_PDEATHSIG = 1
+
+
+def _prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def die_with_parent_preexec() -> Callable[[], None] | None:
+    """A `preexec_fn` that makes the child receive SIGKILL when this process dies.
+
+    Everything is resolved before fork; if this process already died before the child got to
+    prctl, the child exits at once instead of running as an orphan.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+def die_with_parent() -> None:
+    """In-process variant for a process whose parent is not rlkit (torchrun's ranks)."""
+    prctl = _prctl()
+    if prctl is not None and os.getppid() != 1:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+SERVER_PID_ENV = "RLKIT_API_SERVER_PID"  # set by rlkit's vLLM API server for its engine processes
+
+
+def follow_process(pid: int, interval_s: float = 1.0) -> None:
+    """Daemon thread: SIGKILL this process group once `pid` is gone.
+
+    vLLM's engine and worker processes are grandchildren of the launcher and have no
+    parent-death signal of their own; the worker extension starts this on the API server's pid,
+    so a killed server takes its whole process group with it.
+    """
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+            time.sleep(interval_s)
+
+    threading.Thread(target=watch, name="rlkit-follow-server", daemon=True).start()

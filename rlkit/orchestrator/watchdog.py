@@ -1,0 +1,81 @@
+"""Liveness: a run whose groups carry no learning signal stops instead of spinning forever.
+
+A group has signal when at least one rollout is usable and the rewards are not all equal
+(otherwise every advantage is 0). An untrained model that solves nothing, a broken reward
+function or an environment whose every rollout errors would otherwise make the scheduler
+generate and drop groups forever (`next_batch` never returns). After `warn_groups` consecutive
+groups without signal the watchdog logs why (per environment: all rewards equal and their
+values, or every rollout errored and the first errors); after `stop_groups` it raises
+`NoSignalError`, and the orchestrator stops the run with a resumable checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+
+from rich.console import Console
+
+from rlkit.errors import RunStopped
+
+
+class NoSignalError(RunStopped):
+    """Too many consecutive groups without learning signal; the message says why."""
+
+
+def default_limits(groups_per_batch: int) -> tuple[int, int]:
+    """Warn after two batches' worth of groups without signal, stop after ten."""
+    return 2 * groups_per_batch, 10 * groups_per_batch
+
+
+def groups_per_batch(
+    scheduler: str, batch_groups: int, capacity: int, group_size: int, budget: int, max_tokens: int
+) -> int:
+    """Groups one batch takes: sync's batch_groups; c3po's in-flight groups or the budget's."""
+    if scheduler == "sync":
+        return batch_groups
+    return max(capacity // group_size, math.ceil(budget / (group_size * max(max_tokens, 1))), 1)
+
+
+class NoSignalWatchdog:
+    """Counts consecutive groups without signal; logs at `warn_groups`, raises at `stop_groups`."""
+
+    def __init__(self, warn_groups: int, stop_groups: int, console: Console | None = None) -> None:
+        self.warn_groups = warn_groups
+        self.stop_groups = stop_groups
+        self.console = console or Console(stderr=True)
+        self.streak = 0
+        self.equal: dict[str, Counter[float]] = defaultdict(Counter)  # env -> reward values
+        self.errored: dict[str, list[str]] = defaultdict(list)  # env -> first errors
+
+    def observe(self, env_id: str, rewards: list[float], errors: list[str]) -> None:
+        """One finished group: rewards of its usable rollouts, errors of the others."""
+        if rewards and max(rewards) - min(rewards) > 1e-8:
+            self.streak = 0
+            self.equal.clear()
+            self.errored.clear()
+            return
+        self.streak += 1
+        if rewards:
+            self.equal[env_id].update(round(r, 6) for r in rewards)
+        else:
+            seen = self.errored[env_id]
+            seen += errors[: max(0, 3 - len(seen))]
+        if self.streak == self.warn_groups:
+            self.console.print(f"[bold yellow]warning:[/] {self.explain()}")
+        if self.streak >= self.stop_groups:
+            raise NoSignalError(
+                f"{self.explain()}; stopping (orchestrator.watchdog.stop_groups = "
+                f"{self.stop_groups}). Fix the environment or the model, then --resume."
+            )
+
+    def explain(self) -> str:
+        """Why the last groups had no signal, per environment."""
+        parts = []
+        for env_id, values in sorted(self.equal.items()):
+            shown = ", ".join(f"{v:g} x{n}" for v, n in values.most_common(5))
+            parts.append(f"{env_id}: all rewards equal within each group (rewards {shown})")
+        for env_id, errors in sorted(self.errored.items()):
+            first = "; ".join(e for e in errors if e) or "no message"
+            parts.append(f"{env_id}: every rollout errored ({first})")
+        return f"{self.streak} consecutive groups without learning signal: " + " | ".join(parts)

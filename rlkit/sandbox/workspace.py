@@ -1,0 +1,65 @@
+"""Host directories a sandbox may bind: a private base reachable by the sandbox user, and
+per-run writable copies of a source tree.
+
+bubblewrap binds paths as the sandbox user (`nobody` when rlkit runs as root), who cannot
+traverse private homes such as /root. Everything a run binds therefore lives under one base
+directory owned by this user with mode 0711 (traversable, not listable), by default
+`/tmp/rlkit-sandbox-<uid>` (`RLKIT_SANDBOX_DIR` overrides it); a base that someone else owns or
+that others can write to is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from rlkit.sandbox.launch import NOBODY
+
+
+def base_dir() -> Path:
+    """The checked base directory for bindable host directories (created on first use)."""
+    base = Path(os.environ.get("RLKIT_SANDBOX_DIR") or f"/tmp/rlkit-sandbox-{os.geteuid()}")
+    with contextlib.suppress(FileExistsError):
+        base.mkdir(mode=0o711, parents=True)
+    info = base.lstat()
+    if (
+        not stat.S_ISDIR(info.st_mode)
+        or info.st_uid != os.geteuid()
+        or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    ):
+        raise RuntimeError(
+            f"sandbox base directory {base} must be a directory owned by uid {os.geteuid()} "
+            "and writable by nobody else"
+        )
+    base.chmod(0o711)
+    return base
+
+
+def _give_to_sandbox_user(root: Path) -> None:
+    """When running as root the sandbox writes as `nobody`: hand the tree over to it."""
+    if os.geteuid() != 0:
+        return
+    for dirpath, dirnames, filenames in os.walk(root):
+        os.chown(dirpath, NOBODY, NOBODY)
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), NOBODY, NOBODY, follow_symlinks=False)
+
+
+@contextlib.contextmanager
+def writable_copy(source: Path) -> Iterator[Path]:
+    """A fresh copy of `source` the sandbox can bind read-write (`Mounts.workdir`); removed on
+    exit, whatever the sandboxed programs left in it."""
+    parent = Path(tempfile.mkdtemp(prefix="work-", dir=base_dir()))
+    try:
+        parent.chmod(0o711)
+        copy = parent / "tree"
+        shutil.copytree(source, copy, symlinks=True)
+        _give_to_sandbox_user(copy)
+        yield copy
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)

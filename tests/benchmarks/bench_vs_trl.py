@@ -1,0 +1,322 @@
+"""TRL's GRPOTrainer against `rlkit train`, side by side in one run, on the same work.
+
+    python tests/benchmarks/bench_vs_trl.py [--workloads demo,small] [--steps 60]
+
+Workloads (both: reverse-text with the demo's data, G = 8 samples per prompt, 12 prompts per
+step, temperature 1, lr 5e-4, AdamW, no KL term, no zero-advantage filtering):
+- `demo`: the CPU demo's tiny Qwen3, SFT-warm-started exactly as `scripts/demo.sh` does,
+  16-token completions, `--steps` steps (60 as in the demo).
+- `small`: the `small` tiny-factory model (8 layers, vocab 8192), no warm start, 128-token
+  completions, `--small-steps` steps: generation dominates the step.
+
+Per workload: TRL (HF generate in its one process, on CPU) and `rlkit train` with the sync
+scheduler (12 groups per step, same as TRL) and with C3PO++ (its token budget = the same 12 x 8
+completions' tokens). Reported: seconds per step (mean over the steps after the first), the whole
+run's wall time (process start to exit, including vLLM's start-up for rlkit), and the eval
+reward of each final model under one evaluation (HF generate in this process, the
+environment's own rubric, 64 held-out prompts x 4 samples at temperature 1). For rlkit it also
+reruns its trainer alone over the run's saved batches and reports the step time inside
+`rlkit train` against the same step alone.
+
+TRL runs with OMP_WAIT_POLICY=PASSIVE, as `rlkit train` starts its CPU trainer (on a shared
+machine libgomp's default spin-waiting slows 2 threads down more than 2x).
+TRL is not an rlkit dependency: it is installed (with `--no-deps`, next to the shared venv's
+torch and transformers) into `.venv-bench/` at the repository root on first use and put on the
+TRL process's PYTHONPATH only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH_SITE = ROOT / ".venv-bench"
+TRL_PINS = ["trl==1.16.0", "accelerate==1.15.0"]  # the rest (torch, transformers) is shared
+ENV_ARGS = {
+    "min_len": 3,
+    "max_len": 6,
+    "num_train_examples": 2000,
+    "num_eval_examples": 64,
+    "system_prompt": "Reverse the text.",
+}
+GROUP, PROMPTS, LR = 8, 12, 5e-4
+
+
+def ensure_trl() -> dict[str, str]:
+    """Environment for the TRL process; installs TRL into .venv-bench/ the first time."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{BENCH_SITE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    check = [sys.executable, "-c", "import trl"]
+    if subprocess.run(check, env=env, capture_output=True).returncode != 0:
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target"]
+        subprocess.run([*pip, str(BENCH_SITE), *TRL_PINS], check=True)
+    return env
+
+
+def load_env() -> Any:
+    from rlkit.envs import load_environment
+
+    return load_environment("reverse-text", **ENV_ARGS)
+
+
+def env_reward(env: Any, text: str, answer: str) -> float:
+    """The environment's own rubric (weighted sum) on one plain-text reply."""
+    from rlkit.envs.rubric import call_with_available
+
+    available = {
+        "completion": [{"role": "assistant", "content": text}],
+        "answer": answer,
+        "parser": env.rubric.parser,
+        "info": {},
+        "state": {},
+    }
+    total = 0.0
+    for rf in env.rubric.reward_funcs:
+        total += rf.weight * float(asyncio.run(call_with_available(rf.func, available)))
+    return total
+
+
+# ---- models -------------------------------------------------------------------------------
+def build_model(workload: str, root: Path) -> Path:
+    """demo: tiny + the demo's SFT warm start; small: the small model as initialised."""
+    from rlkit.models import init_tiny
+
+    if workload == "small":
+        return init_tiny(root / "small", arch="qwen3", size="small", seed=0)
+    base = init_tiny(root / "base", arch="qwen3", size="tiny", seed=0)
+    data = root / "sft.jsonl"
+    py = sys.executable
+    subprocess.run([py, str(ROOT / "examples/tiny-cpu/make_sft_data.py"), str(data)], check=True)
+    sft = [py, "-m", "rlkit.trainer.main", "--mode", "sft"]
+    sft += ["--config", str(ROOT / "examples/tiny-cpu/sft.toml"), f"run_dir={root / 'sft'}"]
+    subprocess.run([*sft, f"model.path={base}", f"data.path={data}"], check=True)
+    return root / "sft" / "final"
+
+
+# ---- TRL ----------------------------------------------------------------------------------
+def trl_worker(model: str, out: str, steps: int, max_tokens: int) -> None:
+    """Runs inside the TRL process: GRPOTrainer on the same data, reward and batch shape."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    ends: list[float] = []
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, *a: Any, **kw: Any) -> None:
+            if not ends:
+                ends.append(time.perf_counter())
+
+        def on_step_end(self, *a: Any, **kw: Any) -> None:
+            ends.append(time.perf_counter())
+
+    env = load_env()
+    rows = env.get_dataset()
+    data = Dataset.from_dict({"prompt": list(rows["prompt"]), "answer": list(rows["answer"])})
+
+    def reward(completions: list, answer: list, **_: Any) -> list[float]:
+        return [
+            env_reward(env, c[-1]["content"], a) for c, a in zip(completions, answer, strict=True)
+        ]
+
+    config = GRPOConfig(
+        output_dir=out,
+        max_steps=steps,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=1.0,
+        num_generations=GROUP,
+        per_device_train_batch_size=GROUP * PROMPTS,
+        gradient_accumulation_steps=1,
+        max_completion_length=max_tokens,
+        temperature=1.0,
+        beta=0.0,
+        use_cpu=True,
+        bf16=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model, dtype="float32"),
+        reward_funcs=reward,
+        args=config,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[StepClock()],
+    )
+    t0 = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - t0
+    trainer.save_model(str(Path(out) / "final"))
+    tokenizer.save_pretrained(str(Path(out) / "final"))
+    step_times = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+    Path(out, "result.json").write_text(json.dumps({"train_s": train_s, "step_times": step_times}))
+
+
+def run_trl(model: Path, root: Path, steps: int, max_tokens: int) -> dict[str, Any]:
+    out = root / "trl"
+    cmd = [sys.executable, __file__, "--trl-worker", str(model), str(out)]
+    cmd += [str(steps), str(max_tokens)]
+    t0 = time.perf_counter()
+    with open(root / "trl.log", "w") as log:
+        env = {**ensure_trl(), "OMP_WAIT_POLICY": "PASSIVE"}  # what rlkit's CPU trainer gets
+        subprocess.run(cmd, check=True, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    result = json.loads((out / "result.json").read_text())
+    per_step = result["step_times"][1:] or [result["train_s"] / steps]
+    return {"s_per_step": statistics.fmean(per_step), "wall_s": wall, "final": out / "final"}
+
+
+# ---- rlkit --------------------------------------------------------------------------------
+def run_rlkit(
+    model: Path, root: Path, scheduler: str, steps: int, max_tokens: int
+) -> dict[str, Any]:
+    run_dir = root / f"rlkit-{scheduler}"
+    cmd = [str(Path(sys.executable).parent / "rlkit"), "train"]
+    cmd += [str(ROOT / "examples/tiny-cpu/train.toml"), f"--model.path={model}"]
+    cmd += [
+        f"--log.run_dir={run_dir}",
+        f"--orchestrator.scheduler={scheduler}",
+        f"--orchestrator.max_steps={steps}",
+        f"--orchestrator.group_size={GROUP}",
+        f"--orchestrator.batch_groups={PROMPTS}",
+        f"--orchestrator.capacity={GROUP * PROMPTS}",
+        f"--orchestrator.token_budget={GROUP * PROMPTS * max_tokens}",
+        f"--orchestrator.sampling.max_tokens={max_tokens}",
+        "--orchestrator.drop_zero_advantage=false",
+        "--orchestrator.difficulty.easy_fraction=0",
+        "--orchestrator.difficulty.hard_fraction=0",
+        "--orchestrator.eval.at_start=false",
+        "--orchestrator.eval.at_end=false",
+        f"--trainer.optim.lr={LR}",
+        "--ckpt.interval=0",
+        "--log.plot=false",
+    ]
+    t0 = time.perf_counter()
+    with open(root / f"rlkit-{scheduler}.log", "w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trainer = [json.loads(x) for x in (run_dir / "trainer_metrics.jsonl").read_text().splitlines()]
+    return {
+        "s_per_step": statistics.fmean(r["step_time_s"] for r in records[1:]),
+        "wall_s": wall,
+        "trainer_step_s": statistics.median(r["step_time_s"] for r in trainer[1:]),
+        "final": run_dir / "weights" / f"step_{steps:06d}",
+        "run_dir": run_dir,
+    }
+
+
+def trainer_alone(run_dir: Path, root: Path, steps: int) -> float:
+    """The same trainer over the same saved batches, with nothing else running."""
+    alone = root / f"{run_dir.name}-alone"
+    shutil.copytree(run_dir / "batches", alone / "batches")
+    cmd = [sys.executable, "-m", "rlkit.trainer.main", "--config", str(run_dir / "trainer.toml")]
+    cmd += [f"run_dir={alone}", "weights.publish=false", "ckpt.interval=0"]
+    with open(root / f"{alone.name}.log", "w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    records = [json.loads(x) for x in (alone / "trainer_metrics.jsonl").read_text().splitlines()]
+    return statistics.median(r["step_time_s"] for r in records[1:])
+
+
+# ---- one evaluation for every final model -------------------------------------------------
+def evaluate(model: Path, max_tokens: int, samples: int = 4) -> float:
+    """Mean reward over the held-out prompts, `samples` each, HF generate at temperature 1."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    env = load_env()
+    rows = env.get_eval_dataset()
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.padding_side = "left"
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    texts = [
+        tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+        for p in rows["prompt"]
+    ]
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    rewards = []
+    with torch.no_grad():
+        out = lm.generate(
+            **enc,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_tokens,
+            num_return_sequences=samples,
+            pad_token_id=tok.pad_token_id,
+        )
+    replies = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    for i, reply in enumerate(replies):
+        rewards.append(env_reward(env, reply, rows["answer"][i // samples]))
+    return statistics.fmean(rewards)
+
+
+def run_workload(workload: str, root: Path, steps: int, schedulers: list[str]) -> dict[str, Any]:
+    max_tokens = 16 if workload == "demo" else 128
+    root.mkdir(parents=True)
+    model = build_model(workload, root)
+    results: dict[str, Any] = {"trl": run_trl(model, root, steps, max_tokens)}
+    for scheduler in schedulers:
+        r = run_rlkit(model, root, scheduler, steps, max_tokens)
+        r["trainer_alone_step_s"] = trainer_alone(r.pop("run_dir"), root, steps)
+        r["trainer_inside_over_alone"] = r["trainer_step_s"] / r["trainer_alone_step_s"]
+        results[f"rlkit-{scheduler}"] = r
+    initial_eval = round(evaluate(model, max_tokens), 4)
+    out: dict[str, Any] = {"steps": steps, "max_tokens": max_tokens, "initial_eval": initial_eval}
+    for name, r in results.items():
+        r["eval_reward"] = evaluate(r.pop("final"), max_tokens)
+        out[name] = {k: round(v, 4) for k, v in r.items()}
+    for name in results:
+        if name != "trl":
+            out[f"trl_over_{name}_s_per_step"] = round(
+                results["trl"]["s_per_step"] / results[name]["s_per_step"], 3
+            )
+    return out
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--trl-worker":
+        model, out, steps, max_tokens = sys.argv[2:6]
+        trl_worker(model, out, int(steps), int(max_tokens))
+        return
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workloads", default="demo,small")
+    parser.add_argument("--steps", type=int, default=60, help="steps of the demo workload")
+    parser.add_argument("--small-steps", type=int, default=6, help="steps of the small one")
+    parser.add_argument("--schedulers", default="sync,c3po", help="rlkit schedulers to run")
+    parser.add_argument("--keep", type=Path, help="keep the runs in this directory")
+    args = parser.parse_args()
+    ensure_trl()
+    out: dict[str, Any] = {"bench": "vs_trl", "load_avg_start": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = args.keep or Path(tmp)
+        for workload in args.workloads.split(","):
+            steps = args.steps if workload == "demo" else args.small_steps
+            schedulers = args.schedulers.split(",")
+            out[workload] = run_workload(workload, base / workload, steps, schedulers)
+    out["load_avg_end"] = os.getloadavg()[0]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

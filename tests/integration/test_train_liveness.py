@@ -1,0 +1,140 @@
+"""`rlkit train` end to end on the tiny model: a custom loss from the user's own module, and the
+no-signal watchdog stopping runs that would otherwise generate and drop groups forever."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rlkit.trainer.batch import read_batch
+from tests.cli import tiny_train_cmd
+from tests.integration.test_train import records, start, wait_for_step
+
+ENV_PATH = str(Path(__file__).parent / "envs")
+CUSTOM_LOSSES = str(Path(__file__).parent / "custom_losses")
+SHORT = [
+    "--orchestrator.max_steps=2",
+    "--orchestrator.eval.at_start=false",
+    "--orchestrator.eval.at_end=false",
+    "--log.plot=false",
+]
+
+pytestmark = pytest.mark.slow
+
+
+def run(cmd: list[str], log: Path, timeout: float = 900) -> int:
+    env = {
+        **os.environ,
+        "RLKIT_ENV_PATH": ENV_PATH,
+        "PYTHONPATH": os.pathsep.join([CUSTOM_LOSSES, os.environ.get("PYTHONPATH", "")]),
+    }
+    with open(log, "w") as out:
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+    return proc.returncode
+
+
+def test_custom_loss_from_a_user_module_trains(tiny_model_dir: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    cmd = tiny_train_cmd(
+        tiny_model_dir,
+        run_dir,
+        *SHORT,
+        "--loss.name=my_losses:scaled_grpo",
+        "--loss.params={scale = 0.25}",
+        "--loss.recompute_old_logprobs=true",
+        "--trainer.mini_batches=2",
+    )
+    assert run(cmd, tmp_path / "run.log") == 0, (tmp_path / "run.log").read_text()[-3000:]
+    records = [json.loads(x) for x in (run_dir / "trainer_metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["custom_scale"] == pytest.approx(0.25) and r["mini_steps"] == 2 for r in records)
+    # A bad parameter of the custom loss is a config error naming it; nothing is written.
+    bad = tmp_path / "bad"
+    cmd = tiny_train_cmd(tiny_model_dir, bad, "--loss.name=my_losses:scaled_grpo")
+    assert run([*cmd, "--loss.params.scale=-1"], tmp_path / "bad.log") == 2
+    assert "params.scale" in (tmp_path / "bad.log").read_text() and not bad.exists()
+
+
+@pytest.mark.parametrize(
+    ("mode", "why"),
+    [
+        ("zero", ["no-signal: all rewards equal within each group (rewards 0 x64)"]),
+        ("raise", ["no-signal: every rollout errored (", "no-signal reward function failed"]),
+    ],
+)
+def test_no_signal_run_stops_with_a_checkpoint(
+    tiny_model_dir: Path, tmp_path: Path, mode: str, why: list[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    cmd = tiny_train_cmd(
+        tiny_model_dir,
+        run_dir,
+        *SHORT,
+        "--env.0.id=no-signal",
+        f'--env.0.args={{mode = "{mode}"}}',
+        "--orchestrator.watchdog.warn_groups=3",
+        "--orchestrator.watchdog.stop_groups=8",
+    )
+    log = tmp_path / "run.log"
+    code = run(cmd, log, timeout=600)
+    text = " ".join(log.read_text().split())  # rich wraps long lines
+    assert code == 1, text[-3000:]
+    assert "8 consecutive groups without learning signal" in text
+    assert all(part in text for part in why), text[-3000:]
+    assert "3 consecutive groups without learning signal" in text  # the earlier warning
+    assert (run_dir / "checkpoints" / "step_000000").is_dir()  # resumable: trainer + sampler
+    assert (run_dir / "orchestrator" / "step_000000.json").exists()
+    assert "checkpoint of step 0 written" in text
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_sigkill_of_the_launcher_takes_its_children_and_resumes(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """kill -9 of `rlkit train`: servers and trainer die with it (parent-death signal)."""
+    run_dir = tmp_path / "run"
+    steps = 4
+    common = [
+        f"--orchestrator.max_steps={steps}",
+        "--ckpt.interval=2",
+        "--orchestrator.eval.at_start=false",
+        "--orchestrator.eval.at_end=false",
+    ]
+    proc = start(tiny_train_cmd(tiny_model_dir, run_dir, *common), tmp_path / "first.log")
+    groups: list[int] = []
+    try:
+        wait_for_step(proc, run_dir, 3, timeout=900)
+        pids = json.loads((run_dir / "pids.json").read_text())
+        groups = pids["trainer"] + pids["inference"]  # each child leads its own process group
+        proc.kill()  # SIGKILL to the launcher only, not to its children's groups
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while any(group_alive(g) for g in groups) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        survivors = [g for g in groups if group_alive(g)]
+        assert not survivors, f"process groups {survivors} outlived the killed launcher"
+    finally:
+        for pgid in [proc.pid, *groups]:
+            if group_alive(pgid):
+                os.killpg(pgid, signal.SIGKILL)
+    proc = start(
+        tiny_train_cmd(tiny_model_dir, run_dir, *common, "--resume"), tmp_path / "resume.log"
+    )
+    assert proc.wait(timeout=900) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    assert "resuming at step" in (tmp_path / "resume.log").read_text()
+    assert [r["step"] for r in records(run_dir)] == list(range(1, steps + 1))
+    for step in range(1, steps + 1):
+        read_batch(run_dir / "batches" / f"step_{step:06d}.pt")

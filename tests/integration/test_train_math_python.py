@@ -1,0 +1,92 @@
+"""`rlkit train` on math-python, a multi-turn tool environment: exact token continuations.
+
+Two short sync steps with the fresh tiny model on a small local arithmetic set. The random model
+cannot write tool calls, so the sampling favours `<tool_call>`, `</tool_call>` and the end of
+turn: replies then hold (malformed) calls, the environment answers with tool turns and rollouts
+run several turns (the bias also enters the engine's processed logprobs, so this run's mismatch
+KL says nothing). Each step's metrics must report every rollout as an exact token continuation
+sent as token-id prompts, and more than one turn per rollout on average over the run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from tests.cli import RLKIT
+
+pytestmark = pytest.mark.slow
+
+
+def write_config(model: Path, tmp_path: Path) -> Path:
+    data = tmp_path / "train.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"question": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n"
+            for a in range(1, 5)
+            for b in range(1, 5)
+        )
+    )
+    tok = AutoTokenizer.from_pretrained(model)
+    bias = {
+        str(tok.convert_tokens_to_ids(name)): value
+        for name, value in (("<tool_call>", 6.0), ("</tool_call>", 5.0), ("<|im_end|>", 3.0))
+    }
+    bias_toml = ", ".join(f'"{k}" = {v}' for k, v in bias.items())
+    config = tmp_path / "train.toml"
+    config.write_text(
+        f"""
+[model]
+path = "{model}"
+
+[[env]]
+id = "math-python"
+args = {{ dataset = "{data}", max_turns = 4, verify_workers = 1 }}
+
+[inference]
+extra_args = ["--max-num-seqs", "16", "--max-model-len", "1024"]
+
+[orchestrator]
+scheduler = "sync"
+max_steps = 2
+group_size = 4
+batch_groups = 2
+drop_zero_advantage = false
+sampling = {{ temperature = 1.0, max_tokens = 24, logit_bias = {{ {bias_toml} }} }}
+
+[orchestrator.eval]
+at_start = false
+at_end = false
+
+[ckpt]
+interval = 0
+
+[log]
+run_dir = "{tmp_path / "run"}"
+plot = false
+"""
+    )
+    return config
+
+
+def test_math_python_trains_on_exact_token_continuations(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    config = write_config(tiny_model_dir, tmp_path)
+    log = tmp_path / "train.log"
+    with open(log, "w") as out:
+        code = subprocess.run(
+            [RLKIT, "train", str(config)], stdout=out, stderr=subprocess.STDOUT, timeout=900
+        ).returncode
+    assert code == 0, log.read_text()[-3000:]
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert r["exact_continuation_frac"] == 1.0 and r["token_prompt_frac"] == 1.0, r
+        assert r["rollouts_errored"] == 0 and r["mismatch_kl"] is not None
+    assert max(r["turns_per_rollout"] for r in records) > 1.0

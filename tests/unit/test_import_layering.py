@@ -1,0 +1,84 @@
+"""The rlkit subpackages form a layering: no import cycle between them.
+
+Every `import` / `from ... import` under rlkit/ is parsed with `ast`, including imports inside
+functions (a back-edge hidden in a function is still a cycle), and mapped to the importing and
+imported subpackage (`rlkit.hub.install` -> `hub`; a top-level module such as `rlkit.config` is
+its own node). The graph must be acyclic. Deprecated aliases (`rlkit.deprecated.moved_names`)
+name their new home as a string and import it only when the old name is used, so they add no
+edge.
+"""
+
+from __future__ import annotations
+
+import ast
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+import pytest
+
+RLKIT = Path(__file__).resolve().parents[2] / "rlkit"
+
+
+def _node(module: str) -> str | None:
+    """The rlkit subpackage or top-level module that a dotted module name belongs to."""
+    parts = module.split(".")
+    if parts[0] != "rlkit" or len(parts) < 2 or parts[1] == "__init__":
+        return None
+    return parts[1]
+
+
+def imported_modules(tree: ast.AST, package: str) -> set[str]:
+    """Absolute names of everything `tree` imports (`package` resolves relative imports)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            anchor = package.split(".")[: len(package.split(".")) - max(node.level - 1, 0)]
+            base = ".".join([*anchor, node.module or ""]) if node.level else node.module or ""
+            found.add(base.rstrip("."))
+    return found
+
+
+def subpackage_graph() -> dict[str, set[str]]:
+    """{node: nodes it imports} over every .py file under rlkit/."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(RLKIT.rglob("*.py")):
+        parts = path.relative_to(RLKIT.parent).with_suffix("").parts
+        source = _node(".".join(parts))
+        if source is None:
+            continue
+        package = ".".join(parts if parts[-1] == "__init__" else parts[:-1])
+        package = package.removesuffix(".__init__")
+        targets = {_node(m) for m in imported_modules(ast.parse(path.read_text()), package)}
+        graph.setdefault(source, set()).update(t for t in targets if t and t != source)
+    return graph
+
+
+def test_no_cycle_between_rlkit_subpackages() -> None:
+    graph = subpackage_graph()
+    assert {"envs", "eval", "hub", "orchestrator", "train", "trainer"} <= graph.keys()
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as exc:
+        pytest.fail(f"import cycle between rlkit subpackages: {' -> '.join(exc.args[1])}")
+
+
+def test_the_layering_is_the_documented_one() -> None:
+    graph = subpackage_graph()
+    assert "hub" in graph["envs"]  # the loader installs hub environments
+    assert "envs" not in graph["hub"] and "eval" not in graph["hub"]
+    assert {"envs", "hub"} <= graph["eval"]  # eval results are published by rlkit.eval
+    assert "train" not in graph["orchestrator"]  # the whole job's config lives above it
+
+
+def test_imports_inside_functions_and_relative_imports_count() -> None:
+    tree = ast.parse(
+        "def f():\n    from rlkit.hub import install\n    import rlkit.eval.store\n"
+        "from ..trainer import batch\n"
+    )
+    found = imported_modules(tree, "rlkit.orchestrator")
+    assert {"rlkit.hub", "rlkit.eval.store", "rlkit.trainer"} <= found
+    graph = {"envs": {"hub"}, "hub": {"eval"}, "eval": {"envs"}}
+    with pytest.raises(CycleError):
+        TopologicalSorter(graph).prepare()

@@ -1,0 +1,58 @@
+"""The busy-wait patch on vLLM's real shared-memory queue reader (`SpinCondition`)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+from vllm.utils.network_utils import get_open_zmq_ipc_path
+
+from rlkit.inference import polling
+
+
+@pytest.fixture
+def restore_wait():
+    original = SpinCondition.wait
+    yield original
+    SpinCondition.wait = original
+
+
+def reader_wait_s(timeout_ms: int = 200) -> float:
+    """Seconds a reader that has just read waits for a message that never comes."""
+    ctx = zmq.Context()
+    address = get_open_zmq_ipc_path()
+    writer = SpinCondition(is_reader=False, context=ctx, notify_address=address)
+    reader = SpinCondition(is_reader=True, context=ctx, notify_address=address)
+    try:
+        reader.record_read()
+        t0 = time.monotonic()
+        reader.wait(timeout_ms=timeout_ms)
+        return time.monotonic() - t0
+    finally:
+        for sock in (reader.local_notify_socket, reader.read_cancel_socket):
+            sock.close(0)
+        reader.write_cancel_socket.close(0)
+        writer.local_notify_socket.close(0)
+        ctx.term()
+
+
+def test_vllm_default_spins_and_patch_sleeps(restore_wait, monkeypatch) -> None:
+    # vLLM's own reader returns at once (it spins: sched_yield, then the caller loops) ...
+    assert reader_wait_s() < 0.05
+    # ... with the window at 0 it sleeps on the notification socket until the timeout.
+    monkeypatch.setenv(polling.ENV_VAR, "0")
+    assert polling.apply_from_env() == 0.0
+    assert reader_wait_s() >= 0.15
+    polling.apply_from_env()  # applying twice wraps vLLM's method once, not the wrapper
+    assert SpinCondition.wait.__rlkit_original__ is restore_wait
+
+
+def test_window_chosen_per_device(monkeypatch) -> None:
+    assert polling.busy_loop_env(None, on_gpu=False) == {polling.ENV_VAR: "0.005"}
+    assert polling.busy_loop_env(None, on_gpu=True) == {}
+    assert polling.busy_loop_env(0.25, on_gpu=True) == {polling.ENV_VAR: "0.25"}
+    monkeypatch.setenv(polling.ENV_VAR, "-1")
+    with pytest.raises(ValueError, match=polling.ENV_VAR):
+        polling.apply_from_env()
