@@ -1,7 +1,10 @@
 """`rlkit eval ENV_ID ...` runs an eval; `rlkit eval show RUN_DIR` shows one.
 
 `rlkit eval ENV_ID` is shorthand for `rlkit eval run ENV_ID` (an environment literally named
-`show` or `run` is reached with `rlkit eval run NAME`). Flags follow verifiers' `vf-eval`.
+`show` or `run` is reached with `rlkit eval run NAME`). Flags follow verifiers' `vf-eval`; like
+`rlkit train`, a run can also come from a TOML file (`--config eval.toml`) and any field can be
+set with a dotted override (`--sandbox.backend local`). Precedence: the resumed run's stored
+config < the file < the flags < the dotted overrides.
 """
 
 from __future__ import annotations
@@ -48,9 +51,20 @@ def json_object(text: str | None, flag: str) -> dict[str, Any] | None:
     return value
 
 
-@app.command("run")
+def split_env_id(args: list[str]) -> tuple[str | None, list[str]]:
+    """The positional ENV_ID, if the arguments start with one, and the dotted overrides after it.
+
+    ENV_ID is read by hand, not declared to click: a declared optional argument would swallow the
+    value of an override (`--env_args.name VALUE`) whenever ENV_ID comes from --config or --resume.
+    """
+    if args and not args[0].startswith("-"):
+        return args[0], args[1:]
+    return None, args
+
+
+@app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run_cmd(
-    env_id: str | None = typer.Argument(None, help="Environment id (reverse-text, owner/name)."),
+    ctx: typer.Context,
     model: str | None = typer.Option(None, "--model", "-m", help="Model name sent to the API."),
     base_url: str | None = typer.Option(
         None,
@@ -100,13 +114,21 @@ def run_cmd(
     ),
     push: bool = typer.Option(False, "--push", help="Publish the results to the hub."),
     hub: str | None = typer.Option(None, "--hub", help="Hub URL, or 'local' (with --push)."),
+    config_file: Path | None = typer.Option(
+        None, "--config", help="TOML file with the eval's fields (see rlkit.eval.EvalConfig)."
+    ),
 ) -> None:
-    """Run an eval (or resume one) and print its summary."""
-    from rlkit.config import validate
+    """Run an eval (or resume one) and print its summary: `rlkit eval ENV_ID [OPTIONS]`.
+
+    ENV_ID is an environment id (reverse-text, owner/name@1.0). Any field of the eval config
+    can also be set after it, e.g. `--sandbox.backend local`.
+    """
+    from rlkit.config import apply_override, parse_overrides, read_toml, validate
     from rlkit.eval import EvalConfig, EvalInterrupted, load_run, run_eval
     from rlkit.eval.report import run_summary, summary_table
     from rlkit.eval.store import RunStore
 
+    env_id, overrides = split_env_id(list(ctx.args))
     given = {
         "env_id": env_id,
         "model": model,
@@ -126,14 +148,16 @@ def run_cmd(
         "pass_metric": pass_metric,
     }
     given = {key: value for key, value in given.items() if value is not None}
-    if resume is not None:
-        stored = RunStore(resume).read_metadata().config
-        data = {**stored, **given}
-    elif env_id is None:
-        raise UsageError("missing ENV_ID: rlkit eval ENV_ID -m MODEL (or --resume RUN_DIR)")
-    else:
-        data = given
-    config = validate(EvalConfig, data, source="eval options")
+    stored = RunStore(resume).read_metadata().config if resume is not None else {}
+    from_file = read_toml(config_file) if config_file is not None else {}
+    data = {**stored, **from_file, **given}
+    for key, value in parse_overrides(overrides):
+        apply_override(data, key, value)
+    if not data.get("env_id"):
+        raise UsageError(
+            "missing ENV_ID: rlkit eval ENV_ID -m MODEL (or --config FILE, or --resume RUN_DIR)"
+        )
+    config = validate(EvalConfig, data, source=str(config_file or "eval options"))
 
     err = Console(stderr=True)
     try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from rlkit.envs.rendering import ChatRenderer, load_renderer
@@ -31,19 +32,17 @@ class ContextOverflow(Exception):
     """The next prompt leaves no room for a model turn."""
 
 
+@dataclass
 class _Turns:
     """What both ways of sending turns keep: where to send them, and how to sample."""
 
-    def __init__(
-        self,
-        client: InferenceClient,
-        model: str,
-        sampling: dict[str, Any],
-        tools: list[dict[str, Any]] | None,
-    ) -> None:
-        self.client, self.model, self.sampling, self.tools = client, model, sampling, tools
+    client: InferenceClient
+    model: str
+    sampling: dict[str, Any]
+    tools: list[dict[str, Any]] | None
 
 
+@dataclass
 class MessageTurns(_Turns):
     """Chat requests with the whole conversation (the server renders and tokenises it)."""
 
@@ -63,28 +62,21 @@ class MessageTurns(_Turns):
         """Nothing to keep: the next request re-sends the messages."""
 
 
+@dataclass
 class TokenTurns(_Turns):
     """Completions requests whose prompt is the rollout's own token sequence."""
 
     mode = "tokens"
+    renderer: ChatRenderer
+    max_model_len: int | None
+    prompt_ids: list[int] | None = None
+    last: Generation | None = None
 
-    def __init__(
-        self,
-        client: InferenceClient,
-        model: str,
-        sampling: dict[str, Any],
-        tools: list[dict[str, Any]] | None,
-        renderer: ChatRenderer,
-        max_model_len: int | None,
-    ) -> None:
-        super().__init__(client, model, dict(sampling), tools)
-        self.renderer = renderer
-        self.max_model_len = max_model_len
+    def __post_init__(self) -> None:
+        self.sampling = dict(self.sampling)  # popped below: the caller's dict stays as it was
         self.template_kwargs: dict[str, Any] = self.sampling.pop("chat_template_kwargs", None) or {}
         if "max_completion_tokens" in self.sampling:  # the chat API's name for max_tokens
             self.sampling["max_tokens"] = self.sampling.pop("max_completion_tokens")
-        self.prompt_ids: list[int] | None = None
-        self.last: Generation | None = None
 
     async def generate(self, messages: list[dict[str, Any]]) -> Generation:
         if self.prompt_ids is None:

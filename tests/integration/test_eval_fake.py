@@ -281,3 +281,21 @@ def test_package_eval_defaults_apply_below_flags(custom_env, tmp_path, monkeypat
         pyproject.write_text(pyproject.read_text() + "\n[tool.rlkit.eval.oops]\n")
         code, output = run_cli(monkeypatch, capsys, "eval", custom_env, *args)
     assert code == 2 and "unknown keys ['oops']" in output
+
+
+def test_config_file_and_dotted_overrides(custom_env, tmp_path, monkeypatch, capsys) -> None:
+    """`rlkit eval --config FILE` plus `--section.field VALUE`, the same convention as train."""
+    with FakeOpenAIServer() as server:
+        config = tmp_path / "eval.toml"
+        config.write_text(
+            f'env_id = "{custom_env}"\nmodel = "fake-model"\nbase_url = "{server.url}"\n'
+            f'num_examples = 2\nrollouts_per_example = 1\noutput_dir = "{tmp_path / "out"}"\n'
+        )
+        code, output = run_cli(
+            monkeypatch, capsys, "eval", "--config", str(config), "-r", "2",
+            "--env_args.system_prompt", "Reverse it.", "--sampling.max_tokens", "8",
+        )  # fmt: skip
+    assert code == 0, output
+    check_complete_run(only_run_dir(tmp_path / "out"), n=2, r=2)
+    assert {request["messages"][0]["content"] for request in server.requests} == {"Reverse it."}
+    assert {request["max_tokens"] for request in server.requests} == {8}

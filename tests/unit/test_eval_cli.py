@@ -36,3 +36,12 @@ def test_missing_env_id_and_missing_run_dir_exit_2(monkeypatch, capsys, tmp_path
 def test_help_lists_run_and_show(monkeypatch, capsys) -> None:
     code, output = run_cli(monkeypatch, capsys, "eval", "--help")
     assert code == 0 and "show" in output and "run" in output
+
+
+def test_unknown_dotted_override_exits_2_naming_it(monkeypatch, capsys, tmp_path) -> None:
+    code, output = run_cli(
+        monkeypatch, capsys, "eval", "reverse-text", "-m", "m", "--sandbx.backend", "local"
+    )
+    assert code == 2 and "sandbx" in output
+    code, output = run_cli(monkeypatch, capsys, "eval", "--config", str(tmp_path / "no.toml"))
+    assert code == 2 and "config file not found" in output
