@@ -117,13 +117,14 @@ def run_cmd(
     config_file: Path | None = typer.Option(
         None, "--config", help="TOML file with the eval's fields (see rlkit.eval.EvalConfig)."
     ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
 ) -> None:
     """Run an eval (or resume one) and print its summary: `rlkit eval ENV_ID [OPTIONS]`.
 
     ENV_ID is an environment id (reverse-text, owner/name@1.0). Any field of the eval config
     can also be set after it, e.g. `--sandbox.backend local`.
     """
-    from rlkit.config import apply_override, parse_overrides, read_toml, validate
+    from rlkit.config import apply_override, dump_toml, parse_overrides, read_toml, validate
     from rlkit.eval import EvalConfig, EvalInterrupted, load_run, run_eval
     from rlkit.eval.report import run_summary, summary_table
     from rlkit.eval.store import RunStore
@@ -158,6 +159,9 @@ def run_cmd(
             "missing ENV_ID: rlkit eval ENV_ID -m MODEL (or --config FILE, or --resume RUN_DIR)"
         )
     config = validate(EvalConfig, data, source=str(config_file or "eval options"))
+    if dry_run:
+        typer.echo(dump_toml(config), nl=False)
+        return
 
     err = Console(stderr=True)
     try:

@@ -45,3 +45,13 @@ def test_unknown_dotted_override_exits_2_naming_it(monkeypatch, capsys, tmp_path
     assert code == 2 and "sandbx" in output
     code, output = run_cli(monkeypatch, capsys, "eval", "--config", str(tmp_path / "no.toml"))
     assert code == 2 and "config file not found" in output
+
+
+def test_dry_run_prints_resolved_config(monkeypatch, capsys, tmp_path) -> None:
+    config = tmp_path / "eval.toml"
+    config.write_text('env_id = "reverse-text"\nmodel = "m"\nnum_examples = 7\n')
+    args = ["--config", str(config), "-r", "2", "--sandbox.backend", "local", "--dry-run"]
+    code, output = run_cli(monkeypatch, capsys, "eval", *args)
+    assert code == 0, output
+    assert 'env_id = "reverse-text"' in output and "num_examples = 7" in output
+    assert "rollouts_per_example = 2" in output and 'backend = "local"' in output
