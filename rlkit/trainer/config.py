@@ -11,8 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlkit.config import Config
-
-Correction = Literal["icepop", "tis", "none"]  # behaviour corrections (rlkit.trainer.loss)
+from rlkit.trainer.loss import LOSSES, Correction, loss_correction
 
 
 class ModelConfig(Config):
@@ -65,15 +64,11 @@ class LossConfig(Config):
     @field_validator("name")
     @classmethod
     def _known_loss(cls, name: str) -> str:
-        from rlkit.trainer.loss import LOSSES
-
         LOSSES.get(name)  # ValueError: unknown loss, unimportable module
         return name
 
     @model_validator(mode="after")
     def _valid_params(self) -> LossConfig:
-        from rlkit.trainer.loss import LOSSES, loss_correction
-
         entry = LOSSES.get(self.name)
         entry.validate(self.params)  # ValueError naming params.<field>
         fixed = loss_correction(entry, self.behaviour_correction)

@@ -69,7 +69,8 @@ from torch import Tensor
 
 from rlkit.config import Config
 from rlkit.registry import Entry, Registry
-from rlkit.trainer.config import Correction
+
+Correction = Literal["icepop", "tis", "none"]  # behaviour corrections, see below
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean"]
 
