@@ -1,4 +1,4 @@
-"""The rlkit subpackages form a layering: no import cycle between them.
+"""The rlkit subpackages form a layering: no import cycle between them, nor between modules.
 
 Every `import` / `from ... import` under rlkit/ is parsed with `ast`, including imports inside
 functions (a back-edge hidden in a function is still a cycle), and mapped to the importing and
@@ -62,6 +62,38 @@ def test_no_cycle_between_rlkit_subpackages() -> None:
         TopologicalSorter(graph).prepare()
     except CycleError as exc:
         pytest.fail(f"import cycle between rlkit subpackages: {' -> '.join(exc.args[1])}")
+
+
+def module_graph() -> dict[str, set[str]]:
+    """{module: rlkit modules it imports}; `from pkg import name` counts as `pkg.name` when that
+    is a module, else as `pkg` (its __init__)."""
+    modules: dict[str, tuple[Path, str]] = {}
+    for path in sorted(RLKIT.rglob("*.py")):
+        parts = path.relative_to(RLKIT.parent).with_suffix("").parts
+        name = ".".join(parts).removesuffix(".__init__")
+        modules[name] = (path, name if path.name == "__init__.py" else ".".join(parts[:-1]))
+    graph: dict[str, set[str]] = {}
+    for name, (path, package) in modules.items():
+        edges = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                (base,) = imported_modules(ast.Module(body=[node], type_ignores=[]), package)
+                for alias in node.names:
+                    edges.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+        edges.intersection_update(modules.keys() - {name})
+    return graph
+
+
+def test_no_cycle_between_rlkit_modules() -> None:
+    """Within a subpackage too (e.g. a config module and the registry it validates against)."""
+    graph = module_graph()
+    assert "rlkit.trainer.loss" in graph["rlkit.trainer.config"]
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as exc:
+        pytest.fail(f"import cycle between rlkit modules: {' -> '.join(exc.args[1])}")
 
 
 def test_the_layering_is_the_documented_one() -> None:
