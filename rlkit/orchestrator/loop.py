@@ -230,16 +230,19 @@ async def run_orchestrator(
             path = await wait_for_weights(
                 doorbell, run_dir, step, o.weights_timeout_s, trainer_exit
             )
+            t2 = time.monotonic()
             await source.update_weights(str(path), step)
             scheduler.on_policy_update(step)
-            train_s = time.monotonic() - t1
+            t3 = time.monotonic()
             ours = step_record(
                 step,
                 batch,
                 processor.take_stats(),
                 scheduler.take_counters(),
                 rollout_time_s=rollout_s,
-                train_time_s=train_s,
+                train_time_s=t3 - t1,
+                weights_wait_s=t2 - t1,
+                weight_update_s=t3 - t2,
                 step_time_s=time.monotonic() - t0,
                 idle_s=scheduler.take_idle_s(),
             )

@@ -43,8 +43,14 @@ def step_record(
     train_time_s: float,
     step_time_s: float,
     idle_s: float,
+    weights_wait_s: float,
+    weight_update_s: float,
 ) -> dict[str, Any]:
-    """The orchestrator's side of one step's metrics."""
+    """The orchestrator's side of one step's metrics.
+
+    `train_time_s` (batch written to weights live) = `weights_wait_s` (until the trainer
+    publishes) + `weight_update_s` (the servers loading them).
+    """
     record: dict[str, Any] = {"step": step}
     all_rewards = [r for rs in stats.rewards.values() for r in rs]
     record["reward_mean"] = statistics.fmean(all_rewards) if all_rewards else None
@@ -60,6 +66,8 @@ def step_record(
         batch_tokens=batch.meta["tokens"],
         rollout_time_s=rollout_time_s,
         train_time_s=train_time_s,
+        weights_wait_s=weights_wait_s,
+        weight_update_s=weight_update_s,
         step_time_s=step_time_s,
         inference_idle_frac=min(1.0, idle_s / step_time_s) if step_time_s > 0 else 0.0,
         tokens_per_s=stats.completion_tokens / step_time_s if step_time_s > 0 else 0.0,

@@ -102,8 +102,10 @@ class TrainerConfig(Config):
     micro_batch_tokens: int = Field(
         4096, gt=0, description="Most tokens per packed micro-batch; lower it if memory runs out."
     )
-    packing: bool = Field(
-        True, description="Pack several samples per micro-batch row; off = one padded row each."
+    packing: bool | Literal["auto"] = Field(
+        "auto",
+        description="Pack several samples per micro-batch row (true), one padded row each "
+        "(false), or whichever costs less compute for each batch (auto).",
     )
     logprob_chunk_size: int = Field(
         1024, gt=0, description="Tokens per chunk when computing logprobs from hidden states."

@@ -68,6 +68,7 @@ class Trainer:
         self.policy = load_policy(cfg.model, self.device, cfg.logprob_chunk_size)
         self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim, total_steps)
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
+        self.hidden_size = int(self.policy.lm.config.get_text_config().hidden_size)
 
     # ---- forward ---------------------------------------------------------------------------
     def logprobs(self, mb: MicroBatch) -> tuple[Tensor, Tensor]:
@@ -140,7 +141,9 @@ class Trainer:
     ) -> tuple[list[tuple[MicroBatch, float]], list[Tensor] | None, int]:
         """This rank's micro-batches of `seqs`, their pi_prox (no grad) when `recompute_old`,
         and the number of micro-batches over all ranks."""
-        mbs = make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.cfg.packing)
+        mbs = make_micro_batches(
+            seqs, self.cfg.micro_batch_tokens, self.cfg.packing, self.hidden_size
+        )
         local = self._local(mbs)
         olds = [self._no_grad_logprobs(mb) for mb, _ in local] if recompute_old else None
         return local, olds, len(mbs)

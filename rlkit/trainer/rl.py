@@ -154,7 +154,9 @@ def run_rl(cfg: TrainerConfig) -> None:
         doorbell = handoff.Doorbell(run_dir, f"{handoff.TRAINER}{dist.rank()}")
         while not cfg.max_steps or step < cfg.max_steps:
             step += 1
+            t_wait = time.perf_counter()
             batch = wait_for_batch(run_dir, step, cfg.batch_timeout_s, doorbell)
+            batch_wait_s = time.perf_counter() - t_wait
             if batch is None:  # the orchestrator stops the run: make it resumable here
                 trainer.save_checkpoint(step - 1, {"next_batch": step})
                 if dist.is_main():
@@ -168,6 +170,7 @@ def run_rl(cfg: TrainerConfig) -> None:
                 cfg.loss.recompute_old_logprobs,
             )
             record = {"step": step, **batch_stats(batch, step), **result.metrics}
+            record["batch_wait_s"] = batch_wait_s  # idle: waiting for (and reading) the batch
             if dist.is_main():  # before the weights: the orchestrator reads both at once
                 metrics.append(record)
             if cfg.weights.publish:

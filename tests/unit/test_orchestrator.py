@@ -183,11 +183,14 @@ def test_metrics_record_log_and_plot(tmp_path: Path) -> None:
         train_time_s=1.0,
         step_time_s=3.0,
         idle_s=1.5,
+        weights_wait_s=0.8,
+        weight_update_s=0.2,
     )
     assert record["reward_mean/e"] == 0.5 and record["solve_rate/e"] == 0.5
     assert record["reward_mean/e/sudoku"] == 1.0 and record["reward_mean/e/countdown"] == 0.0
     assert record["staleness_hist/0"] == 1 and record["staleness_hist/1"] == 1
     assert record["inference_idle_frac"] == 0.5
+    assert record["weights_wait_s"] == 0.8 and record["weight_update_s"] == 0.2
     from rich.console import Console
 
     out = Console(file=open(tmp_path / "out.txt", "w"))

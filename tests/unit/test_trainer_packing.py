@@ -39,6 +39,19 @@ def test_micro_batches_respect_capacity_and_keep_every_sample() -> None:
     assert len(starts) == len(row.sample_ids)  # positions restart once per packed sample
 
 
+def test_auto_packing_picks_the_cheaper_layout() -> None:
+    # many equal short samples: padding wastes nothing and avoids one long row's L^2 attention
+    short = sequences(100, [40] * 24)
+    assert all(
+        mb.input_ids.shape == (24, 40) for mb in make_micro_batches(short, 4096, "auto", 128)
+    )
+    # one long sample among short ones: padded rows would mostly be padding, so pack
+    mixed = sequences(100, [400] + [10] * 30)
+    auto = make_micro_batches(mixed, 4096, "auto", 128)
+    assert [mb.input_ids.shape[0] for mb in auto] == [1]
+    assert auto[0].input_ids.shape[1] == 700  # every sample in one packed row
+
+
 def test_sample_longer_than_micro_batch_names_the_setting() -> None:
     with pytest.raises(UsageError, match="sample 1 has 50 tokens, more than micro_batch_tokens=40"):
         make_micro_batches(sequences(100, [10, 50]), 40)
