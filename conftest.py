@@ -16,6 +16,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# verifiers bridge venvs: built once (per CI run, per checkout) and reused by every test
+os.environ.setdefault("RLKIT_BRIDGE_VENVS", str(Path(__file__).parent / ".cache" / "bridge-venvs"))
 
 
 @pytest.fixture(scope="session")

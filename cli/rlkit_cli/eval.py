@@ -96,6 +96,12 @@ def run_cmd(
     env_args: str | None = typer.Option(
         None, "--env-args", "-a", help="Environment loader arguments as a JSON object."
     ),
+    verifiers_version: str | None = typer.Option(
+        None,
+        "--verifiers-version",
+        help="Run a verifiers environment with this exact verifiers version "
+        "[newest tested inside its declared range].",
+    ),
     output_dir: Path | None = typer.Option(
         None, "--output-dir", "-o", help="Folder that receives the run folder [runs/eval]."
     ),
@@ -142,6 +148,7 @@ def run_cmd(
         "temperature": temperature,
         "sampling": json_object(sampling, "-S/--sampling-args"),
         "env_args": json_object(env_args, "-a/--env-args"),
+        "verifiers_version": verifiers_version,
         "output_dir": output_dir,
         "timeout": timeout,
         "max_retries": max_retries,

@@ -3,8 +3,8 @@
 It has the shape of verifiers' 2025 `reverse_text` environment: a `vf.SingleTurnEnv` with an
 XML parser (`<think>`, `<answer>`), a system prompt describing the format, and a rubric of an
 LCS-ratio reward (weight 1) plus the parser's format reward (weight 0.2). rlkit runs it
-unmodified through `rlkit.envs.vf_adapter`. Texts are generated offline from `seed` unless a
-`dataset_name` (hub name or local path with a `text` column) is given.
+unmodified through its verifiers bridge (`rlkit.envs.bridge`). Texts are generated offline from
+`seed` unless a `dataset_name` (hub name or local path with a `text` column) is given.
 """
 
 import random

@@ -142,16 +142,34 @@ def _unknown(env_id: str, name: str) -> UsageError:
     return UsageError(f"unknown environment {env_id!r}{hint}{listing}")
 
 
-def load_environment(env_id: str, **kwargs: Any) -> Environment:
-    """Import the environment named by `env_id` and call its `load_environment(**kwargs)`."""
+def load_environment(
+    env_id: str, *, verifiers_version: str | None = None, **kwargs: Any
+) -> Environment:
+    """Import the environment named by `env_id` and call its `load_environment(**kwargs)`.
+
+    A package that requires `verifiers` is never imported here: it runs in a bridge worker
+    (`rlkit.envs.bridge`) with the newest tested verifiers version its range allows, or
+    `verifiers_version`.
+    """
     ref = parse_env_id(env_id, require_owner=False)
     name = ref.name
+    bridged = _load_bridged(name, kwargs, verifiers_version)
+    if bridged is not None:
+        return bridged
+    if verifiers_version:
+        raise UsageError(
+            f"environment {name!r} does not declare a verifiers requirement; "
+            "--verifiers-version applies only to verifiers environments"
+        )
     module = _import_env_module(name)
     local = module is None
     module = module or _find_local(name)
     if module is None and ref.owner:
         ensure_installed(env_id)
         importlib.invalidate_caches()
+        bridged = _load_bridged(name, kwargs, verifiers_version)
+        if bridged is not None:
+            return bridged
         module, local = _import_env_module(name), False
     if module is None:
         raise _unknown(env_id, name)
@@ -178,14 +196,20 @@ def load_environment_at(path: Path, name: str, **kwargs: Any) -> Environment:
     return load_environment(name, **kwargs)
 
 
+def _load_bridged(
+    name: str, kwargs: dict[str, Any], verifiers_version: str | None
+) -> Environment | None:
+    """A `BridgeEnv` when `name` is a verifiers environment (found without importing it)."""
+    from rlkit.envs.bridge import BridgeEnv, find_verifiers_source
+
+    source = find_verifiers_source(name, env_folders(), module_names(name))
+    return None if source is None else BridgeEnv(source, kwargs, verifiers_version)
+
+
 def _as_rlkit_env(env: Any, name: str) -> Environment:
-    """Accept rlkit environments and wrap verifiers ones."""
+    """Accept rlkit environments only (verifiers ones were routed to the bridge)."""
     if isinstance(env, Environment):
         return env
-    from rlkit.envs.vf_adapter import is_verifiers_env, wrap_verifiers_env
-
-    if is_verifiers_env(env):
-        return wrap_verifiers_env(env, env_id=name)
     raise UsageError(
         f"environment {name!r}: load_environment returned {type(env).__name__}, "
         "not an rlkit.envs.Environment"

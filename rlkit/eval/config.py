@@ -22,6 +22,7 @@ RESULT_FIELDS = (
     "max_tokens",
     "temperature",
     "sampling",
+    "verifiers_version",
 )
 
 
@@ -31,6 +32,11 @@ class EvalConfig(Config):
     env_id: str = Field("", description="Environment id, e.g. reverse-text or owner/name@1.0.")
     env_args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for the environment's loader."
+    )
+    verifiers_version: str | None = Field(
+        None,
+        description="Exact verifiers version for a verifiers environment (None: the newest "
+        "tested version its declared range allows).",
     )
     model: str = Field("", description="Model name sent to the API.")
     base_url: str = Field(

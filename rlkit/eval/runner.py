@@ -214,7 +214,9 @@ async def run_eval_async(
         raise UsageError("a model is required (-m/--model)")
 
     config.sandbox.apply()
-    env = load_environment(config.env_id, **config.env_args)
+    env = load_environment(
+        config.env_id, verifiers_version=config.verifiers_version, **config.env_args
+    )
     config, package_sampling = apply_package_defaults(config, *package_eval_defaults(config.env_id))
     rows = [dict(row) for row in env.get_eval_dataset(config.num_examples)]
     sampling = config.sampling_args({**env.sampling_defaults, **package_sampling})

@@ -87,6 +87,7 @@ class InferenceClient:
         max_connections: int = 1024,
         token_prompts: bool | None = None,
     ) -> None:
+        self.api_key, self.timeout = api_key, timeout  # the bridge hands both to its workers
         self.base_url = base_url.rstrip("/")
         if self.base_url.endswith("/v1"):
             self.base_url = self.base_url[: -len("/v1")]

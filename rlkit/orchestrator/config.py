@@ -24,6 +24,11 @@ class EnvSpec(Config):
     args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for the env's load_environment()."
     )
+    verifiers: str | None = Field(
+        None,
+        description="Exact verifiers version for a verifiers environment (None: the newest "
+        "tested version its declared range allows).",
+    )
 
 
 class InferenceConfig(Config):

@@ -111,7 +111,7 @@ def load_environments(specs: list[EnvSpec]) -> dict[str, Any]:
         if spec.id in envs:
             raise UsageError(f"env.{i}.id: environment {spec.id!r} is listed twice")
         try:
-            envs[spec.id] = load_environment(spec.id, **spec.args)
+            envs[spec.id] = load_environment(spec.id, verifiers_version=spec.verifiers, **spec.args)
         except UsageError as exc:
             raise UsageError(f"env.{i}.id: {exc}") from exc
         except TypeError as exc:

@@ -2,7 +2,7 @@
 
 Ideal throughput is concurrency / latency requests per second. The same environment (a
 verifiers-style reverse-text `vf.SingleTurnEnv`, written once) runs through rlkit's eval loop
-(`rlkit.eval.run_eval_async`, via rlkit's verifiers adapter, writing results.jsonl as it goes)
+(`rlkit.eval.run_eval_async`, through rlkit's verifiers bridge, writing results.jsonl as it goes)
 and through verifiers' own loop (`env.evaluate(...)` with an `AsyncOpenAI` client), interleaved
 (best of `--repeats` each), against the same fake server running in its own process. Both timings
 include loading the environment. Prints one JSON line with both fractions of the ideal and
@@ -52,6 +52,13 @@ def load_environment(num_examples: int = 256) -> vf.SingleTurnEnv:
         rubric=vf.Rubric(funcs=[lcs_ratio], weights=[1.0]),
     )
 '''
+
+
+PYPROJECT = """[project]
+name = "bench-reverse-text"
+version = "0.1.0"
+dependencies = ["verifiers>=0.1.3,<0.1.4", "datasets>=3.0"]
+"""
 
 
 def start_fake_server(latency: float) -> tuple[subprocess.Popen, str]:
@@ -143,6 +150,8 @@ def main() -> None:
         env_dir = Path(tmp) / "envs" / "bench-reverse-text"
         env_dir.mkdir(parents=True)
         (env_dir / "bench_reverse_text.py").write_text(textwrap.dedent(ENV_SOURCE))
+        # a verifiers package: rlkit runs it through its bridge (a worker in its own venv)
+        (env_dir / "pyproject.toml").write_text(PYPROJECT)
         os.environ["RLKIT_ENV_PATH"] = str(Path(tmp) / "envs")
         sys.path.insert(0, str(env_dir))
         import verifiers  # noqa: F401  (imported up front: neither timing pays for it)

@@ -6,7 +6,6 @@ import importlib
 
 import pytest
 
-from rlkit.envs import vf_adapter
 from rlkit.eval import publish
 from rlkit.orchestrator import config as orchestrator_config
 from rlkit.orchestrator import scheduler
@@ -20,8 +19,6 @@ MOVED = [
     ("rlkit.orchestrator", "TrainConfig", train_config.TrainConfig),
     ("rlkit.orchestrator.scheduler", "Accept", scheduler.ProcessGroup),
     ("rlkit.hub", "push_eval_results", publish.push_eval_results),
-    ("rlkit.envs.verifiers", "VerifiersEnv", vf_adapter.VerifiersEnv),
-    ("rlkit.envs.verifiers", "wrap_verifiers_env", vf_adapter.wrap_verifiers_env),
 ]
 
 

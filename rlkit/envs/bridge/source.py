@@ -1,0 +1,108 @@
+"""Recognise a verifiers environment without importing it, and say how a worker gets it.
+
+An environment is a verifiers one when its package declares a `verifiers` requirement: a local
+folder's `pyproject.toml`, or an installed distribution's metadata. Local folders (and editable
+installs, which point at one) are imported in the worker from their folder, with their other
+requirements installed in the venv; other installed distributions are installed into the venv
+by name and version.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+
+@dataclass
+class VfSource:
+    name: str
+    module: str
+    verifiers_spec: str  # the declared range, e.g. ">=0.1.9,<0.2"
+    requirements: list[str] = field(default_factory=list)  # everything but verifiers
+    sys_path: list[str] = field(default_factory=list)
+    version: str | None = None
+
+
+def split_requirements(requires: list[str]) -> tuple[str | None, list[str]]:
+    """(verifiers specifier or None when not required, the other requirements)."""
+    spec: str | None = None
+    others = []
+    for text in requires:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            others.append(text)
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue  # an extra's requirement
+        if req.name.lower() == "verifiers":
+            spec = str(req.specifier)
+        elif req.name.lower() != "rlkit":
+            others.append(text)
+    return spec, others
+
+
+def _module_in(folder: Path, candidates: list[str]) -> str | None:
+    for module in candidates:
+        if (folder / f"{module}.py").is_file() or (folder / module / "__init__.py").is_file():
+            return module
+    return None
+
+
+def from_folder(folder: Path, name: str, candidates: list[str]) -> VfSource | None:
+    pyproject = folder / "pyproject.toml"
+    if not pyproject.is_file():
+        return None
+    project = tomllib.loads(pyproject.read_text()).get("project", {})
+    spec, others = split_requirements(list(project.get("dependencies") or []))
+    module = _module_in(folder, candidates)
+    if spec is None or module is None:
+        return None
+    return VfSource(name, module, spec, others, [str(folder.resolve())], project.get("version"))
+
+
+def _editable_folder(dist: importlib.metadata.Distribution) -> Path | None:
+    text = dist.read_text("direct_url.json")
+    if not text:
+        return None
+    data = json.loads(text)
+    url = str(data.get("url", ""))
+    if (data.get("dir_info") or {}).get("editable") and url.startswith("file://"):
+        return Path(url[len("file://") :])
+    return None
+
+
+def from_installed(name: str, candidates: list[str]) -> VfSource | None:
+    for dist_name in dict.fromkeys([name, name.replace("_", "-"), name.replace("-", "_")]):
+        try:
+            dist = importlib.metadata.distribution(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        spec, others = split_requirements(list(dist.requires or []))
+        if spec is None:
+            return None
+        folder = _editable_folder(dist)
+        if folder is not None and (found := from_folder(folder, name, candidates)):
+            return found
+        top = (dist.read_text("top_level.txt") or "").split()
+        module = next((m for m in candidates if m in top), candidates[0])
+        pinned = f"{dist.metadata['Name']}=={dist.version}"
+        return VfSource(name, module, spec, [pinned, *others], [], dist.version)
+    return None
+
+
+def find_verifiers_source(name: str, folders: list[Path], candidates: list[str]) -> VfSource | None:
+    """The verifiers environment `name` from an installed package or a local folder, or None."""
+    found = from_installed(name, candidates)
+    if found is not None:
+        return found
+    for folder in folders:
+        for sub in dict.fromkeys([name, name.replace("_", "-"), name.replace("-", "_")]):
+            if (folder / sub).is_dir() and (found := from_folder(folder / sub, name, candidates)):
+                return found
+    return None

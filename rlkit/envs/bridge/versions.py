@@ -1,0 +1,76 @@
+"""Which verifiers versions the bridge runs, and which one an environment gets.
+
+Each era has one shim inside the worker (`worker/shim_*.py`) and a list of exact versions the
+bridge is tested with. An environment's declared range (its `verifiers` requirement) picks the
+newest tested version inside it; `--verifiers-version` / `[[env]] verifiers = "..."` overrides
+(any exact version of a supported era). No fit is a `UsageError` naming the installed,
+required and tested versions.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from rlkit.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Era:
+    name: str
+    shim: str  # worker module
+    first: str  # versions in [first, end) belong to this era
+    end: str
+    tested: tuple[str, ...]
+
+
+ERAS = (Era("0.1.x classic", "shim_classic", "0.1.3", "0.1.10", ("0.1.3.post0", "0.1.9.post3")),)
+
+
+def versions_tested() -> list[str]:
+    return [v for era in ERAS for v in era.tested]
+
+
+def era_of(version: str) -> Era | None:
+    v = Version(version)
+    return next((e for e in ERAS if Version(e.first) <= v < Version(e.end)), None)
+
+
+def _installed() -> str:
+    try:
+        return importlib.metadata.version("verifiers")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def select_version(env_name: str, required: str | None, override: str | None = None) -> str:
+    """The exact verifiers version to run `env_name` with (see the module docstring)."""
+    tested = versions_tested()
+    context = (
+        f"environment {env_name!r} requires verifiers {required or '(any)'}; "
+        f"the bridge is tested with {', '.join(tested)} "
+        f"(installed beside rlkit: {_installed()})"
+    )
+    if override:
+        try:
+            Version(override)
+        except InvalidVersion as exc:
+            raise UsageError(f"verifiers version {override!r} is not a version: {exc}") from exc
+        if era_of(override) is None:
+            eras = ", ".join(f"{e.name} [{e.first}, {e.end})" for e in ERAS)
+            raise UsageError(f"verifiers {override} is in no supported era ({eras}); {context}")
+        return override
+    try:
+        spec = SpecifierSet(required or "")
+    except InvalidSpecifier as exc:
+        raise UsageError(f"{context}: bad requirement: {exc}") from exc
+    fits = [v for v in tested if spec.contains(v, prereleases=True)]
+    if not fits:
+        raise UsageError(
+            f"no tested verifiers version fits: {context}. Pass --verifiers-version "
+            '(or [[env]] verifiers = "...") to run it with another version'
+        )
+    return max(fits, key=Version)

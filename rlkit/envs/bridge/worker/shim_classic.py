@@ -1,0 +1,127 @@
+"""verifiers 0.1.x classic era (0.1.3 to 0.1.9.x), in its two shapes: up to 0.1.7
+`env.rollout(client, model, prompt, answer, task, info, sampling_args) -> (completion, state)`
+scored by `rubric.score_rollouts(...)`; from 0.1.8 `env.rollout(input, client, model,
+sampling_args) -> State` (stop conditions, trajectory, cleanup) scored by `rubric.score_group`.
+
+verifiers runs its own loop (`setup_state`, `is_completed`, `env_response`, tools, max_turns);
+this shim only prepares the inputs the way `Environment.a_generate` does and reads the scores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import json
+from typing import Any
+
+import verifiers as vf
+
+SPLITS = {"train": "dataset", "eval": "eval_dataset"}
+
+
+def _info(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        return json.loads(value) if value else {}
+    return dict(value or {})
+
+
+class Shim:
+    era = "classic"
+
+    def __init__(self, env: Any) -> None:
+        if not isinstance(env, vf.Environment):
+            raise TypeError(f"load_environment returned {type(env).__name__}, not a vf.Environment")
+        if getattr(env, "message_type", "chat") != "chat":
+            raise ValueError(f"message_type={env.message_type!r}: only chat environments run")
+        self.env = env
+        self.state_api = "input" in inspect.signature(env.rollout).parameters  # 0.1.8+
+        self.datasets = {split: getattr(env, attr, None) for split, attr in SPLITS.items()}
+
+    def describe(self) -> dict[str, Any]:
+        sampling = {k: v for k, v in dict(self.env.sampling_args or {}).items() if k != "n"}
+        sampling.update(sampling.pop("extra_body", None) or {})
+        return {
+            "era": self.era,
+            "verifiers_version": getattr(vf, "__version__", None),
+            "env_class": type(self.env).__name__,
+            "multi_turn": not isinstance(self.env, vf.SingleTurnEnv),
+            "max_turns": getattr(self.env, "max_turns", 1),
+            "sampling_defaults": sampling,
+            "splits": {s: (len(d) if d is not None else None) for s, d in self.datasets.items()},
+        }
+
+    def row(self, split: str, index: int) -> dict[str, Any]:
+        dataset = self.datasets[split]
+        if dataset is None:
+            raise ValueError(f"the environment has no {split} split")
+        row = dict(dataset[index])
+        info = _info(row.get("info"))
+        old_api_tools = not self.state_api and getattr(self.env, "oai_tools", None)
+        if old_api_tools and "oai_tools" not in info:  # where <0.1.8 rollouts read the tools
+            info["oai_tools"] = self.env.oai_tools
+        row["info"] = info
+        row.setdefault("answer", "")
+        row.setdefault("task", "default")
+        return row
+
+    def rows(self, split: str, start: int, count: int) -> list[dict[str, Any]]:
+        dataset = self.datasets[split]
+        out = []
+        for index in range(start, min(start + count, len(dataset))):
+            row = dataset[index]
+            info = _info(row.get("info"))
+            info.setdefault("task", row.get("task") or "default")
+            out.append(
+                {
+                    "prompt": row["prompt"],
+                    "answer": row.get("answer") or "",
+                    "info": info,
+                    "example_id": row.get("example_id", index),
+                }
+            )
+        return out
+
+    async def rollout(self, row: dict[str, Any], client: Any, model: str, sampling: dict) -> Any:
+        args = copy.deepcopy(dict(self.env.sampling_args or {}))
+        args.pop("n", None)
+        args.update(sampling)
+        if self.state_api:
+            fields = ("prompt", "answer", "task", "info", "example_id")
+            vf_input = {k: copy.deepcopy(row[k]) for k in fields if k in row}
+            state = await self.env.rollout(vf_input, client, model, args)
+            if state.get("error") is not None:
+                raise RuntimeError(f"verifiers recorded an error: {state['error']!r}")
+            return list(state.get("completion") or []), state
+        return await self.env.rollout(
+            client,
+            model,
+            copy.deepcopy(row["prompt"]),
+            row["answer"],
+            row["task"],
+            copy.deepcopy(row["info"]),
+            args,
+        )
+
+    async def score(self, items: list[tuple[dict, Any, Any]]) -> list[tuple[float, dict]]:
+        if self.state_api:
+            states = [state for _, _, state in items]
+            await self.env.rubric.score_group(states, score_sem=asyncio.Semaphore(64))
+            return [
+                (float(s["reward"] or 0.0), {k: float(v) for k, v in (s["metrics"] or {}).items()})
+                for s in states
+            ]
+        scores = await self.env.rubric.score_rollouts(
+            prompts=[row["prompt"] for row, _, _ in items],
+            completions=[completion for _, completion, _ in items],
+            answers=[row["answer"] for row, _, _ in items],
+            states=[state for _, _, state in items],
+            tasks=[row["task"] for row, _, _ in items],
+            infos=[row["info"] for row, _, _ in items],
+            apply_weights=True,
+        )
+        metrics = {name: list(values) for name, values in (scores.metrics or {}).items()}
+        return [
+            (float(reward), {name: float(v[i]) for name, v in metrics.items()})
+            for i, reward in enumerate(scores.reward)
+        ]

@@ -1,0 +1,92 @@
+"""The verifiers bridge without venvs: version selection, source detection, worker failures."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from rlkit.envs.bridge.process import WorkerFailed, WorkerProcess
+from rlkit.envs.bridge.source import find_verifiers_source, split_requirements
+from rlkit.envs.bridge.versions import select_version, versions_tested
+from rlkit.errors import UsageError
+
+ENVS = Path(__file__).resolve().parents[1] / "integration" / "envs"
+
+
+def test_newest_tested_version_inside_the_declared_range() -> None:
+    assert select_version("e", ">=0.1.3,<0.1.4") == "0.1.3.post0"
+    assert select_version("e", ">=0.1.3,<0.2") == "0.1.9.post3"
+    assert select_version("e", None) == max(versions_tested(), key=Version)
+    assert select_version("e", ">=0.1.3,<0.1.4", override="0.1.9.post3") == "0.1.9.post3"
+
+
+def test_no_fitting_version_names_required_tested_and_installed() -> None:
+    with pytest.raises(UsageError) as info:
+        select_version("catapult", ">=0.3,<0.4")
+    message = str(info.value)
+    assert "requires verifiers >=0.3,<0.4" in message and "0.1.3.post0" in message
+    assert "installed beside rlkit" in message and "--verifiers-version" in message
+    with pytest.raises(UsageError, match="no supported era"):
+        select_version("e", None, override="0.2.1")
+    with pytest.raises(UsageError, match="not a version"):
+        select_version("e", None, override="latest")
+
+
+def test_verifiers_envs_are_recognised_without_importing_them() -> None:
+    spec, others = split_requirements(["verifiers>=0.1.9,<0.2", "datasets>=3", "rlkit"])
+    assert spec == "<0.2,>=0.1.9" and others == ["datasets>=3"]
+    source = find_verifiers_source("vf-calc-state", [ENVS], ["vf_calc_state"])
+    assert source is not None and source.module == "vf_calc_state"
+    assert source.sys_path == [str(ENVS / "vf-calc-state")]
+    assert source.requirements == ["datasets>=3.0"]
+    assert find_verifiers_source("flaky-reverse", [ENVS], ["flaky_reverse"]) is None
+    assert "verifiers" not in sys.modules
+
+
+FAKE_WORKER = """
+import json, os, sys
+first_life = not os.path.exists(sys.argv[1])
+open(sys.argv[1], "a").close()
+print(json.dumps({"id": 0, "ok": True, "result": {"splits": {}}}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    if first_life and req["op"] == "rollout":
+        print("Traceback (most recent call last): not a protocol line", flush=True)
+        continue
+    print(json.dumps({"id": req["id"], "ok": True, "result": req["op"]}), flush=True)
+"""
+
+
+def test_garbage_on_the_channel_fails_in_flight_requests_and_restarts(tmp_path: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(FAKE_WORKER))
+    marker = tmp_path / "started-once"
+    worker = WorkerProcess(sys.executable, {}, argv=[sys.executable, str(script), str(marker)])
+
+    async def run() -> None:
+        with pytest.raises(WorkerFailed, match="wrote garbage"):
+            await worker.acall("rollout", 10)
+        assert await worker.acall("rollout", 10) == "rollout"  # a fresh worker answers
+
+    try:
+        asyncio.run(run())
+        assert worker.restarts == 1
+    finally:
+        worker.close()
+
+
+def test_a_worker_that_cannot_start_fails_fast(tmp_path: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import sys; sys.stderr.write('boom: no module named verifiers\\n'); sys.exit(1)"
+    )
+    worker = WorkerProcess(sys.executable, {}, argv=[sys.executable, str(script)])
+    with pytest.raises(WorkerFailed, match="exited with code 1") as info:
+        worker.describe()
+    assert "boom" in str(info.value)
+    worker.close()
