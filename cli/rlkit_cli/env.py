@@ -135,12 +135,20 @@ def install_cmd(
     env_id: str = typer.Argument(..., help="OWNER/NAME[@VERSION]"),
     hub: str | None = HubOption,
     token: str | None = TokenOption,
+    public_deps: bool | None = typer.Option(
+        None,
+        "--public-deps/--no-public-deps",
+        help="Let dependencies the hub does not publish come from pip's configured index "
+        "(never a name the hub publishes). Default: $RLKIT_HUB_PUBLIC_DEPS, "
+        "[hub] public_dependencies, else off.",
+    ),
 ) -> None:
-    """pip-install an environment into the current interpreter (sha256 verified)."""
+    """pip-install an environment into the current interpreter, with the hub as the only
+    index for hub packages (sha256 verified against the hub's card and index)."""
     from rlkit.hub import install, open_hub
 
     with console.status(f"installing {env_id}"):
-        version = install(env_id, open_hub(hub, token))
+        version = install(env_id, open_hub(hub, token), public_deps=public_deps)
     console.print(f"installed {env_id.split('@')[0]}@{version}")
 
 

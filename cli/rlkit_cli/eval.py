@@ -124,6 +124,12 @@ def run_cmd(
         None, "--config", help="TOML file with the eval's fields (see rlkit.eval.EvalConfig)."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
+    reproduces: int | None = typer.Option(
+        None,
+        "--reproduces",
+        help="With --push: post this run as a re-run of leaderboard result ID (the "
+        "environment's owner or a trusted runner verifies results this way).",
+    ),
 ) -> None:
     """Run an eval (or resume one) and print its summary: `rlkit eval ENV_ID [OPTIONS]`.
 
@@ -156,6 +162,8 @@ def run_cmd(
         "pass_metric": pass_metric,
     }
     given = {key: value for key, value in given.items() if value is not None}
+    if reproduces is not None and not push:
+        raise UsageError("--reproduces needs --push")
     stored = RunStore(resume).read_metadata().config if resume is not None else {}
     from_file = read_toml(config_file) if config_file is not None else {}
     data = {**stored, **from_file, **given}
@@ -186,7 +194,7 @@ def run_cmd(
     if push:
         from rlkit.eval.publish import push_eval_results
 
-        console.print(f"pushed: {push_eval_results(run_dir, hub)}")
+        console.print(f"pushed: {push_eval_results(run_dir, hub, reproduces)}")
 
 
 @app.command("show")

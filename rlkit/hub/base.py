@@ -8,7 +8,14 @@ from typing import Protocol
 from rlkit.errors import UsageError
 from rlkit.hub.artifacts import ArtifactError, check_filename
 from rlkit.hub.names import EnvRef
-from rlkit.hub.records import EnvCard, EnvSummary, EvalRecord, FileRecord, Visibility
+from rlkit.hub.records import (
+    EnvCard,
+    EnvSummary,
+    EvalRecord,
+    FileRecord,
+    ReproductionRecord,
+    Visibility,
+)
 
 
 class HubError(UsageError):
@@ -37,6 +44,16 @@ class Hub(Protocol):
         ...
 
     def add_eval(self, ref: EnvRef, version: str, record: EvalRecord) -> EvalRecord: ...
+
+    def add_reproduction(
+        self, ref: EnvRef, version: str, eval_id: int, record: ReproductionRecord
+    ) -> EvalRecord:
+        """Record a re-run of result `eval_id` (owner or trusted runner only; server hubs)."""
+        ...
+
+    def index_projects(self) -> set[str]:
+        """The normalised names of every project the hub's index lists (for this caller)."""
+        ...
 
     def index_url(self) -> str:
         """The PEP 503 index pip should use for this hub's packages."""

@@ -1,26 +1,37 @@
 """Installing and pulling environments from a hub, trusting no file name or hash it serves.
 
 Every file name from a card is checked with the server's own rule (a bare wheel/sdist name), the
-card's sha256 must equal the one the hub's simple index lists, and the download (into a private
-temp dir) must match it before pip or tar sees it. Dependencies resolve from pip's configured
-index plus the hub's simple index (``--extra-index-url``), so a same-named package on the public
-index can still win (dependency confusion: not fixed yet). Pull unpacks the sdist after the
-same checks.
+card's sha256 must equal the one the hub's simple index lists (its PEP 503 ``#sha256=``
+fragment), and the download (into a private 0700 temp dir) must match it before pip or tar sees
+it. Pull unpacks the sdist after the same checks.
+
+Dependency confusion: pip installs the environment with the hub as its only index
+(``--index-url``, with pip's own configuration and ``PIP_*`` variables shut out), so a package the
+hub publishes can only ever come from the hub. Dependencies the hub does not publish come from
+pip's configured (public) index only when the user allows it (``--public-deps``,
+``$RLKIT_HUB_PUBLIC_DEPS=1`` or ``[hub] public_dependencies = true``): they are resolved first,
+the resolution is refused if it contains any name the hub publishes, and exactly the resolved
+files (pinned by hash) are installed before the environment itself.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import json
+import os
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+
+from rlkit.hub.artifacts import ArtifactError, inspect_artifact
 from rlkit.hub.base import Hub, HubError, download_path
-from rlkit.hub.client import open_hub
-from rlkit.hub.names import EnvRef, parse_env_id
+from rlkit.hub.client import hub_config, open_hub
+from rlkit.hub.names import EnvRef, normalize, parse_env_id
 from rlkit.hub.records import EnvCard, FileRecord, VersionRecord
 
 
@@ -55,32 +66,106 @@ def verified_download(hub: Hub, ref: EnvRef, file: FileRecord, dest_dir: Path) -
     return hub.download(ref, file, dest_dir)
 
 
-def install(env_id: str, hub: Hub | None = None, python: str | None = None) -> str:
-    """pip-install ``OWNER/NAME[@VERSION]`` into `python` (default: this interpreter).
+def public_deps_allowed(flag: bool | None = None) -> bool:
+    """Whether dependencies may come from the public index: the flag, else
+    ``$RLKIT_HUB_PUBLIC_DEPS``, else ``[hub] public_dependencies``; off by default."""
+    if flag is not None:
+        return flag
+    env = os.environ.get("RLKIT_HUB_PUBLIC_DEPS")
+    if env is not None:
+        return env.strip().lower() in ("1", "true", "yes")
+    value = hub_config().get("public_dependencies", False)
+    if not isinstance(value, bool):
+        raise HubError("[hub] public_dependencies must be true or false", 400)
+    return value
 
-    Returns the installed version.
-    """
+
+def _pip(python: str, args: list[str], env: dict[str, str] | None = None) -> str:
+    """Run pip; HubError with the tail of its output when it fails."""
+    cmd = [python, "-m", "pip", *args, "--disable-pip-version-check", "--no-input"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise HubError(f"pip {args[0]} failed:\n{tail}")
+    return proc.stdout
+
+
+def _hub_only_env() -> dict[str, str]:
+    """The environment for pip runs that must see the hub and nothing else: no pip config
+    file, no ``PIP_*`` variable (an ``extra-index-url`` there would reopen the public index)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    return env | {"PIP_CONFIG_FILE": os.devnull}
+
+
+def _requirements(wheel: Path) -> list[Requirement]:
+    """The wheel's own dependencies that apply on this platform."""
+    try:
+        info = inspect_artifact(wheel.read_bytes(), wheel.name)
+        reqs = [Requirement(r) for r in info.requires_dist]
+    except (ArtifactError, InvalidRequirement) as exc:
+        raise HubError(f"{wheel.name}: unreadable dependencies: {exc}", 400) from exc
+    return [r for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
+
+
+def _install_public(python: str, reqs: list[Requirement], hub_names: set[str], tmp: Path) -> None:
+    """Install `reqs` (none of them a hub name) from pip's configured index, refusing a
+    resolution that would bring in any package the hub publishes."""
+    report = tmp / "public-report.json"
+    _pip(python, ["install", "--dry-run", "--quiet", "--report", str(report), *map(str, reqs)])
+    items = json.loads(report.read_text()).get("install", [])
+    clash = sorted({normalize(i["metadata"]["name"]) for i in items} & hub_names)
+    if clash:
+        raise HubError(
+            f"refusing: the public index would supply {', '.join(clash)}, which the hub "
+            "publishes (dependency confusion); nothing was installed",
+            400,
+        )
+    pins = []
+    for item in items:
+        meta, archive = item["metadata"], item["download_info"].get("archive_info", {})
+        digest = archive.get("hashes", {}).get("sha256")
+        if not digest:
+            raise HubError(f"the public index gave no sha256 for {meta['name']}", 400)
+        pins.append(f"{meta['name']}=={meta['version']} --hash=sha256:{digest}")
+    if pins:
+        pinned = tmp / "public-pins.txt"
+        pinned.write_text("\n".join(pins) + "\n")
+        _pip(python, ["install", "--no-deps", "--require-hashes", "-r", str(pinned)])
+
+
+def install(
+    env_id: str,
+    hub: Hub | None = None,
+    python: str | None = None,
+    public_deps: bool | None = None,
+) -> str:
+    """pip-install ``OWNER/NAME[@VERSION]`` into `python` (default: this interpreter), with
+    the hub as the only index for hub packages (see the module docstring). Returns the
+    installed version."""
     ref = parse_env_id(env_id)
     hub = hub or open_hub()
+    python = python or sys.executable
     release = _release(hub.card(ref), ref)
     wheel = _file(release, "bdist_wheel", ref)
     with tempfile.TemporaryDirectory(prefix="rlkit-install-") as tmp:
         path = verified_download(hub, ref, wheel, Path(tmp))
-        cmd = [
-            python or sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            "--no-input",
-            "--extra-index-url",
-            hub.index_url(),
-            str(path),
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise HubError(f"pip could not install {ref.owner}/{ref.name}@{release.version}:\n{tail}")
+        hub_names = hub.index_projects()
+        public = [r for r in _requirements(path) if normalize(r.name) not in hub_names]
+        if public and public_deps_allowed(public_deps):
+            _install_public(python, public, hub_names, Path(tmp))
+        try:
+            _pip(python, ["install", "--index-url", hub.index_url(), str(path)], _hub_only_env())
+        except HubError as exc:
+            hint = ""
+            if public and not public_deps_allowed(public_deps):
+                names = ", ".join(sorted(r.name for r in public))
+                hint = (
+                    f"\n{names}: not on the hub; allow the public index for dependencies with "
+                    "--public-deps (or RLKIT_HUB_PUBLIC_DEPS=1)"
+                )
+            raise HubError(
+                f"could not install {ref.owner}/{ref.name}@{release.version}: {exc}{hint}"
+            ) from exc
     importlib.invalidate_caches()
     return release.version
 

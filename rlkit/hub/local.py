@@ -23,7 +23,15 @@ from rlkit.hub import publishing
 from rlkit.hub.artifacts import ArtifactError, ArtifactInfo, inspect_artifact
 from rlkit.hub.base import HubError, download_path, matches
 from rlkit.hub.names import EnvRef, validate_owner
-from rlkit.hub.records import EnvCard, EnvSummary, EvalRecord, FileRecord, VersionRecord, Visibility
+from rlkit.hub.records import (
+    EnvCard,
+    EnvSummary,
+    EvalRecord,
+    FileRecord,
+    ReproductionRecord,
+    VersionRecord,
+    Visibility,
+)
 from rlkit.hub.simple import (
     hashes_from_project_page,
     index_entries,
@@ -144,18 +152,40 @@ class LocalHub:
         return dest
 
     def add_eval(self, ref: EnvRef, version: str, record: EvalRecord) -> EvalRecord:
+        """Append a claimed result (the hub, not the caller, sets id, status and submitter)."""
         with self._locked():
             card = self.card(ref)
             if card.get_version(version) is None:
                 raise HubError(f"{ref.owner}/{ref.name} has no version {version}", 404)
-            record = record.model_copy(update={"version": version})
+            record = record.model_copy(
+                update={
+                    "id": len(card.evals) + 1,
+                    "version": version,
+                    "submitted_by": self.owner or default_owner(),
+                    "status": "claimed",
+                    "reproductions": [],
+                }
+            )
             card.evals.append(record)
             self._save(card)
         return record
 
+    def add_reproduction(
+        self, ref: EnvRef, version: str, eval_id: int, record: ReproductionRecord
+    ) -> EvalRecord:
+        raise HubError(
+            f"{self.location} is a directory anyone with write access can edit: results are "
+            "verified only on a hub server (rlkit hub serve)",
+            400,
+        )
+
     def index_hashes(self, name: str) -> dict[str, str] | None:
         page = self.root / "simple" / name / "index.html"
         return hashes_from_project_page(page.read_text()) if page.is_file() else None
+
+    def index_projects(self) -> set[str]:
+        simple = self.root / "simple"
+        return {p.name for p in simple.iterdir() if p.is_dir()} if simple.is_dir() else set()
 
     def index_url(self) -> str:
         return (self.root / "simple").as_uri()

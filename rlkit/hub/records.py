@@ -35,9 +35,42 @@ class VersionRecord(BaseModel):
     created: str = Field(default_factory=utc_now)
 
 
-class EvalRecord(BaseModel):
-    """One evaluation run's summary, attached to an environment version (leaderboard row)."""
+MAX_ROLLOUT_SAMPLE = 16
+EvalStatus = Literal["claimed", "verified", "disputed"]
 
+
+class ReproductionRecord(BaseModel):
+    """A re-run of a leaderboard result by the environment's owner or a trusted runner.
+
+    `agrees` is the hub's verdict: |mean_reward - claimed mean_reward| <= `tolerance`.
+    """
+
+    model: str
+    mean_reward: float
+    n: int = Field(description="number of scored rollouts")
+    date: str = Field(default_factory=utc_now)
+    metadata: dict = {}
+    runner: str = Field("", description="set by the hub: who re-ran it")
+    tolerance: float = Field(0.0, description="set by the hub")
+    agrees: bool = Field(False, description="set by the hub")
+
+
+def eval_status(reproductions: list[ReproductionRecord]) -> EvalStatus:
+    """verified if any reproduction agrees, disputed if some exist and none does."""
+    if any(r.agrees for r in reproductions):
+        return "verified"
+    return "disputed" if reproductions else "claimed"
+
+
+class EvalRecord(BaseModel):
+    """One evaluation run's summary, attached to an environment version (leaderboard row).
+
+    A result is `claimed` when posted; the hub alone sets `id`, `submitted_by`, `status` and
+    `reproductions` (values a client sends for them are ignored): `verified` once a
+    reproduction agrees, `disputed` while reproductions exist and none agrees.
+    """
+
+    id: int | None = None
     version: str = ""
     model: str
     mean_reward: float
@@ -48,6 +81,11 @@ class EvalRecord(BaseModel):
     date: str = Field(default_factory=utc_now)
     submitted_by: str = ""
     metadata: dict = {}
+    rollouts: list[dict] = Field(
+        [], max_length=MAX_ROLLOUT_SAMPLE, description="a sample of the run's rollouts"
+    )
+    status: EvalStatus = "claimed"
+    reproductions: list[ReproductionRecord] = []
 
 
 class EnvSummary(BaseModel):

@@ -12,10 +12,17 @@ import httpx
 
 from rlkit.hub.artifacts import ArtifactError, ArtifactInfo, inspect_artifact
 from rlkit.hub.base import HubError, download_path
-from rlkit.hub.names import EnvRef
+from rlkit.hub.names import EnvRef, normalize
 from rlkit.hub.publishing import files_to_add
-from rlkit.hub.records import EnvCard, EnvSummary, EvalRecord, FileRecord, Visibility
-from rlkit.hub.simple import hashes_from_project_page
+from rlkit.hub.records import (
+    EnvCard,
+    EnvSummary,
+    EvalRecord,
+    FileRecord,
+    ReproductionRecord,
+    Visibility,
+)
+from rlkit.hub.simple import JSON_TYPE, hashes_from_project_page
 
 
 class RemoteHub:
@@ -146,6 +153,20 @@ class RemoteHub:
         )
         return EvalRecord.model_validate(response.json())
 
+    def add_reproduction(
+        self, ref: EnvRef, version: str, eval_id: int, record: ReproductionRecord
+    ) -> EvalRecord:
+        if not self.token:
+            raise HubError("no API token: set RLKIT_HUB_TOKEN or pass --token", 401)
+        response = self._request(
+            "POST",
+            f"/api/v1/envs/{ref.owner}/{ref.name}/{version}/evals/{eval_id}/reproductions",
+            json=record.model_dump(
+                mode="json", include={"model", "mean_reward", "n", "date", "metadata"}
+            ),
+        )
+        return EvalRecord.model_validate(response.json())
+
     def index_hashes(self, name: str) -> dict[str, str] | None:
         try:
             page = self._request("GET", f"/simple/{name}/", headers={"Accept": "text/html"})
@@ -154,6 +175,13 @@ class RemoteHub:
                 return None
             raise
         return hashes_from_project_page(page.text)
+
+    def index_projects(self) -> set[str]:
+        page = self._request("GET", "/simple/", headers={"Accept": JSON_TYPE})
+        try:
+            return {normalize(p["name"]) for p in page.json()["projects"]}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise HubError(f"hub {self.url}: /simple/ is not a PEP 691 project list", 502) from exc
 
     def index_url(self) -> str:
         """The simple index, with the token as basic-auth credentials when there is one."""

@@ -123,7 +123,7 @@ def test_two_server_processes_race_without_losing_a_committed_file(
     bytes match the hash the database recorded."""
     import httpx
 
-    from tests.integration.test_hub_server import upload
+    from tests.hub_http import upload
 
     engine = make_engine(pg_url)
     token = create_token(engine, "racer")

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,13 +14,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from rlkit.hub import EvalRecord, HubError, RemoteHub
 from rlkit.hub.names import EnvRef
 from rlkit.hub.server.app import create_app
 from rlkit.hub.server.db import create_token
 from tests.hub_dists import make_sdist, make_wheel
+from tests.hub_http import serve_app, upload
 from tests.system import require_system
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
@@ -37,12 +34,6 @@ class RunningHub:
     bob: str
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningHub]:
     """A hub server (1 MB upload limit) in a background thread, with tokens for two owners."""
@@ -50,43 +41,8 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningHub]:
     app = create_app(data_dir, max_upload_mb=1.0)
     engine = app.state.store.engine
     alice, bob = create_token(engine, "alice"), create_token(engine, "bob")
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "hub server did not start"
-        time.sleep(0.05)
-    try:
-        yield RunningHub(f"http://127.0.0.1:{port}", data_dir, alice, bob)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-
-def upload(
-    hub: RunningHub, token: str | None, filename: str, data: bytes, **fields: str
-) -> httpx.Response:
-    """One legacy-API upload, exactly the form twine sends."""
-    name, version = filename.split("-")[0].replace("_", "-"), filename.split("-")[1]
-    version = version.removesuffix(".tar.gz")
-    form = {
-        ":action": "file_upload",
-        "protocol_version": "1",
-        "name": name,
-        "version": version,
-        "sha256_digest": hashlib.sha256(data).hexdigest(),
-        **fields,
-    }
-    auth = ("__token__", token) if token is not None else None
-    return httpx.post(
-        f"{hub.url}/legacy/",
-        data=form,
-        files={"content": (filename, data, "application/octet-stream")},
-        auth=auth,
-        timeout=60,
-    )
+    with serve_app(app) as url:
+        yield RunningHub(url, data_dir, alice, bob)
 
 
 def test_uploads_need_a_valid_token_and_the_right_namespace(hub: RunningHub) -> None:

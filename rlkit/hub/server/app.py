@@ -3,7 +3,12 @@ for environment cards and evaluations, and web pages. `create_app` builds it; `s
 
 Authentication: an API token, sent as HTTP basic auth with user ``__token__`` (what pip and
 twine send) or as ``Authorization: Bearer``. Reads work anonymously for public environments;
-private ones answer 404 to everyone but their owner's tokens.
+private ones answer 404 to everyone but their owner's tokens. A request carrying an unknown,
+revoked or expired token gets 401 saying which, even where anonymous access would do.
+
+Leaderboard: any token may post a result (recorded as claimed, with its submitter); only the
+environment's owner or a trusted-runner token may post a reproduction of it, which verifies it
+when its mean reward lies within ``verify_tolerance`` of the claim.
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ from rlkit.hub.artifacts import ArtifactError, inspect_artifact
 from rlkit.hub.base import HubError
 from rlkit.hub.names import normalize
 from rlkit.hub.readme import render_readme
-from rlkit.hub.records import EnvCard, EnvSummary, EvalRecord, Visibility
-from rlkit.hub.server.db import default_db_url, make_engine
+from rlkit.hub.records import EnvCard, EnvSummary, EvalRecord, ReproductionRecord, Visibility
+from rlkit.hub.server.db import Identity, default_db_url, make_engine
 from rlkit.hub.server.store import HubStore
 from rlkit.hub.simple import (
     HTML_TYPE,
@@ -91,11 +96,17 @@ class VisibilityBody(BaseModel):
     visibility: Visibility
 
 
-def create_app(data_dir: Path, db_url: str | None = None, max_upload_mb: float = 50.0) -> FastAPI:
+def create_app(
+    data_dir: Path,
+    db_url: str | None = None,
+    max_upload_mb: float = 50.0,
+    verify_tolerance: float = 0.05,
+) -> FastAPI:
     """Build the hub application storing artifacts under `data_dir/files`."""
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    store = HubStore(make_engine(db_url or default_db_url(data_dir)), data_dir / "files")
+    engine = make_engine(db_url or default_db_url(data_dir))
+    store = HubStore(engine, data_dir / "files", verify_tolerance)
     max_bytes = int(max_upload_mb * 1024 * 1024)
     templates = Jinja2Templates(directory=HERE / "templates")
     app = FastAPI(title="rlkit hub", docs_url="/api/docs", redoc_url=None)
@@ -104,21 +115,20 @@ def create_app(data_dir: Path, db_url: str | None = None, max_upload_mb: float =
 
     @app.exception_handler(HubError)
     async def _hub_error(_request: Request, exc: HubError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+        headers = {"WWW-Authenticate": 'Basic realm="rlkit hub"'} if exc.status == 401 else None
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
 
     def viewer(request: Request) -> str | None:
         return store.owner_of(request_token(request))
 
+    def require_identity(request: Request) -> Identity:
+        identity = store.identify(request_token(request))
+        if identity is None:
+            raise HubError("missing API token", 401)
+        return identity
+
     def require_owner(request: Request) -> str:
-        token = request_token(request)
-        owner = store.owner_of(token)
-        if owner is None:
-            raise HTTPException(
-                401,
-                "missing API token" if token is None else "invalid API token",
-                headers={"WWW-Authenticate": 'Basic realm="rlkit hub"'},
-            )
-        return owner
+        return require_identity(request).owner
 
     # ---- PEP 503 / 691 simple index and files ----
     def _index_response(kind: str, html_text: str, payload: dict) -> Response:
@@ -210,6 +220,20 @@ def create_app(data_dir: Path, db_url: str | None = None, max_upload_mb: float =
     ) -> EvalRecord:
         return store.add_eval(owner, normalize(name), version, record, require_owner(request))
 
+    @app.post(
+        "/api/v1/envs/{owner}/{name}/{version}/evals/{eval_id}/reproductions", status_code=201
+    )
+    def add_reproduction(
+        owner: str,
+        name: str,
+        version: str,
+        eval_id: int,
+        record: Annotated[ReproductionRecord, Body()],
+        request: Request,
+    ) -> EvalRecord:
+        runner = require_identity(request)
+        return store.add_reproduction(owner, normalize(name), version, eval_id, record, runner)
+
     # ---- web pages ----
     @app.get("/", response_class=HTMLResponse)
     def page_list(request: Request, q: str = "", tag: str | None = None) -> HTMLResponse:
@@ -221,7 +245,9 @@ def create_app(data_dir: Path, db_url: str | None = None, max_upload_mb: float =
     @app.get("/envs/{owner}/{name}", response_class=HTMLResponse)
     def page_env(owner: str, name: str, request: Request) -> HTMLResponse:
         card = store.card(owner, normalize(name), viewer(request))
-        board = sorted(card.evals, key=lambda e: e.mean_reward, reverse=True)
+        board = sorted(
+            card.evals, key=lambda e: (e.status == "verified", e.mean_reward), reverse=True
+        )
         base = str(request.base_url).rstrip("/")
         return templates.TemplateResponse(
             request,
@@ -249,11 +275,11 @@ def serve(
     host: str = "127.0.0.1",
     port: int = HUB_PORT,
     max_upload_mb: float = 50.0,
+    verify_tolerance: float = 0.05,
     log_level: Literal["info", "warning", "error"] = "info",
 ) -> None:
     """Run the hub with uvicorn until interrupted."""
     import uvicorn
 
-    uvicorn.run(
-        create_app(data_dir, db_url, max_upload_mb), host=host, port=port, log_level=log_level
-    )
+    app = create_app(data_dir, db_url, max_upload_mb, verify_tolerance)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -20,8 +20,17 @@ from rlkit.atomic import atomic_path
 from rlkit.hub import publishing
 from rlkit.hub.artifacts import ArtifactInfo
 from rlkit.hub.base import HubError, matches
-from rlkit.hub.records import EnvCard, EnvSummary, EvalRecord, FileRecord, VersionRecord, Visibility
-from rlkit.hub.server.db import Eval, File, Project, Release, owner_for_token
+from rlkit.hub.records import (
+    EnvCard,
+    EnvSummary,
+    EvalRecord,
+    FileRecord,
+    ReproductionRecord,
+    VersionRecord,
+    Visibility,
+    eval_status,
+)
+from rlkit.hub.server.db import Eval, File, Identity, Project, Release, Reproduction, identify
 from rlkit.hub.simple import IndexFile, index_entries
 
 # What an Eval row and an EvalRecord share, column for field.
@@ -52,6 +61,32 @@ def _summary_fields(project: Project) -> dict[str, Any]:
     }
 
 
+def _eval_record(version: str, row: Eval) -> EvalRecord:
+    reproductions = [
+        ReproductionRecord(
+            model=row.model,
+            mean_reward=p.mean_reward,
+            n=p.n,
+            date=p.date,
+            metadata=p.meta,
+            runner=p.runner,
+            tolerance=p.tolerance,
+            agrees=p.agrees,
+        )
+        for p in row.reproductions
+    ]
+    return EvalRecord(
+        id=row.id,
+        version=version,
+        submitted_by=row.submitted_by,
+        metadata=row.meta,
+        rollouts=row.rollouts or [],
+        status=eval_status(reproductions),
+        reproductions=reproductions,
+        **{column: getattr(row, column) for column in EVAL_COLUMNS},
+    )
+
+
 def _card(project: Project) -> EnvCard:
     versions = [
         VersionRecord(
@@ -71,16 +106,7 @@ def _card(project: Project) -> EnvCard:
         )
         for r in project.releases
     ]
-    evals = [
-        EvalRecord(
-            version=r.version,
-            submitted_by=e.submitted_by,
-            metadata=e.meta,
-            **{column: getattr(e, column) for column in EVAL_COLUMNS},
-        )
-        for r in project.releases
-        for e in r.evals
-    ]
+    evals = [_eval_record(r.version, e) for r in project.releases for e in r.evals]
     return EnvCard(
         **_summary_fields(project),
         readme=project.readme,
@@ -94,14 +120,20 @@ def _card(project: Project) -> EnvCard:
 class HubStore:
     """Database + artifact directory of one hub server."""
 
-    def __init__(self, engine: Engine, files_dir: Path) -> None:
+    def __init__(self, engine: Engine, files_dir: Path, verify_tolerance: float = 0.05) -> None:
         self.engine = engine
         self.files_dir = Path(files_dir)
+        self.verify_tolerance = verify_tolerance
         self._write_lock = threading.Lock()
 
-    def owner_of(self, token: str | None) -> str | None:
+    def identify(self, token: str | None) -> Identity | None:
+        """None without a token; 401 HubError for an unknown, revoked or expired one."""
         with Session(self.engine) as session:
-            return owner_for_token(session, token)
+            return identify(session, token)
+
+    def owner_of(self, token: str | None) -> str | None:
+        identity = self.identify(token)
+        return identity.owner if identity else None
 
     def _project(self, session: Session, name: str, viewer: str | None) -> Project:
         project = session.scalar(select(Project).where(Project.name == name))
@@ -205,5 +237,54 @@ class HubStore:
             if project.owner != owner or release is None:
                 raise HubError(f"environment {owner}/{name}@{version} not found", 404)
             columns = record.model_dump(include=set(EVAL_COLUMNS))
-            release.evals.append(Eval(submitted_by=viewer, meta=record.metadata, **columns))
-        return record.model_copy(update={"version": version, "submitted_by": viewer})
+            row = Eval(
+                submitted_by=viewer, meta=record.metadata, rollouts=record.rollouts, **columns
+            )
+            release.evals.append(row)
+            session.flush()
+            return _eval_record(version, row)
+
+    def add_reproduction(
+        self,
+        owner: str,
+        name: str,
+        version: str,
+        eval_id: int,
+        record: ReproductionRecord,
+        runner: Identity,
+    ) -> EvalRecord:
+        """Record `runner`'s re-run of result `eval_id`; only the environment's owner or a
+        trusted runner may (403). It agrees when its mean reward is within the hub's tolerance
+        of the claim, which then shows as verified."""
+        with self._write_lock, Session(self.engine) as session, session.begin():
+            project = self._project(session, name, runner.owner)
+            release = next((r for r in project.releases if r.version == version), None)
+            if project.owner != owner or release is None:
+                raise HubError(f"environment {owner}/{name}@{version} not found", 404)
+            if runner.owner != project.owner and not runner.trusted_runner:
+                raise HubError(
+                    f"only {project.owner} (the environment's owner) or a trusted runner may "
+                    f"verify results; {runner.owner} is neither",
+                    403,
+                )
+            claim = next((e for e in release.evals if e.id == eval_id), None)
+            if claim is None:
+                raise HubError(f"{owner}/{name}@{version} has no result {eval_id}", 404)
+            if record.model != claim.model:
+                raise HubError(
+                    f"result {eval_id} is for model {claim.model}, not {record.model}", 400
+                )
+            agrees = abs(record.mean_reward - claim.mean_reward) <= self.verify_tolerance
+            claim.reproductions.append(
+                Reproduction(
+                    runner=runner.owner,
+                    mean_reward=record.mean_reward,
+                    n=record.n,
+                    tolerance=self.verify_tolerance,
+                    agrees=agrees,
+                    date=record.date,
+                    meta=record.metadata,
+                )
+            )
+            session.flush()
+            return _eval_record(version, claim)
