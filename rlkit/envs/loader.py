@@ -119,12 +119,13 @@ def _package_version(module: ModuleType, name: str, local: bool) -> str | None:
             return importlib.metadata.version(dist_name)
         except importlib.metadata.PackageNotFoundError:
             continue
+    # a folder environment (also when imported before, so no longer found as `local`)
+    file = Path(module.__file__ or ".").resolve()
+    for folder in (file.parent, file.parent.parent):
+        if (folder / "pyproject.toml").is_file():
+            project = tomllib.loads((folder / "pyproject.toml").read_text()).get("project", {})
+            return project.get("version")
     if local:
-        file = Path(module.__file__ or ".").resolve()
-        for folder in (file.parent, file.parent.parent):
-            if (folder / "pyproject.toml").is_file():
-                project = tomllib.loads((folder / "pyproject.toml").read_text()).get("project", {})
-                return project.get("version")
         return None
     for dist_name in importlib.metadata.packages_distributions().get(top, []):
         try:

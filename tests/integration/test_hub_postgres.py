@@ -80,7 +80,9 @@ def test_store_on_postgres(pg_url: str, tmp_path: Path) -> None:
     engine = make_engine(pg_url)
     store = HubStore(engine, tmp_path / "files")
     alice = create_token(engine, "alice")
-    assert store.owner_of(alice) == "alice" and store.owner_of("nope") is None
+    assert store.owner_of(alice) == "alice" and store.owner_of(None) is None
+    with pytest.raises(HubError, match="invalid API token"):
+        store.owner_of("nope")
 
     def push(owner: str, dist: tuple[str, bytes]) -> None:
         store.upload(owner, inspect_artifact(dist[1], dist[0]), dist[1])
@@ -182,3 +184,11 @@ def test_two_server_processes_race_without_losing_a_committed_file(
         for server in servers:
             server.terminate()
             server.wait(timeout=30)
+
+
+def test_leaderboard_verification_on_postgres(pg_url: str, tmp_path: Path) -> None:
+    """The claimed -> verified flow through the HTTP server, on PostgreSQL."""
+    from tests.integration.test_hub_integrity import check_leaderboard, running_hub
+
+    with running_hub(tmp_path, pg_url) as hub:
+        check_leaderboard(hub)
