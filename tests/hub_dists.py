@@ -15,23 +15,35 @@ import zipfile
 README = "# Demo\n\nA demo environment."
 
 
-def metadata(name: str, version: str, readme: str = README, keywords: str = "demo,math") -> str:
+def metadata(
+    name: str,
+    version: str,
+    readme: str = README,
+    keywords: str = "demo,math",
+    requires: tuple[str, ...] = (),
+) -> str:
+    deps = "".join(f"Requires-Dist: {r}\n" for r in requires)
     return (
         f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
         f"Summary: {name} for tests\nKeywords: {keywords}\nLicense: MIT\n"
-        f"Requires-Python: >=3.11\nDescription-Content-Type: text/markdown\n\n{readme}"
+        f"Requires-Python: >=3.11\n{deps}Description-Content-Type: text/markdown\n\n{readme}"
     )
 
 
 def make_wheel(
-    name: str, version: str, readme: str = README, extra: dict[str, bytes] | None = None
+    name: str,
+    version: str,
+    readme: str = README,
+    extra: dict[str, bytes] | None = None,
+    requires: tuple[str, ...] = (),
 ) -> tuple[str, bytes]:
-    """(filename, bytes) of a pure-Python wheel with one module `<name>_mod`."""
+    """(filename, bytes) of a pure-Python wheel with one module `<name>_mod`, depending on
+    `requires` (PEP 508 strings)."""
     stem = name.replace("-", "_")
     info = f"{stem}-{version}.dist-info"
     files = {
         f"{stem}_mod/__init__.py": f"VERSION = {version!r}\n".encode(),
-        f"{info}/METADATA": metadata(name, version, readme).encode(),
+        f"{info}/METADATA": metadata(name, version, readme, requires=requires).encode(),
         f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
         b"Tag: py3-none-any\n",
         **(extra or {}),

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Protocol
 
 import httpx
@@ -59,4 +63,30 @@ def upload(
         files={"content": (filename, data, "application/octet-stream")},
         auth=auth,
         timeout=60,
+    )
+
+
+def fresh_venv(root: Path) -> str:
+    """A new virtualenv that sees this venv's packages but installs into its own; returns its
+    python. ``--system-site-packages`` alone exposes the *base* interpreter's packages, not the
+    project venv's, so a ``.pth`` file adds those; reinstalling rlkit + torch + vLLM into every
+    test venv would take minutes. Packages pip installs land in the fresh venv's own
+    site-packages, which come first on its path."""
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (site / "site-packages" / "rlkit_parent.pth").write_text(
+        f"import site; site.addsitedir({str(purelib)!r})\n"
+    )
+    return str(venv / "bin" / "python")
+
+
+def installed(python: str, dist: str) -> str | None:
+    """The version of distribution `dist` that `python` sees, or None."""
+    code = (
+        f"import importlib.metadata as m\ntry: print(m.version({dist!r}))\nexcept Exception: pass"
+    )
+    return (
+        subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip() or None
     )

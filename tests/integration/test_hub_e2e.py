@@ -1,12 +1,7 @@
 """End to end through the `rlkit` CLI: a real `rlkit hub serve` on 127.0.0.1, and the local
 directory hub with no server; environments are installed into a fresh virtualenv and
 evaluated there against the fake OpenAI-compatible server.
-
-The fresh virtualenv is created with ``python -m venv --system-site-packages`` plus a ``.pth``
-file that adds the project venv's site-packages as a site dir: ``--system-site-packages`` alone
-exposes the *base* interpreter's packages, not the project venv's, and reinstalling rlkit +
-torch + vLLM into every test venv would take minutes. Packages pip installs there land in the
-fresh venv's own site-packages, which come first on its path.
+(See `tests.hub_http.fresh_venv` for how the fresh virtualenv shares this one's packages.)
 """
 
 from __future__ import annotations
@@ -17,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +21,7 @@ import httpx
 import pytest
 
 from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.hub_http import fresh_venv, installed
 
 CLI = ["-c", "from rlkit_cli.main import main; main()"]
 
@@ -58,23 +53,7 @@ def add_numbers(body: dict[str, Any]) -> str:
 
 @pytest.fixture(scope="module")
 def fresh_python(tmp_path_factory: pytest.TempPathFactory) -> str:
-    venv = tmp_path_factory.mktemp("fresh") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    purelib = Path(sysconfig.get_paths()["purelib"])
-    site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-    (site / "site-packages" / "rlkit_parent.pth").write_text(
-        f"import site; site.addsitedir({str(purelib)!r})\n"
-    )
-    return str(venv / "bin" / "python")
-
-
-def installed(python: str, dist: str) -> str | None:
-    code = (
-        f"import importlib.metadata as m\ntry: print(m.version({dist!r}))\nexcept Exception: pass"
-    )
-    return (
-        subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip() or None
-    )
+    return fresh_venv(tmp_path_factory.mktemp("fresh"))
 
 
 @pytest.fixture
