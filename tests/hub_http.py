@@ -71,9 +71,14 @@ def fresh_venv(root: Path) -> str:
     python. ``--system-site-packages`` alone exposes the *base* interpreter's packages, not the
     project venv's, so a ``.pth`` file adds those; reinstalling rlkit + torch + vLLM into every
     test venv would take minutes. Packages pip installs land in the fresh venv's own
-    site-packages, which come first on its path."""
+    site-packages, which come first on its path. No pip of its own (this venv's pip runs
+    there): Python 3.11's ensurepip would also add an old setuptools that shadows this venv's
+    and leaves torch's `setuptools>=77` unsatisfied."""
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+        check=True,
+    )
     purelib = Path(sysconfig.get_paths()["purelib"])
     site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     (site / "site-packages" / "rlkit_parent.pth").write_text(

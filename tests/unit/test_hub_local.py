@@ -12,6 +12,7 @@ import pytest
 from rlkit.errors import UsageError
 from rlkit.hub import EvalRecord, HubError, LocalHub, open_hub, pull
 from rlkit.hub.names import EnvRef
+from rlkit.hub.records import ReproductionRecord
 from rlkit.hub.remote import RemoteHub
 from tests.hub_dists import make_sdist, make_wheel
 
@@ -93,8 +94,12 @@ def test_pull_unpacks_the_sdist(hub: LocalHub, tmp_path: Path) -> None:
 def test_eval_records_attach_to_versions(hub: LocalHub, tmp_path: Path) -> None:
     hub.push(write_dists(tmp_path / "d", "demo-env", "0.1.0"))
     ref = EnvRef("alice", "demo-env")
-    hub.add_eval(ref, "0.1.0", EvalRecord(model="m", mean_reward=0.5, n=4))
-    assert hub.card(ref).evals[0].version == "0.1.0"
+    forged = EvalRecord(model="m", mean_reward=0.5, n=4, status="verified", id=99)
+    hub.add_eval(ref, "0.1.0", forged)
+    (stored,) = hub.card(ref).evals
+    assert (stored.version, stored.status, stored.id) == ("0.1.0", "claimed", 1)
+    with pytest.raises(HubError, match="verified only on a hub server"):
+        hub.add_reproduction(ref, "0.1.0", 1, ReproductionRecord(model="m", mean_reward=0.5, n=4))
     with pytest.raises(HubError):
         hub.add_eval(ref, "9.9", EvalRecord(model="m", mean_reward=0.5, n=4))
 
