@@ -1,51 +1,224 @@
-"""A pool of inference servers: round robin over healthy ones, weight updates to all."""
+"""A pool of inference servers that keeps a run going while some of them are down.
+
+`ClientPool.next()` hands each group a `PooledClient`: a view pinned to the next healthy server
+in round-robin order, with the `InferenceClient` calls the environments make. When a request
+fails and the server no longer answers `/health`, the pool marks it down (dropped from the round
+robin) and the view retries the same request on another healthy server, so an in-flight rollout
+survives the loss of its server. If no server is healthy the request waits up to
+`recover_timeout_s` for one to come back, then raises `ServersLost` (kept in `lost`: rollouts
+record the failure as an error, and the orchestrator stops the run).
+
+`monitor()` (a task the orchestrator runs) polls the servers that are down; one that answers
+again is first brought to the current policy weights (the last `update_weights`) and then
+rejoins the round robin. Weight updates go to the healthy servers; a server that fails one is
+marked down and catches up when it rejoins. `counters` records failovers, drops and rejoins.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
-from rlkit.inference.client import InferenceClient, InferenceError
+from rlkit.inference.client import RETRY_STATUS, Generation, InferenceClient, InferenceError
+
+COUNTERS = ("failovers", "servers_dropped", "servers_rejoined")
+
+
+class ServersLost(InferenceError):
+    """No inference server was healthy within the recovery timeout."""
+
+
+def _server_failure(exc: InferenceError) -> bool:
+    """Whether a failed request may be the server's fault (no answer, or a transient status)."""
+    return exc.status is None or exc.status in RETRY_STATUS
 
 
 class ClientPool:
-    """Round-robin over several `InferenceClient`s, skipping servers that fail health checks."""
+    """Round robin over the healthy servers of `urls`, with failover and rejoin (module doc)."""
 
-    def __init__(self, urls: list[str], **client_kwargs) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        recover_timeout_s: float = 300.0,
+        health_interval_s: float = 2.0,
+        log: Callable[[str], None] = print,
+        **client_kwargs: Any,
+    ) -> None:
         if not urls:
             raise ValueError("ClientPool needs at least one server URL")
         self.clients = [InferenceClient(url, **client_kwargs) for url in urls]
         self.healthy = [True] * len(self.clients)
+        self.recover_timeout_s = recover_timeout_s
+        self.health_interval_s = health_interval_s
+        self.log = log
+        self.weights: tuple[str, int] | None = None  # (path, version) every server should serve
+        self.counters: Counter[str] = Counter()  # failovers, servers_dropped, servers_rejoined
+        self.lost: ServersLost | None = None  # set once no server came back in time
         self._cycle = itertools.cycle(range(len(self.clients)))
+        self._weights_lock = asyncio.Lock()
 
-    def next(self) -> InferenceClient:
-        """The next healthy client in round-robin order (any client if none is marked healthy)."""
+    @property
+    def urls(self) -> list[str]:
+        return [c.base_url for c in self.clients]
+
+    def healthy_count(self) -> int:
+        return sum(self.healthy)
+
+    def metrics(self) -> dict[str, int]:
+        """Healthy servers now and the run's failover counts so far (for the step record)."""
+        return {
+            "inference_servers_healthy": self.healthy_count(),
+            **{f"inference_{name}": self.counters[name] for name in COUNTERS},
+        }
+
+    def next_index(self) -> int | None:
+        """The next healthy server in round-robin order, or None when all are down."""
         for _ in range(len(self.clients)):
             i = next(self._cycle)
             if self.healthy[i]:
-                return self.clients[i]
-        return self.clients[next(self._cycle)]
+                return i
+        return None
+
+    def next(self) -> PooledClient:
+        """A client for one group: pinned to the next healthy server, failing over when it dies."""
+        i = self.next_index()
+        return PooledClient(self, next(self._cycle) if i is None else i)
+
+    def mark_down(self, i: int, reason: str) -> None:
+        if self.healthy[i]:
+            self.healthy[i] = False
+            self.counters["servers_dropped"] += 1
+            self.log(
+                f"inference server {self.clients[i].base_url} is down ({reason[:200]}); "
+                f"dropped from the round robin, {self.healthy_count()} left"
+            )
+
+    async def wait_any(self) -> int:
+        """A healthy server's index, waiting up to `recover_timeout_s`; else `ServersLost`."""
+        deadline = time.monotonic() + self.recover_timeout_s
+        while (i := self.next_index()) is None:
+            if self.lost is not None or time.monotonic() >= deadline:
+                self.lost = self.lost or ServersLost(
+                    f"no inference server healthy for {self.recover_timeout_s:.0f}s "
+                    f"(inference.recover_timeout_s): {self.urls}"
+                )
+                raise self.lost
+            await asyncio.sleep(min(0.5, self.health_interval_s))
+        return i
 
     async def check_health(self) -> list[bool]:
-        """Refresh and return the health of every server."""
-        self.healthy = list(await asyncio.gather(*(c.health() for c in self.clients)))
-        return self.healthy
+        """Ask every server's /health now (no resync: for start-up and reporting)."""
+        return list(await asyncio.gather(*(c.health() for c in self.clients)))
 
     async def wait_healthy(self, timeout: float, interval: float = 1.0) -> None:
         """Wait until every server is healthy, or raise InferenceError after `timeout` seconds."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while not all(await self.check_health()):
+        while not all(health := await self.check_health()):
             if loop.time() >= deadline:
-                down = [
-                    c.base_url for c, ok in zip(self.clients, self.healthy, strict=True) if not ok
-                ]
+                down = [c.base_url for c, ok in zip(self.clients, health, strict=True) if not ok]
                 raise InferenceError(f"inference servers not healthy after {timeout:.0f}s: {down}")
             await asyncio.sleep(interval)
+        self.healthy = health
 
-    async def update_weights(self, path: str, version: int | None = None) -> list[int]:
-        """Load new weights on every server; returns each server's new policy version."""
-        return list(await asyncio.gather(*(c.update_weights(path, version) for c in self.clients)))
+    async def update_weights(self, path: str, version: int) -> None:
+        """Load new weights on every healthy server; one that fails is dropped until it rejoins.
+
+        Waits for a server to come back (`wait_any`) when none took the update."""
+        async with self._weights_lock:
+            self.weights = (path, version)
+            live = [i for i, ok in enumerate(self.healthy) if ok]
+            results = await asyncio.gather(
+                *(self.clients[i].update_weights(path, version) for i in live),
+                return_exceptions=True,
+            )
+            for i, result in zip(live, results, strict=True):
+                if isinstance(result, InferenceError):
+                    self.mark_down(i, f"weight update failed: {result}")
+                elif isinstance(result, BaseException):
+                    raise result
+        if not any(self.healthy):
+            await self.wait_any()  # the monitor brings a returning server to these weights
+
+    async def _rejoin(self, i: int) -> None:
+        """Bring a server that answers again to the current weights, then use it again."""
+        client = self.clients[i]
+        async with self._weights_lock:
+            if self.weights is not None:
+                path, version = self.weights
+                if (await client.status())["policy_version"] != version:
+                    await client.update_weights(path, version)
+            self.healthy[i] = True
+        self.counters["servers_rejoined"] += 1
+        self.log(
+            f"inference server {client.base_url} is back (policy version "
+            f"{client.policy_version}); rejoined the round robin, {self.healthy_count()} healthy"
+        )
+
+    async def monitor(self) -> None:
+        """Forever: every `health_interval_s`, try to bring the servers that are down back."""
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            for i, client in enumerate(self.clients):
+                if self.healthy[i] or not await client.health():
+                    continue
+                try:
+                    await self._rejoin(i)
+                except InferenceError as exc:  # up but not ready yet: try again next round
+                    self.log(f"inference server {client.base_url} not ready to rejoin: {exc}")
 
     async def aclose(self) -> None:
         await asyncio.gather(*(c.aclose() for c in self.clients))
+
+
+class PooledClient:
+    """The `InferenceClient` calls of one group, sent to its server or, if that one dies, to
+    another healthy one (see the module docstring)."""
+
+    def __init__(self, pool: ClientPool, index: int) -> None:
+        self.pool = pool
+        self.index = index
+
+    @property
+    def client(self) -> InferenceClient:
+        return self.pool.clients[self.index]
+
+    @property
+    def base_url(self) -> str:
+        return self.client.base_url
+
+    @property
+    def policy_version(self) -> int | None:
+        return self.client.policy_version
+
+    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        while True:
+            index, client = self.index, self.client
+            try:
+                return await getattr(client, name)(*args, **kwargs)
+            except InferenceError as exc:
+                if not _server_failure(exc) or await client.health():
+                    raise  # the request's own failure (or a server that is up): not ours to fix
+                self.pool.mark_down(index, str(exc))
+            self.index = await self.pool.wait_any()
+            self.pool.counters["failovers"] += 1
+
+    async def chat(self, *args: Any, **kwargs: Any) -> Generation:
+        return await self._call("chat", *args, **kwargs)
+
+    async def completion(self, *args: Any, **kwargs: Any) -> Generation:
+        return await self._call("completion", *args, **kwargs)
+
+    async def model_card(self, model: str) -> dict[str, Any] | None:
+        return await self.client.model_card(model)
+
+    async def supports_token_prompts(self, model: str) -> bool:
+        return await self.client.supports_token_prompts(model)
+
+    async def health(self) -> bool:
+        return await self.client.health()

@@ -47,7 +47,12 @@ class InferenceConfig(Config):
     request_timeout_s: float = Field(600.0, gt=0, description="Timeout of one HTTP request.")
     max_retries: int = Field(3, ge=0, description="Retries of a failed request (with backoff).")
     recover_timeout_s: float = Field(
-        300.0, gt=0, description="How long to wait for a dead server to come back before failing."
+        300.0,
+        gt=0,
+        description="With every server down, wait this long for one to return, then fail.",
+    )
+    health_interval_s: float = Field(
+        2.0, gt=0, description="How often servers that are down are polled to rejoin the pool."
     )
     restart_dead_servers: bool = Field(
         True, description="Relaunch a launched server whose process died (single-machine mode)."

@@ -160,7 +160,12 @@ async def run_orchestrator(
     if state is not None:
         sampler.load_state_dict(state["sampler"])
     pool = ClientPool(
-        urls, timeout=cfg.inference.request_timeout_s, max_retries=cfg.inference.max_retries
+        urls,
+        recover_timeout_s=cfg.inference.recover_timeout_s,
+        health_interval_s=cfg.inference.health_interval_s,
+        log=lambda message: console.print(f"[yellow]{message}[/]"),
+        timeout=cfg.inference.request_timeout_s,
+        max_retries=cfg.inference.max_retries,
     )
     source = EnvRolloutSource(
         envs,
@@ -169,8 +174,6 @@ async def run_orchestrator(
         cfg.model.path,
         o.sampling,
         o.group_size,
-        recover_timeout_s=cfg.inference.recover_timeout_s,
-        console=console,
     )
     processor = GroupProcessor(
         advantage=o.advantage,
@@ -208,8 +211,10 @@ async def run_orchestrator(
 
     doorbell = handoff.Doorbell(run_dir, handoff.ORCHESTRATOR)
     done = start_step  # last step whose weights are published
+    monitor: asyncio.Task | None = None
     try:
         await pool.wait_healthy(cfg.inference.startup_timeout_s)
+        monitor = asyncio.create_task(pool.monitor())  # brings servers that went down back
         if start_step:
             await source.update_weights(str(weights_dir(run_dir, start_step)), start_step)
             console.print(f"resuming at step {start_step + 1} (policy version {start_step})")
@@ -232,6 +237,7 @@ async def run_orchestrator(
             )
             t2 = time.monotonic()
             await source.update_weights(str(path), step)
+            weight_update_s = time.monotonic() - t2
             scheduler.on_policy_update(step)
             t3 = time.monotonic()
             ours = step_record(
@@ -246,6 +252,7 @@ async def run_orchestrator(
                 step_time_s=time.monotonic() - t0,
                 idle_s=scheduler.take_idle_s(),
             )
+            ours.update(pool.metrics(), weight_update_s=weight_update_s)
             logger.log(merge_records(ours, read_trainer_record(run_dir, step) or {}))
             done = step
             if o.eval.every and step % o.eval.every == 0 and step != o.max_steps:
@@ -265,6 +272,8 @@ async def run_orchestrator(
         logger.draw_plot()
         doorbell.close()
         await scheduler.close()
+        if monitor is not None:
+            monitor.cancel()
         await pool.aclose()
         if logger.wandb_run is not None:
             logger.wandb_run.finish()

@@ -248,3 +248,118 @@ def test_two_servers_round_robin(tiny_model: Path, tmp_path: Path) -> None:
     time.sleep(1)
     assert seen >= set(pids["inference"]) | set(pids["trainer"])
     assert not [pid for pid in seen if alive(pid)], "children survived the run"
+
+
+def role_group(run_dir: Path) -> list[int]:
+    """Pids of the inference servers an inference role launched (from its pids.json)."""
+    return json.loads((run_dir / "pids.json").read_text())["inference"]
+
+
+def signal_tree(root: int, sig: signal.Signals) -> None:
+    """Send `sig` to `root` and every process below it (our own processes only)."""
+    for pid in [root, *descendants(root)]:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def wait_for(predicate, what: str, timeout: float, procs: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        for p in procs:
+            assert p.poll() is None, f"{p.args[3:5]} exited with {p.returncode} waiting for {what}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout}s"
+        time.sleep(0.5)
+
+
+def records(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_killed_inference_server_is_dropped_and_rejoins(tiny_model: Path, tmp_path: Path) -> None:
+    """Two inference roles (two machines), one killed mid-run: no batch is lost, the run goes on
+    with one server, and the server started again rejoins (brought to the current weights).
+
+    The trainer is held (SIGSTOP) while the killed server restarts, so that the run is still
+    going when it is back; its engine start takes longer than a few tiny steps."""
+    steps = 8
+    run_dir = tmp_path / "run"
+    ports = [free_port(), free_port()]
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    logs = {name: tmp_path / f"{name}.log" for name in ("a", "b", "b2", "trainer", "orch")}
+    seen: set[int] = set()
+    procs: list[subprocess.Popen] = []
+
+    def inference(name: str, port: int) -> subprocess.Popen:
+        cmd = train_cmd(tiny_model, tmp_path / f"inf_{name}", "--role", "inference")
+        proc = start([*cmd, f"--inference.base_port={port}"], logs[name])
+        procs.append(proc)
+        return proc
+
+    try:
+        inference("a", ports[0])
+        server_b = inference("b", ports[1])
+        trainer = start(
+            train_cmd(
+                tiny_model, run_dir, "--role", "trainer", f"--orchestrator.max_steps={steps}"
+            ),
+            logs["trainer"],
+        )
+        procs.append(trainer)
+        for url, proc in zip(urls, procs[:2], strict=True):
+            wait_healthy(url, proc, seen, timeout=300)
+        orchestrator = start(
+            train_cmd(
+                tiny_model,
+                run_dir,
+                "--role",
+                "orchestrator",
+                f"--orchestrator.max_steps={steps}",
+                f"--inference.urls={json.dumps(urls)}",
+                "--inference.health_interval_s=1",
+                "--orchestrator.eval.at_end=false",
+            ),
+            logs["orch"],
+        )
+        procs.append(orchestrator)
+        running = [orchestrator, trainer]
+        wait_for(lambda: len(records(run_dir)) >= 2, "step 2", 300, running)
+        seen |= descendants(server_b.pid)
+        signal_tree(server_b.pid, signal.SIGKILL)  # the machine of server b goes away
+        server_b.wait(timeout=30)
+        wait_for(lambda: len(records(run_dir)) >= 3, "step 3 without server b", 300, running)
+        signal_tree(trainer.pid, signal.SIGSTOP)  # hold the run while b restarts
+        try:
+            inference("b2", ports[1])
+            wait_healthy(urls[1], procs[-1], seen, timeout=300)
+            rejoined = f"inference server {urls[1]} is back"
+            wait_for(lambda: rejoined in logs["orch"].read_text(), "rejoin", 120, [orchestrator])
+        finally:
+            signal_tree(trainer.pid, signal.SIGCONT)
+        wait_exit([orchestrator, trainer], seen, 400, list(logs.values()))
+        assert orchestrator.returncode == 0, logs["orch"].read_text()[-3000:]
+        assert trainer.returncode == 0, logs["trainer"].read_text()[-3000:]
+
+        recs = records(run_dir)
+        assert [r["step"] for r in recs] == list(range(1, steps + 1))  # no batch lost
+        assert all(r["rollouts_errored"] == 0 for r in recs), "a generation failure was trained"
+        assert recs[2]["inference_servers_healthy"] == 1  # step 3 ran on server a alone
+        assert recs[-1]["inference_servers_healthy"] == 2
+        assert recs[-1]["inference_servers_dropped"] == 1
+        assert recs[-1]["inference_servers_rejoined"] == 1
+        orch_log = logs["orch"].read_text()
+        assert f"inference server {urls[1]} is down" in orch_log
+        # the restarted server was brought to the current weights and then served the run
+        assert status(urls[1])["policy_version"] == steps
+        b2_log = tmp_path / "inf_b2" / "logs" / "inference-0.log"
+        generations = sum(
+            access_count(b2_log, f"/v1/{api}") for api in ("completions", "chat/completions")
+        )
+        assert generations > 0  # back in the round robin
+        assert access_count(b2_log, "/rlkit/update_weights") >= steps - 3  # rejoin + each step
+    finally:
+        kill_all(procs, seen)
