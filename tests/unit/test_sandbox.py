@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
@@ -223,3 +224,4 @@ def test_rlkit_sandbox_check_reports_each_property(monkeypatch, capsys) -> None:
     finally:
         sandbox.configure(backend="bwrap")
     assert code == 1 and "NO" in output, output
+    assert not Path("/usr/bin/rlkit-probe").exists()  # the unsandboxed probe cleaned up
