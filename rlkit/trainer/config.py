@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 
 from rlkit.config import Config
 from rlkit.trainer.loss import LOSSES, Correction, loss_correction
+from rlkit.trainer.routing import RoutingReplay
 
 
 class ModelConfig(Config):
@@ -117,6 +118,14 @@ class TrainerConfig(Config):
     )
     batch_timeout_s: float = Field(
         3600.0, gt=0, description="RL: how long to wait for the orchestrator's next batch."
+    )
+    routing_replay: RoutingReplay = Field(
+        RoutingReplay.NONE,
+        description="MoE: none = the router's own top-k; r2 = replay the trainer's routing "
+        "before the step's first update; r3 = replay the inference engine's routing.",
+    )
+    router_aux_loss_coef: float = Field(
+        0.0, ge=0, description="MoE: weight of the router load-balancing loss (0 = off, as in RL)."
     )
     model: ModelConfig = Field(default_factory=ModelConfig, description="Model to train.")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="AdamW and LR schedule.")

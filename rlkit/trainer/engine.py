@@ -28,12 +28,19 @@ from rlkit.trainer.config import TrainerConfig
 from rlkit.trainer.model import load_policy
 from rlkit.trainer.optim import build_optimizer
 from rlkit.trainer.packing import MicroBatch, Sequence, make_micro_batches
+from rlkit.trainer.routing import RoutingReplay
 
 # loss_fn(micro_batch, logprobs [S, T], old_logprobs [S, T] | None, entropy [S, T], normalizer)
 LossFn = Callable[[MicroBatch, Tensor, Tensor | None, Tensor, float], tuple[Tensor, dict]]
 # How each per-micro-batch metric combines over micro-batches and ranks.
-SUMMED_METRICS = {"num_tokens", "num_sequences", "seq_rejected"}
-LOSS_METRICS = {"loss", "policy_loss", "ref_kl", "sft_loss"}
+SUMMED_METRICS = {
+    "num_tokens",
+    "num_sequences",
+    "seq_rejected",
+    "router_differ_pairs",
+    "router_known_pairs",
+}
+LOSS_METRICS = {"loss", "policy_loss", "ref_kl", "sft_loss", "router_aux_loss"}
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -69,11 +76,21 @@ class Trainer:
         self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim, total_steps)
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.hidden_size = int(self.policy.lm.config.get_text_config().hidden_size)
+        self.replay = RoutingReplay(cfg.routing_replay)
+        if (self.replay != RoutingReplay.NONE or cfg.router_aux_loss_coef) and not (
+            self.policy.router.num_layers
+        ):
+            raise UsageError(
+                f"routing_replay = {self.replay.value!r} / router_aux_loss_coef = "
+                f"{cfg.router_aux_loss_coef}: model {cfg.model.path} has no MoE layers"
+            )
 
     # ---- forward ---------------------------------------------------------------------------
-    def logprobs(self, mb: MicroBatch) -> tuple[Tensor, Tensor]:
+    def logprobs(self, mb: MicroBatch, with_aux: bool = False) -> tuple[Tensor, Tensor]:
         """Logprobs and entropy of the counted targets, laid out as [S, T] (0 elsewhere), at
-        each sample's sampling temperature."""
+        each sample's sampling temperature. MoE: `mb.routing` is replayed unless
+        routing_replay is "none"; `with_aux` leaves the load-balancing loss in
+        `policy.aux_loss`."""
         d = self.device
         lp, ent = self.policy(
             mb.input_ids.to(d),
@@ -81,6 +98,9 @@ class Trainer:
             mb.flat_index.to(d),
             mb.targets.to(d),
             mb.temperatures.to(d),
+            routing=None if mb.routing is None else mb.routing.to(d),
+            replay=self.replay != RoutingReplay.NONE,
+            token_mask=mb.token_mask.to(d) if with_aux else None,
         )
         slot = (mb.target_slot[0].to(d), mb.target_slot[1].to(d))
         zeros = torch.zeros(mb.shape, device=d, dtype=lp.dtype)
@@ -110,10 +130,17 @@ class Trainer:
         norm = normalizer / dist.world_size()
         sums: dict[str, float] = {}
         nonfinite = 0.0
+        local_tokens = max(sum(mb.num_tokens for mb, w in local if w), 1)
         for i, (mb, weight) in enumerate(local):
             try:
-                lp, ent = self.logprobs(mb)
+                aux_coef = self.cfg.router_aux_loss_coef
+                lp, ent = self.logprobs(mb, with_aux=aux_coef > 0)
                 loss, metrics = loss_fn(mb, lp, olds[i] if olds else None, ent, norm)
+                metrics = {**metrics, **self._routing_metrics(mb)}
+                if aux_coef > 0:  # token-weighted mean over this rank's micro-batches
+                    aux = self.policy.aux_loss * (mb.num_tokens / local_tokens)
+                    metrics["router_aux_loss"] = float(aux.detach())
+                    loss = loss + aux_coef * aux
                 (loss * weight).backward()
             except Exception as exc:
                 if _is_oom(exc):
@@ -145,8 +172,28 @@ class Trainer:
             seqs, self.cfg.micro_batch_tokens, self.cfg.packing, self.hidden_size
         )
         local = self._local(mbs)
-        olds = [self._no_grad_logprobs(mb) for mb, _ in local] if recompute_old else None
-        return local, olds, len(mbs)
+        olds = None
+        if self.replay == RoutingReplay.R2:  # record the pre-update routing (and pi_prox)
+            olds = [self._record_routing(mb) for mb, _ in local]
+        elif recompute_old:
+            olds = [self._no_grad_logprobs(mb) for mb, _ in local]
+        return local, olds if recompute_old else None, len(mbs)
+
+    @torch.no_grad()
+    def _record_routing(self, mb: MicroBatch) -> Tensor:
+        """R2: the routers' own choice for `mb` now, stored as its routing to replay; returns
+        the no-grad logprobs of the same forward (pi_prox)."""
+        mb.routing = None
+        lp = self.logprobs(mb)[0]
+        mb.routing = self.policy.router.own_routing().unflatten(0, mb.input_ids.shape).cpu()
+        return lp
+
+    def _routing_metrics(self, mb: MicroBatch) -> dict[str, float]:
+        """Router disagreement counts of the last forward when `mb`'s routing is known."""
+        if mb.routing is None:
+            return {}
+        differ, known = self.policy.router.disagreement(mb.token_mask.flatten().to(self.device))
+        return {"router_differ_pairs": differ, "router_known_pairs": known}
 
     def _optimizer_step(self, nonfinite: bool) -> tuple[float, bool]:
         """Clip and apply the accumulated gradients unless non-finite; returns (norm, skipped)."""
@@ -196,6 +243,10 @@ class Trainer:
         elapsed = time.perf_counter() - t0
         tokens = sum(len(s.token_ids) for seqs in mini_batches for s in seqs)
         metrics = merge_mini_steps(steps)
+        if metrics.get("router_known_pairs"):
+            metrics["router_disagreement"] = (
+                metrics["router_differ_pairs"] / metrics["router_known_pairs"]
+            )
         metrics.update(
             lr=lr,
             skipped=float(skipped_steps > 0),

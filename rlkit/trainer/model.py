@@ -17,6 +17,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from rlkit.errors import UsageError
 from rlkit.trainer.config import ModelConfig
 from rlkit.trainer.logprobs import chunked_logprobs
+from rlkit.trainer.routing import RouterControl
 
 
 class PolicyModel(nn.Module):
@@ -26,6 +27,7 @@ class PolicyModel(nn.Module):
         super().__init__()
         self.lm = lm
         self.chunk_size = chunk_size
+        self.router = RouterControl(lm)  # MoE routing hooks (no routers: a no-op)
 
     def forward(
         self,
@@ -34,10 +36,23 @@ class PolicyModel(nn.Module):
         flat_index: Tensor,
         targets: Tensor,
         temperatures: Tensor | None = None,
+        routing: Tensor | None = None,
+        replay: bool = False,
+        token_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Returns (logprobs [N], entropy [N]) of `targets` at hidden positions `flat_index`,
-        with the logits divided by each target's sampling temperature ([N], default 1)."""
+        with the logits divided by each target's sampling temperature ([N], default 1).
+
+        `routing` ([R, L, moe_layers, k]) is the batch's known expert choice: compared with
+        the routers' own (`self.router.disagreement`) and used instead of it when `replay`.
+        With `token_mask` ([R, L], real tokens) the MoE load-balancing loss of this forward is
+        left in `self.aux_loss` (computed here, inside the FSDP root forward).
+        """
+        self.router.set_routing(None if routing is None else routing.flatten(0, 1), replay)
+        self.router.keep_logits = token_mask is not None
         out = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        if token_mask is not None:
+            self.aux_loss = self.router.aux_loss(token_mask.flatten())
         hidden = out.last_hidden_state.flatten(0, 1)[flat_index]
         logprobs, entropy = chunked_logprobs(
             hidden,

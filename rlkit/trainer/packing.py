@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from rlkit.errors import UsageError
+from rlkit.trainer.routing import UNKNOWN
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Sequence:
     inference_logprobs: list[float]
     advantage: float = 0.0
     temperature: float = 1.0  # sampling temperature: logits are divided by it
+    routing: Tensor | None = None  # [T, moe_layers, top_k] expert ids, UNKNOWN where not known
 
 
 @dataclass
@@ -51,6 +53,8 @@ class MicroBatch:
     advantages: Tensor  # [S]
     num_tokens: int  # real (non-padding) tokens
     sample_ids: list[int]  # index into the input list of each of the S samples
+    token_mask: Tensor  # [R, L] bool: real tokens (not padding)
+    routing: Tensor | None = None  # [R, L, moe_layers, top_k] laid out like input_ids
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -93,6 +97,8 @@ def _build(seqs: list[Sequence], rows: list[list[int]]) -> MicroBatch:
     n_rows = len(rows)
     input_ids = torch.zeros(n_rows, row_len, dtype=torch.long)
     position_ids = torch.zeros(n_rows, row_len, dtype=torch.long)
+    token_mask = torch.zeros(n_rows, row_len, dtype=torch.bool)
+    routing = _routing_layout(seqs, order, n_rows, row_len)
     t_max = max(len(seqs[i].token_ids) for i in order) - 1
     loss_mask = torch.zeros(len(order), t_max)
     inf_lp = torch.zeros(len(order), t_max)
@@ -105,6 +111,9 @@ def _build(seqs: list[Sequence], rows: list[list[int]]) -> MicroBatch:
             seq = seqs[i]
             n = len(seq.token_ids)
             input_ids[r, start : start + n] = torch.tensor(seq.token_ids)
+            token_mask[r, start : start + n] = True
+            if routing is not None and seq.routing is not None:
+                routing[r, start : start + n] = seq.routing
             position_ids[r, start : start + n] = torch.arange(n)
             if start + n < row_len:  # padding continues counting so it is not a new sequence
                 position_ids[r, start + n :] = torch.arange(n, n + row_len - start - n)
@@ -131,6 +140,8 @@ def _build(seqs: list[Sequence], rows: list[list[int]]) -> MicroBatch:
         advantages=advantages,
         num_tokens=sum(len(seqs[i].token_ids) for i in order),
         sample_ids=order,
+        token_mask=token_mask,
+        routing=routing,
     )
 
 
@@ -144,6 +155,23 @@ def layout_cost(lengths: list[int], bins: list[list[int]], packed: bool, hidden:
         n_rows = 1 if packed else len(group)
         total += n_rows * (width + width * width / (12 * hidden))
     return total
+
+
+def _routing_layout(
+    seqs: list[Sequence], order: list[int], rows: int, length: int
+) -> Tensor | None:
+    """An all-UNKNOWN [rows, length, layers, k] routing tensor when any sample has routing."""
+    given = [seqs[i].routing for i in order if seqs[i].routing is not None]
+    if not given:
+        return None
+    for i in order:
+        r, n = seqs[i].routing, len(seqs[i].token_ids)
+        if r is not None and (r.shape[0] != n or r.shape[1:] != given[0].shape[1:]):
+            raise ValueError(
+                f"sample {i}: routing has shape {tuple(r.shape)}, expected "
+                f"({n}, {', '.join(map(str, given[0].shape[1:]))})"
+            )
+    return torch.full((rows, length, *given[0].shape[1:]), UNKNOWN, dtype=torch.long)
 
 
 def make_micro_batches(
