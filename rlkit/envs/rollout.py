@@ -7,9 +7,12 @@ It round-trips through JSON (`model_dump()` / `Rollout(**data)`), which is how e
 
 from __future__ import annotations
 
+import base64
+import io
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, Field
 
 
@@ -22,6 +25,9 @@ class Turn(BaseModel):
     finish_reason: str | None = None
     policy_version_start: int | None = None
     policy_version_end: int | None = None
+    # MoE (R3): the engine's expert ids for prompt + completion tokens but the last, base64
+    # .npy [tokens, layers, top_k] (vLLM's `routed_experts` format); None when not requested
+    routed_experts: str | None = None
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,13 @@ class TrainingTokens:
     token_ids: list[int]
     loss_mask: list[int]  # 1 = model token (trained on), 0 = prompt or environment token
     inference_logprobs: list[float]  # the engine's logprob where loss_mask is 1, else 0.0
+    # [tokens, layers, top_k] engine expert ids, -1 where unknown; None if no turn has routing
+    routing: np.ndarray | None = None
+
+
+def decode_routed_experts(b64: str) -> np.ndarray:
+    """vLLM's base64 .npy `routed_experts` as an int16 array [tokens, layers, top_k]."""
+    return np.load(io.BytesIO(base64.b64decode(b64)), allow_pickle=False).astype(np.int16)
 
 
 class Rollout(BaseModel):
@@ -92,10 +105,15 @@ class Rollout(BaseModel):
         the longest common prefix and continues with the later turn's prompt as context (mask 0):
         it is exactly what the engine saw for the last turn, and only tokens still in it keep
         their training signal (`exact_continuation` tells these rollouts apart).
+
+        Routing (R3): the last turn's prompt is the whole conversation before its completion,
+        so its routing (prompt + completion but the last sampled token, which was never
+        forwarded) covers the sequence; the last position stays -1 (the trainer routes it).
         """
         tokens: list[int] = []
         mask: list[int] = []
         logprobs: list[float] = []
+        routing: np.ndarray | None = None
         for turn in self.turns:
             prompt = turn.prompt_token_ids
             common = 0
@@ -116,4 +134,12 @@ class Rollout(BaseModel):
                     f"completion tokens but {len(lps)} logprobs"
                 )
             logprobs += lps
-        return TrainingTokens(token_ids=tokens, loss_mask=mask, inference_logprobs=logprobs)
+            routing = None
+            if turn.routed_experts:
+                routing = decode_routed_experts(turn.routed_experts)[: len(tokens)]
+        if routing is not None and len(routing) < len(tokens):
+            pad = np.full((len(tokens) - len(routing), *routing.shape[1:]), -1, np.int16)
+            routing = np.concatenate([routing, pad])
+        return TrainingTokens(
+            token_ids=tokens, loss_mask=mask, inference_logprobs=logprobs, routing=routing
+        )

@@ -55,6 +55,9 @@ class Generation:
     policy_version_start: int | None = None
     policy_version_end: int | None = None
     latency_s: float = 0.0
+    # MoE: the experts the engine routed the prompt + completion tokens to (all but the last
+    # sampled token), base64 .npy [tokens, layers, top_k]; None unless the client asks for it
+    routed_experts: str | None = None
 
 
 def _response_version(resp: httpx.Response) -> int | None:
@@ -112,6 +115,7 @@ class InferenceClient:
         self.backoff_s = backoff_s
         self.policy_version: int | None = None  # last version this client saw
         self.token_prompts = token_prompts  # None: probe the server (see supports_token_prompts)
+        self.routing = False  # attach each completion's routed experts (R3; see `routed_experts`)
         self._cards: dict[str, dict[str, Any] | None] = {}
         self._cards_lock = asyncio.Lock()  # concurrent rollouts ask once
 
@@ -207,6 +211,20 @@ class InferenceClient:
             return card is not None and card.get("max_model_len") is not None
         return self.token_prompts
 
+    async def routing_source(self) -> str | None:
+        """How this server returns routed experts: "vllm" (in every response), "capture"
+        (rlkit's `/rlkit/routing` fallback) or None (it cannot)."""
+        return (await self.status()).get("routing")
+
+    async def routed_experts(self, data: dict[str, Any], choice: dict[str, Any]) -> str | None:
+        """The completion's routing when `self.routing`: vLLM's own field, else the capture."""
+        if not self.routing:
+            return None
+        if choice.get("routed_experts"):
+            return choice["routed_experts"]
+        resp = await self.request("GET", f"/rlkit/routing/{data['id']}")
+        return resp.json()["routed_experts"]
+
     # ---- generation -------------------------------------------------------------------------
     async def chat(
         self,
@@ -245,6 +263,7 @@ class InferenceClient:
             policy_version_start=start_version,
             policy_version_end=_response_version(resp),
             latency_s=loop.time() - t0,
+            routed_experts=await self.routed_experts(data, choice),
         )
 
     async def completion(
@@ -277,4 +296,5 @@ class InferenceClient:
             policy_version_start=start_version,
             policy_version_end=_response_version(resp),
             latency_s=loop.time() - t0,
+            routed_experts=await self.routed_experts(data, choice),
         )

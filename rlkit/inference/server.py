@@ -8,6 +8,11 @@ launches). On top of vLLM's API (chat, completions, ``/pause?mode=keep``, ``/res
   validates the directory against the served checkpoint (names, shapes), pauses generation in
   ``keep`` mode (in-flight requests are frozen, not aborted), loads the weights in place on every
   worker, bumps the policy version and resumes. A bad directory is a 400 and changes nothing.
+- ``GET  /rlkit/routing/{response_id}`` -> {"routed_experts": base64 .npy} (then forgotten)
+  with ``--rlkit-capture-routing``: the experts each MoE layer chose for that completion's
+  tokens, [tokens, moe_layers, top_k], recorded by the worker extension
+  (`rlkit.inference.routing_capture`) for engines without vLLM's own
+  ``--enable-return-routed-experts`` (the CPU build). Needs eager mode, which the flag sets.
 - every response carries an ``X-Policy-Version`` header with the version at response time, so a
   client can tell which policy finished each request.
 """
@@ -15,6 +20,7 @@ launches). On top of vLLM's API (chat, completions, ``/pause?mode=keep``, ``/res
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 import sys
@@ -32,6 +38,7 @@ from rlkit.lifetime import SERVER_PID_ENV
 log = logging.getLogger("rlkit.inference.server")
 
 WORKER_EXTENSION = "rlkit.inference.worker_ext.WeightSyncExtension"
+CAPTURE_ROUTING_FLAG = "--rlkit-capture-routing"
 
 
 class UpdateWeightsRequest(BaseModel):
@@ -42,12 +49,26 @@ class UpdateWeightsRequest(BaseModel):
 class PolicyState:
     """Per-server policy bookkeeping kept on ``app.state.rlkit``."""
 
-    def __init__(self, model: str, reference: dict[str, Any] | None) -> None:
+    def __init__(
+        self, model: str, reference: dict[str, Any] | None, routing: str | None = None
+    ) -> None:
         self.model = model
         self.version = 0
         self.reference = reference
         self.lock = asyncio.Lock()
         self.updating = False
+        self.routing = routing  # "vllm" (in responses), "capture" (/rlkit/routing) or None
+        self.capture_on = False
+
+
+async def ensure_capture(state: PolicyState, engine: Any) -> None:
+    """Turn the workers' routing capture on (once; the engine exists only after startup)."""
+    if state.routing != "capture" or state.capture_on:
+        return
+    async with state.lock:
+        if not state.capture_on:
+            await engine.collective_rpc("rlkit_enable_routing_capture")
+            state.capture_on = True
 
 
 class PolicyVersionHeader:
@@ -79,12 +100,30 @@ def build_router() -> APIRouter:
     async def status(request: Request) -> dict[str, Any]:
         state: PolicyState = request.app.state.rlkit
         engine = request.app.state.engine_client
+        await ensure_capture(state, engine)
         return {
             "policy_version": state.version,
             "model": state.model,
             "paused": await engine.is_paused(),
             "updating": state.updating,
+            "routing": state.routing,
         }
+
+    @router.get("/routing/{response_id}")
+    async def routing(response_id: str, request: Request) -> JSONResponse:
+        state: PolicyState = request.app.state.rlkit
+        if state.routing != "capture":
+            return JSONResponse(
+                {"error": f"routing capture is off (start the server with {CAPTURE_ROUTING_FLAG})"},
+                status_code=400,
+            )
+        engine = request.app.state.engine_client
+        await ensure_capture(state, engine)
+        found = await engine.collective_rpc("rlkit_take_routing", args=(response_id,))
+        npy = next((r for r in found if r is not None), None)
+        if npy is None:
+            return JSONResponse({"error": f"no routing for {response_id}"}, status_code=404)
+        return JSONResponse({"routed_experts": base64.b64encode(npy).decode("ascii")})
 
     @router.post("/update_weights")
     async def update_weights(body: UpdateWeightsRequest, request: Request) -> JSONResponse:
@@ -121,12 +160,12 @@ def build_router() -> APIRouter:
     return router
 
 
-def install(app: FastAPI, model: str) -> None:
+def install(app: FastAPI, model: str, routing: str | None = None) -> None:
     """Attach rlkit's routes and the policy-version header to vLLM's FastAPI app."""
     reference = None
     if Path(model).is_dir():
         reference = weight_signature(model)
-    app.state.rlkit = PolicyState(model, reference)
+    app.state.rlkit = PolicyState(model, reference, routing)
     app.include_router(build_router())
 
     app.middleware_stack = None  # vLLM built it already; Starlette rebuilds it on first call
@@ -144,8 +183,18 @@ def main(argv: list[str] | None = None) -> None:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     cli_env_setup()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    capture = CAPTURE_ROUTING_FLAG in argv
+    argv = [a for a in argv if a != CAPTURE_ROUTING_FLAG]
     parser = cli_args.make_arg_parser(FlexibleArgumentParser(description="rlkit inference server"))
     args = parser.parse_args(argv)
+    routing = None
+    if capture:  # the capture hooks run in Python: no compiled graph, no skipped prefixes
+        args.enforce_eager = True
+        args.enable_prefix_caching = False
+        routing = "capture"
+    elif getattr(args, "enable_return_routed_experts", False):
+        routing = "vllm"
     os.environ[SERVER_PID_ENV] = str(os.getpid())  # engine processes follow us (rlkit.lifetime)
     configure_logging_from_args(args)
     if not args.worker_extension_cls:
@@ -156,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def build_app(*a: Any, **kw: Any) -> FastAPI:
         app = original_build_app(*a, **kw)
-        install(app, args.model)
+        install(app, args.model, routing)
         return app
 
     entry.build_app = build_app

@@ -37,6 +37,28 @@ def iter_safetensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
 class WeightSyncExtension:
     """Methods callable on each vLLM worker through ``collective_rpc``."""
 
+    def rlkit_enable_routing_capture(self) -> bool:
+        """Start recording each request's routed experts (R3 without vLLM's V2 runner)."""
+        from rlkit.inference.routing_capture import RoutingCapture
+
+        if getattr(self, "_rlkit_routing", None) is None:
+            self._rlkit_routing = RoutingCapture(self.model_runner)  # type: ignore[attr-defined]
+        return True
+
+    def rlkit_take_routing(self, prefix: str) -> bytes | None:
+        """The recorded routing of request `prefix` as `.npy` bytes (then forgotten), or None."""
+        import io
+
+        import numpy as np
+
+        capture = getattr(self, "_rlkit_routing", None)
+        routing = None if capture is None else capture.take(prefix)
+        if routing is None:
+            return None
+        with io.BytesIO() as buffer:
+            np.save(buffer, routing, allow_pickle=False)
+            return buffer.getvalue()
+
     def rlkit_load_weights(self, path: str) -> int:
         """Load every tensor under `path` into the running model; returns the tensor count.
 

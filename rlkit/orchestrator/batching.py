@@ -24,6 +24,7 @@ from rlkit.orchestrator.scheduler import Group, oldest_version
 from rlkit.orchestrator.watchdog import NoSignalWatchdog
 from rlkit.trainer.advantages import group_advantages
 from rlkit.trainer.batch import TrainBatch, TrainSample
+from rlkit.trainer.routing import encode_routing
 
 
 @dataclass
@@ -129,9 +130,17 @@ class GroupProcessor:
                     env_id=group.env_id,
                     reward=rollout.reward,
                     temperature=self.temperatures.get(group.env_id, 1.0),
+                    **routing_fields(sample),
                 )
             )
             group.tokens += sum(sample.loss_mask)
+
+
+def routing_fields(sample: TrainingTokens) -> dict[str, Any]:
+    """The engine's routing (R3) of a sample as `TrainSample` fields; none when not recorded."""
+    if sample.routing is None:
+        return {}
+    return {"routing": encode_routing(sample.routing), "routing_dims": sample.routing.shape[1:]}
 
 
 def sampling_temperature(env: Any, sampling: dict[str, Any]) -> float:

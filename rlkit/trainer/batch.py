@@ -5,7 +5,9 @@ One file per optimiser step, `run_dir/batches/step_{step:06d}.pt`, written atomi
 numbers, so `torch.load(weights_only=True)` can read it safely. Each sample is one whole
 conversation: `token_ids`, a `loss_mask` (1 = model token that counts), the engine's
 `inference_logprobs` (0.0 where the mask is 0), one scalar `advantage` and the `policy_version`
-that generated it.
+that generated it. MoE samples may carry the inference engine's `routing` (R3): expert ids
+[tokens, moe_layers, top_k] as int16 bytes (`rlkit.trainer.routing.encode_routing`, -1 where
+unknown, e.g. the last sampled token) with `routing_dims` = (moe_layers, top_k).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class TrainSample(BaseModel):
     env_id: str = ""
     reward: float = 0.0
     temperature: float = 1.0  # sampling temperature; the trainer divides logits by it
+    routing: bytes | None = None  # the engine's expert ids, int16 [tokens, *routing_dims]
+    routing_dims: tuple[int, int] = (0, 0)  # (moe_layers, top_k) of `routing`
 
 
 class TrainBatch(BaseModel):
@@ -77,6 +81,11 @@ def _check_sample(i: int, s: TrainSample) -> None:
         raise MalformedBatchError(f"{where}: inference_logprobs contains NaN or inf")
     if not (math.isfinite(s.temperature) and s.temperature > 0):
         raise MalformedBatchError(f"{where}: temperature must be > 0, got {s.temperature}")
+    if s.routing is not None and len(s.routing) != 2 * n * s.routing_dims[0] * s.routing_dims[1]:
+        raise MalformedBatchError(
+            f"{where}: routing has {len(s.routing)} bytes, expected int16 [{n}, "
+            f"{s.routing_dims[0]}, {s.routing_dims[1]}]"
+        )
     if not math.isfinite(s.advantage):
         raise MalformedBatchError(f"{where}: advantage is {s.advantage}")
 

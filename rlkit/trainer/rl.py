@@ -28,6 +28,7 @@ from rlkit.trainer.export import prune_weights, weights_dir
 from rlkit.trainer.loss import LossParams, compute_policy_loss, loss_correction, resolve_loss
 from rlkit.trainer.metrics_log import MetricsLog
 from rlkit.trainer.packing import MicroBatch, Sequence
+from rlkit.trainer.routing import decode_routing
 
 console = Console(stderr=True)
 
@@ -95,7 +96,14 @@ def make_rl_loss(cfg: LossConfig) -> LossFn:
 
 def to_sequences(batch: TrainBatch) -> list[Sequence]:
     return [
-        Sequence(s.token_ids, s.loss_mask, s.inference_logprobs, s.advantage, s.temperature)
+        Sequence(
+            s.token_ids,
+            s.loss_mask,
+            s.inference_logprobs,
+            s.advantage,
+            s.temperature,
+            decode_routing(s.routing, s.routing_dims) if s.routing is not None else None,
+        )
         for s in batch.samples
     ]
 

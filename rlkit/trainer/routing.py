@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -118,6 +119,17 @@ class RouterControl:
             slots = nn.functional.one_hot(chosen[valid], router.num_experts).float()
             losses.append(router.num_experts * (slots.mean((0, 1)) * probs.mean(0)).sum())
         return torch.stack(losses).mean()
+
+
+def encode_routing(routing: np.ndarray) -> bytes:
+    """[tokens, moe_layers, top_k] expert ids as little-endian int16 bytes (UNKNOWN = -1)."""
+    return np.ascontiguousarray(routing, dtype="<i2").tobytes()
+
+
+def decode_routing(data: bytes, dims: tuple[int, int]) -> Tensor:
+    """`encode_routing`'s bytes back to a [tokens, moe_layers, top_k] long tensor."""
+    flat = np.frombuffer(data, dtype="<i2").astype(np.int64)
+    return torch.from_numpy(flat.reshape(-1, *dims))
 
 
 def replay_weights(router: nn.Module, logits: Tensor, chosen: Tensor) -> Tensor:

@@ -66,11 +66,16 @@ def _run(cmd: list[str]) -> None:
 
 
 @pytest.mark.slow
-def test_two_ranks_match_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+def test_two_ranks_match_one_process(
+    arch: str, tiny_model_dir: Path, tiny_moe_model_dir: Path, tmp_path: Path
+) -> None:
+    """The MoE's experts are 3-D parameters sharded with their decoder layer."""
+    model_dir = str(tiny_model_dir if arch == "dense" else tiny_moe_model_dir)
     single, double = tmp_path / "one.pt", tmp_path / "two.pt"
-    _run([sys.executable, __file__, str(single), str(tiny_model_dir)])
+    _run([sys.executable, __file__, str(single), model_dir])
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    _run([*torchrun, "--standalone", __file__, str(double), str(tiny_model_dir)])
+    _run([*torchrun, "--standalone", __file__, str(double), model_dir])
     one, two = torch.load(single), torch.load(double)
     assert one["micro_batches"] == two["micro_batches"] >= 3
     for key in ("loss", "num_tokens", "mismatch_kl"):
