@@ -213,8 +213,13 @@ class InferenceClient:
 
     async def routing_source(self) -> str | None:
         """How this server returns routed experts: "vllm" (in every response), "capture"
-        (rlkit's `/rlkit/routing` fallback) or None (it cannot)."""
-        return (await self.status()).get("routing")
+        (rlkit's `/rlkit/routing` fallback) or None (it cannot, or is not an rlkit server)."""
+        try:
+            return (await self.status()).get("routing")
+        except InferenceError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     async def routed_experts(self, data: dict[str, Any], choice: dict[str, Any]) -> str | None:
         """The completion's routing when `self.routing`: vLLM's own field, else the capture."""

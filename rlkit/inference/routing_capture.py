@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 UNKNOWN = -1
+CAPTURE_ROUTING_FLAG = "--rlkit-capture-routing"  # rlkit.inference.server: turn the capture on
 MAX_REQUESTS = 4096  # routing of requests nobody fetched is dropped oldest first
 
 

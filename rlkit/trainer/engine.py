@@ -242,11 +242,7 @@ class Trainer:
             self.scheduler.step()
         elapsed = time.perf_counter() - t0
         tokens = sum(len(s.token_ids) for seqs in mini_batches for s in seqs)
-        metrics = merge_mini_steps(steps)
-        if metrics.get("router_known_pairs"):
-            metrics["router_disagreement"] = (
-                metrics["router_differ_pairs"] / metrics["router_known_pairs"]
-            )
+        metrics = with_router_disagreement(merge_mini_steps(steps))
         metrics.update(
             lr=lr,
             skipped=float(skipped_steps > 0),
@@ -286,7 +282,7 @@ class Trainer:
                 out[key] = value / dist.world_size()
             else:
                 out[key] = value / tokens
-        return out
+        return with_router_disagreement(out)
 
     # ---- checkpoints and weights -----------------------------------------------------------
     def save_checkpoint(self, step: int, data_state: dict[str, Any]) -> Path:
@@ -313,6 +309,15 @@ class Trainer:
 
     def close(self) -> None:
         dist.close_distributed()
+
+
+def with_router_disagreement(metrics: dict[str, float]) -> dict[str, float]:
+    """Add `router_disagreement` (differing / known token-layer pairs) when routing was known."""
+    if metrics.get("router_known_pairs"):
+        metrics["router_disagreement"] = (
+            metrics["router_differ_pairs"] / metrics["router_known_pairs"]
+        )
+    return metrics
 
 
 def merge_mini_steps(steps: list[dict[str, float]]) -> dict[str, float]:
