@@ -195,6 +195,11 @@ class MetricsLogger:
             f"exact {_fmt(r.get('exact_continuation_frac'), '.2f')} | "
             f"purged {r['rollouts_purged']} | "
             f"errored {r['rollouts_errored']}"
+            + (
+                f" | router disagree {r['router_disagreement']:.3f}"
+                if r.get("router_disagreement") is not None
+                else ""
+            )
         )
         self._unplotted = True
         due = self._plotted_at is None or time.monotonic() - self._plotted_at >= self.plot_every_s
