@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,12 @@ from rlkit_cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 RLKIT = str(Path(sys.executable).parent / "rlkit")
+
+
+def default_sigint() -> None:
+    """`preexec_fn` for a child a test will Ctrl-C: pytest run from a background shell job
+    hands SIGINT down ignored, and Python then never installs its KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_cli(

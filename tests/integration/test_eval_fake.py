@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.eval import load_run
-from tests.cli import only_run_dir, run_cli
+from tests.cli import default_sigint, only_run_dir, run_cli
 from tests.fakes.fake_openai import FakeOpenAIServer
 
 RLKIT = str(Path(sys.executable).parent / "rlkit")  # the console script of this venv
@@ -159,7 +159,9 @@ def test_sigint_then_resume_gives_exactly_n_times_r(custom_env, tmp_path) -> Non
             RLKIT, "eval", custom_env, "-m", "fake-model",
             "-b", server.url, "-n", str(n), "-r", str(r), "-c", "4", "-o", str(tmp_path / "out"),
         ]  # fmt: skip
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint
+        )
         try:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.trainer.batch import read_batch
-from tests.cli import tiny_train_cmd
+from tests.cli import default_sigint, tiny_train_cmd
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV_PATH = str(Path(__file__).parent / "envs")
@@ -70,7 +70,12 @@ def train_cmd(model: Path, run_dir: Path, *extra: str) -> list[str]:
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
     env = {**os.environ, "RLKIT_ENV_PATH": ENV_PATH}
     return subprocess.Popen(
-        cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True
+        cmd,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        preexec_fn=default_sigint,
     )
 
 
