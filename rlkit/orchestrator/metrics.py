@@ -19,7 +19,7 @@ from rich.console import Console
 from rlkit.atomic import atomic_path, atomic_write
 from rlkit.orchestrator.batching import GroupStats
 from rlkit.orchestrator.scheduler import Counters
-from rlkit.trainer.batch import TrainBatch
+from rlkit.trainer.batch import TrainBatch, batch_path, read_batch
 
 PLOT_PANELS = (
     ("reward", ("reward_mean",)),
@@ -116,6 +116,37 @@ def truncate_jsonl(path: Path, max_step: int) -> None:
         return
     kept = [r for r in read_jsonl(path) if r.get("step", 0) <= max_step]
     atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def recover_step_records(run_dir: Path, last_step: int) -> list[int]:
+    """Append the records of trained steps <= `last_step` that metrics.jsonl lacks; return them.
+
+    A run interrupted after the trainer checkpointed step N but before the orchestrator logged
+    N (it logs once the servers load N's weights) resumes at N + 1, so N's line would be lost.
+    It is rebuilt from N's batch and the trainer's line, marked `recovered`; the orchestrator's
+    timings and counters of that step are gone and left out.
+    """
+    logged = {r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")}
+    recovered = []
+    for step in range(1, last_step + 1):
+        trainer = read_trainer_record(run_dir, step)
+        if step in logged or trainer is None or not batch_path(run_dir, step).exists():
+            continue
+        batch = read_batch(batch_path(run_dir, step))
+        rewards: dict[str, list[float]] = {}
+        for sample in batch.samples:
+            rewards.setdefault(sample.env_id, []).append(sample.reward)
+        ours: dict[str, Any] = {"step": step, "recovered": True}
+        every = [r for rs in rewards.values() for r in rs]
+        ours["reward_mean"] = statistics.fmean(every) if every else None
+        for env_id, values in sorted(rewards.items()):
+            ours[f"reward_mean/{env_id}"] = statistics.fmean(values)
+        ours.update(batch_samples=len(batch.samples), batch_tokens=batch.meta.get("tokens"))
+        recovered.append({**ours, **{k: v for k, v in trainer.items() if k not in ours}})
+    if recovered:
+        records = sorted(read_jsonl(run_dir / "metrics.jsonl") + recovered, key=lambda r: r["step"])
+        atomic_write(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    return [r["step"] for r in recovered]
 
 
 def write_plot(records: list[dict[str, Any]], out: Path) -> None:

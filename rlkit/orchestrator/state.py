@@ -16,7 +16,7 @@ from typing import Any
 from rlkit import handoff
 from rlkit.atomic import atomic_write
 from rlkit.errors import UsageError
-from rlkit.orchestrator.metrics import truncate_jsonl
+from rlkit.orchestrator.metrics import recover_step_records, truncate_jsonl
 from rlkit.trainer.checkpoint import resolve_checkpoint
 
 
@@ -66,6 +66,7 @@ def prepare_resume(run_dir: Path) -> tuple[int, dict[str, Any] | None]:
     handoff.clear_stop(run_dir)
     truncate_jsonl(run_dir / "metrics.jsonl", step)
     truncate_jsonl(run_dir / "trainer_metrics.jsonl", step)
+    recover_step_records(run_dir, step)
     return step, state
 
 

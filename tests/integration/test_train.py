@@ -139,7 +139,7 @@ def test_train_interrupt_resume_and_improve(sft_model: Path, tmp_path: Path) -> 
     rewards = [r["reward_mean/reverse-text"] for r in recs if "reward_mean/reverse-text" in r]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + MARGIN, f"reward did not improve: {rewards}"
-    assert sum(r["rollouts_errored"] for r in recs) > 0  # flaky-reverse failures were counted
+    assert sum(r.get("rollouts_errored", 0) for r in recs) > 0  # flaky-reverse failures counted
     assert (run_dir / "metrics.png").stat().st_size > 0
 
     uids: set[int] = set()

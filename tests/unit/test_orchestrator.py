@@ -232,6 +232,36 @@ def test_resume_rolls_back_to_trainer_checkpoint(tmp_path: Path) -> None:
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
 
 
+def test_resume_recovers_the_line_of_a_checkpointed_step_the_orchestrator_never_logged(
+    tmp_path: Path,
+) -> None:
+    """Interrupted after the trainer checkpointed step 2 but before the orchestrator logged it."""
+    from rlkit.trainer.batch import TrainBatch, TrainSample, write_batch
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "checkpoints" / "step_000002" / ".metadata").write_text("")
+    (run / "checkpoints" / "latest").write_text("step_000002")
+    (run / "weights" / "step_000002").mkdir(parents=True)
+    (run / "weights" / "step_000002" / "STABLE").write_text("")
+    for step in (1, 2):
+        save_state(run, step, {"sampler": {}})
+        sample = TrainSample(
+            token_ids=[1, 2], loss_mask=[0, 1], inference_logprobs=[0.0, -0.5], advantage=0.5,
+            policy_version=step - 1, env_id="reverse-text", reward=0.25 * step,
+        )  # fmt: skip
+        write_batch(TrainBatch(step=step, samples=[sample] * 2, meta={"tokens": 4}), run)
+        with open(run / "trainer_metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "grad_norm": float(step)}) + "\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.25}) + "\n")
+
+    step, _ = prepare_resume(run)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert step == 2 and [r["step"] for r in records] == [1, 2]
+    assert records[1]["recovered"] is True and records[1]["grad_norm"] == 2.0
+    assert records[1]["reward_mean/reverse-text"] == 0.5 and records[1]["batch_samples"] == 2
+
+
 def test_dry_run_prints_resolved_config(tmp_path: Path) -> None:
     import tomllib
 
