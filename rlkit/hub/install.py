@@ -107,6 +107,11 @@ def _requirements(wheel: Path) -> list[Requirement]:
     return [r for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
 
 
+def is_verifiers_env(reqs: list[Requirement]) -> bool:
+    """A package requiring verifiers: installed without dependencies (never beside rlkit)."""
+    return any(normalize(r.name) == "verifiers" for r in reqs)
+
+
 def _install_public(python: str, reqs: list[Requirement], hub_names: set[str], tmp: Path) -> None:
     """Install `reqs` (none of them a hub name) from pip's configured index, refusing a
     resolution that would bring in any package the hub publishes."""
@@ -149,8 +154,13 @@ def install(
     wheel = _file(release, "bdist_wheel", ref)
     with tempfile.TemporaryDirectory(prefix="rlkit-install-") as tmp:
         path = verified_download(hub, ref, wheel, Path(tmp))
+        reqs = _requirements(path)
+        if is_verifiers_env(reqs):  # it runs in a bridge venv that gets its dependencies
+            _pip(python, ["install", "--no-deps", str(path)], _hub_only_env())
+            importlib.invalidate_caches()
+            return release.version
         hub_names = hub.index_projects()
-        public = [r for r in _requirements(path) if normalize(r.name) not in hub_names]
+        public = [r for r in reqs if normalize(r.name) not in hub_names]
         if public and public_deps_allowed(public_deps):
             _install_public(python, public, hub_names, Path(tmp))
         try:

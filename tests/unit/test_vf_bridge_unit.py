@@ -32,7 +32,7 @@ def test_no_fitting_version_names_required_tested_and_installed() -> None:
     assert "requires verifiers >=0.3,<0.4" in message and "0.1.3.post0" in message
     assert "installed beside rlkit" in message and "--verifiers-version" in message
     with pytest.raises(UsageError, match="no supported era"):
-        select_version("e", None, override="0.2.1")
+        select_version("e", None, override="0.4.0")
     with pytest.raises(UsageError, match="not a version"):
         select_version("e", None, override="latest")
 
@@ -90,3 +90,21 @@ def test_a_worker_that_cannot_start_fails_fast(tmp_path: Path) -> None:
         worker.describe()
     assert "boom" in str(info.value)
     worker.close()
+
+
+def test_hub_install_keeps_verifiers_out_of_rlkits_venv(tmp_path: Path) -> None:
+    """A wheel requiring verifiers is pip-installed without dependencies (its venv gets them)."""
+    from rlkit.hub.install import _requirements, is_verifiers_env
+    from tests.hub_dists import make_wheel, metadata
+
+    def wheel(requires: list[str]) -> list:
+        lines = "".join(f"Requires-Dist: {r}\n" for r in requires)
+        meta = metadata("vf-e", "0.1.0").replace("Requires-Python", f"{lines}Requires-Python")
+        name, data = make_wheel(
+            "vf-e", "0.1.0", extra={"vf_e-0.1.0.dist-info/METADATA": meta.encode()}
+        )
+        (tmp_path / name).write_bytes(data)
+        return _requirements(tmp_path / name)
+
+    assert is_verifiers_env(wheel(["datasets>=3", "verifiers>=0.1.9,<0.2"]))
+    assert not is_verifiers_env(wheel(["rlkit", "verifiers; extra == 'vf'"]))

@@ -3,8 +3,9 @@
 An environment is a verifiers one when its package declares a `verifiers` requirement: a local
 folder's `pyproject.toml`, or an installed distribution's metadata. Local folders (and editable
 installs, which point at one) are imported in the worker from their folder, with their other
-requirements installed in the venv; other installed distributions are installed into the venv
-by name and version.
+requirements installed in the venv; other installed distributions (`rlkit env install` installs
+a verifiers package without its dependencies) are imported through links to their top-level
+modules, with their other requirements installed in the venv.
 """
 
 from __future__ import annotations
@@ -77,6 +78,27 @@ def _editable_folder(dist: importlib.metadata.Distribution) -> Path | None:
     return None
 
 
+def _linked_sources(dist: importlib.metadata.Distribution) -> Path:
+    """A folder holding links to the distribution's top-level modules only: the worker imports
+    the installed package from there without seeing the rest of rlkit's site-packages."""
+    from rlkit.envs.bridge.venvs import venvs_root
+
+    folder = venvs_root().parent / "src" / f"{dist.metadata['Name']}-{dist.version}"
+    folder.mkdir(parents=True, exist_ok=True)
+    tops = {
+        f.parts[0]
+        for f in dist.files or []
+        if f.parts
+        and f.parts[0] not in ("..", "__pycache__")
+        and not f.parts[0].endswith((".dist-info", ".data", ".pth"))
+    }
+    for top in tops:
+        link = folder / top
+        if not link.exists():
+            link.symlink_to(Path(str(dist.locate_file(top))))
+    return folder
+
+
 def from_installed(name: str, candidates: list[str]) -> VfSource | None:
     for dist_name in dict.fromkeys([name, name.replace("_", "-"), name.replace("-", "_")]):
         try:
@@ -89,10 +111,9 @@ def from_installed(name: str, candidates: list[str]) -> VfSource | None:
         folder = _editable_folder(dist)
         if folder is not None and (found := from_folder(folder, name, candidates)):
             return found
-        top = (dist.read_text("top_level.txt") or "").split()
-        module = next((m for m in candidates if m in top), candidates[0])
-        pinned = f"{dist.metadata['Name']}=={dist.version}"
-        return VfSource(name, module, spec, [pinned, *others], [], dist.version)
+        link_dir = _linked_sources(dist)
+        module = _module_in(link_dir, candidates) or candidates[0]
+        return VfSource(name, module, spec, others, [str(link_dir)], dist.version)
     return None
 
 

@@ -27,7 +27,10 @@ class Era:
     tested: tuple[str, ...]
 
 
-ERAS = (Era("0.1.x classic", "shim_classic", "0.1.3", "0.1.10", ("0.1.3.post0", "0.1.9.post3")),)
+ERAS = (
+    Era("0.1.x classic", "shim_classic", "0.1.3", "0.1.10", ("0.1.3.post0", "0.1.9.post3")),
+    Era("0.1.10-0.2.x client layer", "shim_v02", "0.1.10", "0.3", ("0.2.0",)),
+)
 
 
 def versions_tested() -> list[str]:

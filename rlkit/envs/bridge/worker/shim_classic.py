@@ -36,7 +36,10 @@ class Shim:
             raise ValueError(f"message_type={env.message_type!r}: only chat environments run")
         self.env = env
         self.state_api = "input" in inspect.signature(env.rollout).parameters  # 0.1.8+
-        self.datasets = {split: getattr(env, attr, None) for split, attr in SPLITS.items()}
+        self.datasets = {split: self.dataset(attr) for split, attr in SPLITS.items()}
+
+    def dataset(self, attr: str) -> Any:
+        return getattr(self.env, attr, None)
 
     def describe(self) -> dict[str, Any]:
         sampling = {k: v for k, v in dict(self.env.sampling_args or {}).items() if k != "n"}
@@ -86,6 +89,9 @@ class Shim:
         args = copy.deepcopy(dict(self.env.sampling_args or {}))
         args.pop("n", None)
         args.update(sampling)
+        # the engine's token ids and logprobs (the worker's transport adds them when missing)
+        args["logprobs"] = True
+        args["extra_body"] = {**(args.get("extra_body") or {}), "return_token_ids": True}
         if self.state_api:
             fields = ("prompt", "answer", "task", "info", "example_id")
             vf_input = {k: copy.deepcopy(row[k]) for k in fields if k in row}

@@ -20,7 +20,6 @@ import importlib
 import json
 import os
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -98,15 +97,14 @@ class RecordingTransport(httpx.AsyncBaseTransport):
         await request.aread()
         body = json.loads(request.content or b"{}")
         chat = request.url.path.endswith("/chat/completions")
-        if chat:
-            body["logprobs"] = True
-        elif body.get("logprobs") is None:
-            body["logprobs"] = 0
-        body["return_token_ids"] = True
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() != "content-length"]
-        request = httpx.Request(
-            "POST", request.url, headers=headers, content=json.dumps(body).encode()
-        )
+        # what the shims send themselves (the completions API takes a count of top logprobs)
+        asked = {"logprobs": True if chat else body.get("logprobs") or 0, "return_token_ids": True}
+        if any(body.get(key) != value for key, value in asked.items()):
+            body.update(asked)
+            headers = [(k, v) for k, v in request.headers.items() if k.lower() != "content-length"]
+            request = httpx.Request(
+                "POST", request.url, headers=headers, content=json.dumps(body).encode()
+            )
         start = self.policy_version
         response = await self.inner.handle_async_request(request)
         content = await response.aread()
@@ -137,7 +135,7 @@ class Worker:
     def __init__(self, spec: dict[str, Any], out: Any) -> None:
         self.spec = spec
         self.out = out
-        self.write_lock = threading.Lock()
+        self.transport: asyncio.WriteTransport | None = None
         self.clients: dict[tuple[str, str, float], Any] = {}
         self.states: dict[int, tuple[dict[str, Any], Any, Any]] = {}
         self.next_handle = 0
@@ -145,10 +143,14 @@ class Worker:
         self.shim: Any = None
 
     def send(self, message: dict[str, Any]) -> None:
-        line = json.dumps(message, default=str) + "\n"
-        with self.write_lock:
-            self.out.write(line.encode())
-            self.out.flush()
+        """Write one reply: through the loop's non-blocking pipe transport once serving (a
+        blocking write would stall every rollout whenever rlkit reads late)."""
+        line = (json.dumps(message, default=str) + "\n").encode()
+        if self.transport is not None:
+            self.transport.write(line)
+            return
+        self.out.write(line)
+        self.out.flush()
 
     def load(self) -> None:
         for path in self.spec.get("sys_path") or []:
@@ -247,10 +249,13 @@ class Worker:
         finally:
             self.tasks.pop(rid, None)
 
-    async def serve(self, lines: Any) -> None:
+    async def serve(self, proto_in: Any) -> None:
         loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=2**30)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), proto_in)
+        self.transport, _ = await loop.connect_write_pipe(asyncio.Protocol, self.out)
         while True:
-            line = await loop.run_in_executor(None, lines.readline)
+            line = await reader.readline()
             if not line:
                 break
             try:

@@ -1,0 +1,103 @@
+"""verifiers environments through the bridge against the real vLLM CPU server (tiny model).
+
+`rlkit eval` on each era's fixture (no errored rollouts, engine token ids and logprobs in every
+turn), and `rlkit train` for two C3PO++ steps on a mix of rlkit-native reverse-text and the
+verifiers vf-reverse-text. The tiny random model writes no tool calls, so the tool
+environments end after one turn here; their multi-turn paths run against the fake server
+(test_vf_bridge.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.cli import RLKIT, clean_rollouts, run_cli
+
+ENV_PATH = str(Path(__file__).parent / "envs")
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "env_id", ["vf-reverse-text", "vf-calc-classic", "vf-calc-state", "vf-calc-v02"]
+)
+def test_verifiers_envs_eval_on_vllm(
+    env_id, vllm_server, tiny_model_dir, tmp_path, monkeypatch, capsys
+) -> None:
+    monkeypatch.setenv("RLKIT_ENV_PATH", ENV_PATH)
+    out = tmp_path / "runs"
+    code, text = run_cli(
+        monkeypatch, capsys, "eval", env_id, "-m", str(tiny_model_dir),
+        "-b", f"{vllm_server.url}/v1", "-n", "2", "-r", "2", "-t", "16", "-o", str(out),
+    )  # fmt: skip
+    assert code in (0, None), text
+    for rollout in clean_rollouts(out, expected=4):
+        assert rollout.turns
+        for turn in rollout.turns:
+            assert turn.prompt_token_ids and turn.completion_token_ids
+            assert len(turn.completion_logprobs) == len(turn.completion_token_ids)
+            assert all(math.isfinite(lp) and lp <= 0 for lp in turn.completion_logprobs)
+            assert turn.policy_version_end is not None  # the server's X-Policy-Version
+
+
+def test_train_on_a_mix_of_native_and_verifiers_envs(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = tmp_path / "train.toml"
+    config.write_text(
+        f"""
+[model]
+path = "{tiny_model_dir}"
+
+[[env]]
+id = "reverse-text"
+args = {{ min_len = 3, max_len = 6, num_train_examples = 64, num_eval_examples = 4 }}
+
+[[env]]
+id = "vf-reverse-text"
+args = {{ num_train_examples = 64, num_eval_examples = 4 }}
+
+[inference]
+extra_args = ["--max-num-seqs", "32", "--max-model-len", "512"]
+
+[orchestrator]
+scheduler = "c3po"
+max_steps = 2
+group_size = 4
+capacity = 16
+token_budget = 128
+drop_zero_advantage = false
+sampling = {{ temperature = 1.0, max_tokens = 16 }}
+
+[orchestrator.eval]
+at_start = false
+at_end = false
+
+[ckpt]
+interval = 0
+
+[log]
+run_dir = "{tmp_path / "run"}"
+plot = false
+"""
+    )
+    log = tmp_path / "train.log"
+    env = {**os.environ, "RLKIT_ENV_PATH": ENV_PATH}
+    with open(log, "w") as out:
+        code = subprocess.run(
+            [RLKIT, "train", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=900,
+        ).returncode
+    assert code == 0, log.read_text()[-3000:]
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["rollouts_errored"] == 0 for r in records), records
+    seen = {key for r in records for key in r if key.startswith("reward_mean/")}
+    assert {"reward_mean/reverse-text", "reward_mean/vf-reverse-text"} <= seen, seen
