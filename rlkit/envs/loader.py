@@ -13,11 +13,13 @@ importable are installed with `rlkit.hub.install.ensure_installed` and retried; 
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import importlib.metadata
 import os
 import sys
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -109,9 +111,10 @@ def _requirement_names(requires: list[str]) -> set[str]:
 def _package_version(module: ModuleType, name: str, local: bool) -> str | None:
     """The environment's version: its distribution's, or a local folder's pyproject.toml's.
 
-    Distribution names like the environment's are tried first; the full module -> distribution
-    map (`packages_distributions`, ~1 s: it reads every installed package's file list) only
-    for an installed module named unlike its distribution.
+    Distribution names like the environment's are tried first, then a pyproject.toml next to
+    the module; the full module -> distribution map (`packages_distributions`, 1-2 s: it reads
+    every installed package's file list; built once per process) only for an installed module
+    named unlike its distribution.
     """
     top = module.__name__.split(".")[0]
     for dist_name in dict.fromkeys([name, name.replace("_", "-"), top, top.replace("_", "-")]):
@@ -127,12 +130,17 @@ def _package_version(module: ModuleType, name: str, local: bool) -> str | None:
             return project.get("version")
     if local:
         return None
-    for dist_name in importlib.metadata.packages_distributions().get(top, []):
+    for dist_name in _packages_distributions().get(top, []):
         try:
             return importlib.metadata.version(dist_name)
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
+
+
+@functools.cache
+def _packages_distributions() -> Mapping[str, list[str]]:
+    return importlib.metadata.packages_distributions()
 
 
 def _unknown(env_id: str, name: str) -> UsageError:

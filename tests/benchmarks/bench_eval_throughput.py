@@ -5,9 +5,12 @@ verifiers-style reverse-text `vf.SingleTurnEnv`, written once) runs through rlki
 (`rlkit.eval.run_eval_async`, through rlkit's verifiers bridge, writing results.jsonl as it goes)
 and through verifiers' own loop (`env.evaluate(...)` with an `AsyncOpenAI` client), interleaved
 (best of `--repeats` each), against the same fake server running in its own process. Both timings
-include loading the environment. Prints one JSON line with both fractions of the ideal and
-their ratio, and each loop's own CPU seconds (what machine load does not change: on a shared
-2-core machine the wall-clock fractions mostly measure the neighbours).
+include loading the environment. The fake server is by default its lean mode (plain asyncio
+HTTP, `--server lean`): FastAPI + uvicorn's own per-request CPU would otherwise be most of what
+the benchmark measures on a shared 2-core machine; its CPU seconds are reported. Prints one
+JSON line with both fractions of the ideal and their ratio, and each loop's own CPU seconds
+(what machine load does not change: on a shared 2-core machine the wall-clock fractions mostly
+measure the neighbours).
 
     .venv/bin/python tests/benchmarks/bench_eval_throughput.py [--requests 1024] [--latency 1.0]
 """
@@ -25,6 +28,8 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,9 +66,10 @@ dependencies = ["verifiers>=0.1.3,<0.1.4", "datasets>=3.0"]
 """
 
 
-def start_fake_server(latency: float) -> tuple[subprocess.Popen, str]:
+def start_fake_server(latency: float, lean: bool = True) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "tests.fakes.fake_openai", "--latency", str(latency)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakes.fake_openai", "--latency", str(latency)],
+        [*cmd, "--lean"] if lean else cmd,
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
@@ -126,6 +132,12 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--rollouts-per-example", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--server",
+        choices=["lean", "fastapi"],
+        default="lean",
+        help="fake server: plain asyncio HTTP (default) or the FastAPI/uvicorn test double",
+    )
     args = parser.parse_args()
     r = args.rollouts_per_example
     n = args.requests // r
@@ -158,14 +170,18 @@ def main() -> None:
 
         import rlkit.eval  # noqa: F401
 
-        proc, url = start_fake_server(args.latency)
+        proc, url = start_fake_server(args.latency, lean=args.server == "lean")
+        server = psutil.Process(proc.pid)
+        server_cpu: list[float] = []
         rlkit_runs: list[float] = []
         verifiers_runs: list[float] = []
         cpu: dict[str, list[float]] = {"rlkit": [], "verifiers": []}
         try:
             for repeat in range(args.repeats):  # interleaved, best of each: the machine is shared
                 out = Path(tmp) / f"out{repeat}"
+                before = sum(server.cpu_times()[:2])
                 elapsed, cpu_s = bench_rlkit(url, n, r, args.concurrency, out)
+                server_cpu.append(sum(server.cpu_times()[:2]) - before)
                 rlkit_runs.append(n * r / elapsed)
                 cpu["rlkit"].append(cpu_s)
                 elapsed, cpu_s = bench_verifiers(url, n, r, args.concurrency)
@@ -186,6 +202,10 @@ def main() -> None:
     for name, runs in cpu.items():
         report[f"{name}_client_cpu_s"] = min(runs)
         report[f"{name}_client_core_share_at_ideal"] = min(runs) / (n * r / ideal)
+    # The fake server's own CPU per run (during rlkit's runs): what it takes from the client.
+    report["server"] = args.server
+    report["server_cpu_s"] = min(server_cpu)
+    report["server_core_share_at_ideal"] = min(server_cpu) / (n * r / ideal)
     report["load_avg"] = os.getloadavg()[0]
     print(json.dumps(report))
 

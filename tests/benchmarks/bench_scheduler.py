@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -36,21 +37,26 @@ from rlkit.orchestrator.scheduler import C3POScheduler, SyncScheduler
 
 
 class LongTail:
-    """Completion lengths: lognormal (median `median`, shape `sigma`), capped at `cap`."""
+    """Completion lengths: lognormal (median `median`, shape `sigma`), capped at `cap`; a
+    fraction `at_cap` of completions runs to the cap (Ring-1T's rollouts cut at the limit)."""
 
-    def __init__(self, median: float, sigma: float, cap: int, seed: int) -> None:
+    def __init__(
+        self, median: float, sigma: float, cap: int, seed: int, at_cap: float = 0.0
+    ) -> None:
         self.rng = random.Random(seed)
-        self.median, self.sigma, self.cap = median, sigma, cap
+        self.median, self.sigma, self.cap, self.at_cap = median, sigma, cap, at_cap
+
+    def _draw(self, rng: random.Random) -> int:
+        if rng.random() < self.at_cap:
+            return self.cap
+        return max(1, min(self.cap, int(rng.lognormvariate(0, self.sigma) * self.median)))
 
     def draw(self) -> int:
-        return max(1, min(self.cap, int(self.rng.lognormvariate(0, self.sigma) * self.median)))
+        return self._draw(self.rng)
 
     def mean(self, n: int = 200_000) -> float:
         rng = random.Random(12345)
-        return statistics.fmean(
-            max(1, min(self.cap, int(rng.lognormvariate(0, self.sigma) * self.median)))
-            for _ in range(n)
-        )
+        return statistics.fmean(self._draw(rng) for _ in range(n))
 
 
 class SimEngine:
@@ -168,7 +174,7 @@ class Source:
 
 
 async def run_scheduler(kind: str, engine: Any, args: argparse.Namespace) -> dict[str, float]:
-    lengths = LongTail(args.median, args.sigma, args.max_tokens, seed=args.seed)
+    lengths = LongTail(args.median, args.sigma, args.max_tokens, args.seed, args.at_cap)
     source = Source(engine, lengths, args.group_size)
     processor = GroupProcessor(advantage="grpo", drop_zero_advantage=True, solve_threshold=1.0)
     budget = int(args.batch_groups * args.group_size * lengths.mean())
@@ -180,7 +186,7 @@ async def run_scheduler(kind: str, engine: Any, args: argparse.Namespace) -> dic
         sched = C3POScheduler(
             source,
             processor,
-            capacity=args.batch_groups * args.group_size,
+            capacity=args.capacity_factor * args.batch_groups * args.group_size,
             token_budget=budget,
             retention=args.retention,
             max_off_policy_steps=10**6,
@@ -213,7 +219,6 @@ async def run_scheduler(kind: str, engine: Any, args: argparse.Namespace) -> dic
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    results: dict[str, Any] = {}
     server = None
     if args.engine == "vllm":
         from rlkit.inference import start_server
@@ -221,10 +226,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
         tmp = Path(tempfile.mkdtemp(prefix="bench-scheduler-"))
         model_dir = init_tiny(tmp / "model", arch="qwen3", size="tiny", seed=0)
-        server = start_server(str(model_dir), log_path=tmp / "vllm.log")
+        seqs = max(args.capacity_factor * args.batch_groups * args.group_size, 64)
+        server = start_server(  # room for every rollout C3PO++ keeps in flight
+            str(model_dir), log_path=tmp / "vllm.log", extra_args=["--max-num-seqs", str(seqs)]
+        )
         server.wait_ready(600)
+    runs: dict[str, list[dict[str, float]]] = {"sync": [], "c3po": []}
     try:
-        for kind in ("sync", "c3po"):
+        for kind in ["sync", "c3po"] * args.rounds:  # interleaved: the machine may be shared
             if args.engine == "sim":
                 engine: Any = SimEngine(
                     args.tick_base_s, args.tick_per_seq_s, args.max_num_seqs, args.update_s
@@ -233,41 +242,63 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 engine = VLLMEngine(model_dir, server)
             await engine.start()
             try:
-                results[kind] = await run_scheduler(kind, engine, args)
+                runs[kind].append(await run_scheduler(kind, engine, args))
             finally:
                 await engine.stop()
     finally:
         if server is not None:
             server.stop()
+    results = {kind: mean_of(rs) for kind, rs in runs.items()}
     sync, c3po = results["sync"], results["c3po"]
     return {
         "benchmark": "scheduler_sync_vs_c3po",
         "engine": args.engine,
         "workload": {
             "lengths": f"lognormal(median={args.median}, sigma={args.sigma}) capped at "
-            f"{args.max_tokens}",
+            f"{args.max_tokens}, {args.at_cap:.0%} at the cap",
+            "retention": args.retention,
+            "capacity": args.capacity_factor * args.batch_groups * args.group_size,
             "group_size": args.group_size,
             "batch_groups": args.batch_groups,
             "steps": args.steps,
+            "rounds": args.rounds,
         },
         "sync": sync,
         "c3po": c3po,
         "rollout_time_ratio_sync_over_c3po": sync["rollout_s_per_step"]
         / c3po["rollout_s_per_step"],
         "step_time_ratio_sync_over_c3po": sync["step_s_per_step"] / c3po["step_s_per_step"],
+        "per_round_ratios": [
+            {
+                "rollout": s["rollout_s_per_step"] / c["rollout_s_per_step"],
+                "step": s["step_s_per_step"] / c["step_s_per_step"],
+            }
+            for s, c in zip(runs["sync"], runs["c3po"], strict=True)
+        ],
+        "load_avg": os.getloadavg(),
     }
+
+
+def mean_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each field averaged over the rounds."""
+    return {key: statistics.fmean(r[key] for r in runs) for key in runs[0]}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--engine", choices=["sim", "vllm"], default="sim")
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=1, help="sync/c3po pairs, interleaved")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--batch-groups", type=int, default=8)
     p.add_argument("--median", type=float, default=40.0, help="median completion tokens")
     p.add_argument("--sigma", type=float, default=1.0, help="lognormal shape (tail weight)")
     p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--at-cap", type=float, default=0.0, help="fraction of completions at the cap")
     p.add_argument("--retention", type=int, default=2, help="C3PO++ sigma")
+    p.add_argument(
+        "--capacity-factor", type=int, default=1, help="C3PO++ Omega in sync batches' rollouts"
+    )
     p.add_argument("--tick-base-s", type=float, default=2e-3, help="sim: decode tick fixed cost")
     p.add_argument("--tick-per-seq-s", type=float, default=2e-5, help="sim: cost per sequence")
     p.add_argument("--max-num-seqs", type=int, default=256, help="sim: engine batch limit")

@@ -200,6 +200,19 @@ class FakeOpenAIServer:
             finish = "length"
         return message, token_ids, finish
 
+    def _chat_reply(self, body: dict[str, Any], prompt_ids: list[int]) -> dict[str, Any]:
+        message, token_ids, finish = self._reply(body)
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+        if body.get("logprobs"):
+            content = [
+                {"token": self._token_text(t), "logprob": _logprob(t), "bytes": [t]}
+                for t in token_ids
+            ]
+            choice["logprobs"] = {"content": [{**c, "top_logprobs": []} for c in content]}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = token_ids
+        return self._envelope(body, "chat.completion", choice, prompt_ids, token_ids)
+
     def _build_app(self) -> FastAPI:
         app = FastAPI()
 
@@ -225,17 +238,7 @@ class FakeOpenAIServer:
             prompt_ids = self._chat_prompt_ids(body)
             if too_long := self._too_long(prompt_ids):
                 return too_long
-            message, token_ids, finish = self._reply(body)
-            choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
-            if body.get("logprobs"):
-                content = [
-                    {"token": self._token_text(t), "logprob": _logprob(t), "bytes": [t]}
-                    for t in token_ids
-                ]
-                choice["logprobs"] = {"content": [{**c, "top_logprobs": []} for c in content]}
-            if body.get("return_token_ids"):
-                choice["token_ids"] = token_ids
-            return self._envelope(body, "chat.completion", choice, prompt_ids, token_ids)
+            return JSONResponse(self._chat_reply(body, prompt_ids))
 
         @app.post("/v1/completions")
         async def completions(request: Request) -> Any:
@@ -262,7 +265,9 @@ class FakeOpenAIServer:
             if body.get("return_token_ids"):
                 choice["token_ids"] = token_ids
                 choice["prompt_token_ids"] = prompt_ids
-            return self._envelope(body, "text_completion", choice, prompt_ids, token_ids)
+            return JSONResponse(
+                self._envelope(body, "text_completion", choice, prompt_ids, token_ids)
+            )
 
         return app
 
@@ -273,7 +278,7 @@ class FakeOpenAIServer:
         choice: dict[str, Any],
         prompt_ids: list[int],
         token_ids: list[int],
-    ) -> JSONResponse:
+    ) -> dict[str, Any]:
         self.stats[200] += 1
         self.requests.append(body)
         usage = {
@@ -291,7 +296,7 @@ class FakeOpenAIServer:
         }
         if body.get("return_token_ids") and kind == "chat.completion":
             reply["prompt_token_ids"] = prompt_ids
-        return JSONResponse(reply)  # skips FastAPI's slow jsonable_encoder walk
+        return reply  # sent as JSONResponse: skips FastAPI's slow jsonable_encoder walk
 
     # ---- lifecycle --------------------------------------------------------------------------
     def _config(self) -> uvicorn.Config:
@@ -328,16 +333,74 @@ class FakeOpenAIServer:
         """Serve on the current (main) thread until SIGINT/SIGTERM; for standalone use."""
         uvicorn.Server(self._config()).run(sockets=[self._sock])
 
+    # ---- lean mode: the same replies without FastAPI/uvicorn (benchmarks) -------------------
+    def serve_lean_forever(self) -> None:
+        """Serve /health, /v1/models and chat completions on plain asyncio streams.
+
+        FastAPI + uvicorn's pure-Python HTTP cost a few ms of CPU per request, which on a
+        shared machine caps what an eval client can be measured at. Latency only: no injected
+        failures, HTTP/1.1 keep-alive, no pipelining.
+        """
+        if self.fail_rate or self.script:
+            raise ValueError("lean mode injects no failures")
+        asyncio.run(self._serve_lean())
+
+    async def _serve_lean(self) -> None:
+        server = await asyncio.start_server(self._lean_connection, sock=self._sock, backlog=4096)
+        async with server:
+            await server.serve_forever()
+
+    async def _lean_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+                method, path, _ = head[0].split(" ", 2)
+                length = 0
+                for line in head[1:]:
+                    if line[:15].lower() == "content-length:":
+                        length = int(line[15:])
+                body = json.loads(await reader.readexactly(length)) if length else {}
+                status, reply = await self._lean_route(method, path, body)
+                data = json.dumps(reply).encode()
+                writer.write(
+                    b"HTTP/1.1 %d OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (status, len(data), data)
+                )
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def _lean_route(
+        self, method: str, path: str, body: dict[str, Any]
+    ) -> tuple[int, dict[str, Any]]:
+        if method == "GET" and path == "/health":
+            return 200, {"status": "ok"}
+        if method == "GET" and path == "/v1/models":
+            cards = [{"id": m, "object": "model", "owned_by": "fake"} for m in self.models]
+            return 200, {"object": "list", "data": cards}
+        if method == "POST" and path == "/v1/chat/completions":
+            if self.latency:
+                await asyncio.sleep(self.latency)
+            return 200, self._chat_reply(body, self._chat_prompt_ids(body))
+        return 404, {"error": {"message": f"lean fake server: no route {method} {path}"}}
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Fake OpenAI-compatible server for tests.")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--latency", type=float, default=0.0)
     parser.add_argument("--fail-rate", type=float, default=0.0)
+    parser.add_argument("--lean", action="store_true", help="plain asyncio HTTP (chat only)")
     args = parser.parse_args()
     server = FakeOpenAIServer(latency=args.latency, fail_rate=args.fail_rate, port=args.port)
     print(server.url, flush=True)
-    server.serve_forever()
+    if args.lean:
+        server.serve_lean_forever()
+    else:
+        server.serve_forever()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from rlkit.inference import InferenceClient, InferenceError
@@ -26,6 +28,24 @@ async def test_chat_and_completion_carry_token_ids_logprobs_usage() -> None:
     assert text.text == "zyx" and text.prompt_token_ids == list(b"xyz")
     assert len(text.completion_logprobs) == 3
     assert ids.prompt_token_ids == [1, 2, 3]
+
+
+async def test_lean_mode_serves_the_same_chat_replies() -> None:
+    server = FakeOpenAIServer()
+    serving = asyncio.create_task(server._serve_lean())
+    try:
+        async with InferenceClient(server.url) as client:
+            assert await client.health() and await client.models() == ["fake-model"]
+            chats = await asyncio.gather(
+                *(client.chat([{"role": "user", "content": "abc"}], "fake-model") for _ in range(3))
+            )
+            with pytest.raises(InferenceError) as info:
+                await client.completion("xyz", "fake-model")
+    finally:
+        serving.cancel()
+    assert [c.text for c in chats] == ["cba"] * 3
+    assert chats[0].completion_token_ids == list(b"cba") and len(chats[0].completion_logprobs) == 3
+    assert info.value.status == 404  # lean mode serves chat only
 
 
 async def test_scripted_failures_are_retried_or_raised() -> None:
