@@ -215,9 +215,15 @@ def run_rlkit(
     wall = time.perf_counter() - t0
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     trainer = [json.loads(x) for x in (run_dir / "trainer_metrics.jsonl").read_text().splitlines()]
+    later = records[1:]
     return {
-        "s_per_step": statistics.fmean(r["step_time_s"] for r in records[1:]),
+        "s_per_step": statistics.fmean(r["step_time_s"] for r in later),
         "wall_s": wall,
+        # where a step goes (medians, s): rollouts until the batch, the trainer's turn until its
+        # weights are out (its step, its export and both hand-offs), the servers' reload
+        "rollout_s": statistics.median(r["rollout_time_s"] for r in later),
+        "weights_wait_s": statistics.median(r["weights_wait_s"] for r in later),
+        "weight_update_s": statistics.median(r["weight_update_s"] for r in later),
         "trainer_step_s": statistics.median(r["step_time_s"] for r in trainer[1:]),
         "final": run_dir / "weights" / f"step_{steps:06d}",
         "run_dir": run_dir,
