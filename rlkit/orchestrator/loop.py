@@ -266,11 +266,11 @@ async def run_orchestrator(
                 rollout_time_s=rollout_s,
                 train_time_s=t3 - t1,
                 weights_wait_s=t2 - t1,
-                weight_update_s=t3 - t2,
+                weight_update_s=weight_update_s,
                 step_time_s=time.monotonic() - t0,
                 idle_s=scheduler.take_idle_s(),
             )
-            ours.update(pool.metrics(), weight_update_s=weight_update_s)
+            ours.update(pool.metrics())
             logger.log(merge_records(ours, read_trainer_record(run_dir, step) or {}))
             done = step
             if o.eval.every and step % o.eval.every == 0 and step != o.max_steps:
