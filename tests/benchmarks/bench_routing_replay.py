@@ -1,16 +1,18 @@
 """Train-inference mismatch on a tiny MoE with routing replay off, R2 and R3, same rollouts.
 
-One vLLM CPU server serves a tiny Qwen3-MoE (bf16) with rlkit's routing capture on (on CPU
-vLLM cannot return routed experts itself; `--rlkit-capture-routing` records the experts its own
-routers chose, per request). Completions are sampled once, with the engine's logprobs and
-routing. The FSDP2 trainer (fp32) then runs one RL step of two mini-steps on those samples with
-`routing_replay` = none, r2 and r3 (a fresh trainer each, same seed), and reports the step's
-mismatch metrics between trainer and engine, computed on each mini-step's forward before its
-update: the k3 KL estimate (`mismatch_kl`), the extreme-token fraction F(tau=2)
-(`mismatch_extreme_frac`) and router disagreement (token-layer pairs whose trainer top-k differs
-from the routing known for the sample: the engine's for none and r3, the pre-update trainer's
-for r2). `first` is the first mini-step alone (same weights as the engine: R2 equals none
-there by construction); `step` averages both mini-steps (the second runs after one update).
+One vLLM server serves a tiny Qwen3-MoE (bf16) returning routed experts: on a GPU through
+vLLM's own `--enable-return-routed-experts`, on CPU (where vLLM cannot return them) through
+rlkit's `--rlkit-capture-routing`, which records the experts vLLM's routers chose, per request
+(the same choice `rlkit train` makes for R3). Completions are sampled once, with the engine's
+logprobs and routing. The FSDP2 trainer (fp32) then runs one RL step of two mini-steps on
+those samples with `routing_replay` = none, r2 and r3 (a fresh trainer each, same seed) and
+reports the mismatch metrics between trainer and engine, computed on each mini-step's
+forward before its update: the k3 KL estimate (`mismatch_kl`), the extreme-token fraction
+F(tau=2) (`mismatch_extreme_frac`) and router disagreement (token-layer pairs whose trainer
+top-k differs from the routing known for the sample: the engine's for none and r3, the
+pre-update trainer's for r2). `first` is the first mini-step alone (same weights as the
+engine, so R2 equals none there by construction); `step` averages both mini-steps (the
+second runs after one update).
 
     python tests/benchmarks/bench_routing_replay.py [--completions 64] [--max-tokens 48]
 
@@ -30,8 +32,8 @@ import torch
 
 from rlkit.envs.rollout import decode_routed_experts
 from rlkit.inference import InferenceClient, start_server
-from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.models import init_tiny
+from rlkit.train.launcher import routing_server_options
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
 from rlkit.trainer.engine import Trainer
 from rlkit.trainer.packing import Sequence
@@ -103,10 +105,12 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = str(init_tiny(Path(tmp) / "moe", arch="qwen3-moe", seed=0))
+        flags, env = routing_server_options(True)
         server = start_server(
             model,
             log_path=Path(tmp) / "vllm.log",
-            extra_args=[CAPTURE_ROUTING_FLAG, "--max-model-len", "512"],
+            extra_args=[*flags, "--max-model-len", "512"],
+            env=env,
         )
         try:
             server.wait_ready(timeout=600)
@@ -129,6 +133,7 @@ def main() -> None:
                 "bench": "routing_replay",
                 "model": "tiny qwen3-moe (4 experts, top-2, 2 MoE layers), engine bf16, "
                 "trainer fp32",
+                "engine_routing": flags[0],
                 "completions": args.completions,
                 "completion_tokens": sum(sum(s.loss_mask) for s in seqs),
                 "results": results,
