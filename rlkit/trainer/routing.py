@@ -45,6 +45,12 @@ class RouterControl:
 
     def __init__(self, lm: nn.Module) -> None:
         self.routers = moe_routers(lm)
+        layers = list(getattr(getattr(lm, "model", None), "layers", None) or [])
+        self.num_hidden_layers = len(layers)
+        # decoder-layer index of each MoE layer: vLLM's own routed experts count every layer
+        self.layer_ids = [
+            i for i, layer in enumerate(layers) for m in layer.modules() if m in self.routers
+        ]
         self.given: Tensor | None = None  # [tokens, layers, k]: known routing of the batch
         self.replay = False  # use `given` instead of the routers' own top-k
         self.own: list[Tensor | None] = [None] * len(self.routers)  # [tokens, k] per layer
@@ -63,7 +69,14 @@ class RouterControl:
 
     def set_routing(self, given: Tensor | None, replay: bool) -> None:
         """Routing known for the next forward (compared with the routers' own choice) and
-        whether to replay it."""
+        whether to replay it. Routing over all decoder layers (vLLM's layout) is narrowed to
+        the MoE layers."""
+        if (
+            given is not None
+            and given.shape[1] == self.num_hidden_layers != self.num_layers
+            and len(self.layer_ids) == self.num_layers
+        ):
+            given = given[:, self.layer_ids]
         if given is not None and given.shape[1:] != (self.num_layers, self.top_k):
             raise ValueError(
                 f"routing has shape {tuple(given.shape)}, the model has {self.num_layers} MoE "

@@ -186,3 +186,31 @@ def test_router_aux_loss_is_added_when_asked(tiny_moe_model_dir: Path, tmp_path:
         assert "router_disagreement" not in metrics  # routing unknown: nothing to compare
     finally:
         trainer.close()
+
+
+def test_routing_over_all_decoder_layers_is_narrowed_to_the_moe_layers() -> None:
+    """vLLM returns routing for every decoder layer; layer indices here count MoE layers only."""
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    from rlkit.trainer.routing import RouterControl
+
+    config = Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        mlp_only_layers=[1],  # layer 1 is dense
+    )
+    control = RouterControl(AutoModelForCausalLM.from_config(config))
+    assert control.num_layers == 2 and control.layer_ids == [0, 2]
+    every_layer = torch.tensor([[[0, 1], [9, 9], [2, 3]]])  # [tokens, decoder layers, k]
+    control.set_routing(every_layer, replay=True)
+    assert control.given.tolist() == [[[0, 1], [2, 3]]]
+    with pytest.raises(ValueError, match="the model has 2 MoE layers with top_k 2"):
+        control.set_routing(torch.zeros(1, 4, 2, dtype=torch.long), replay=True)
