@@ -119,6 +119,7 @@ class Doorbell:
 
 
 STOP_FILE = "STOP"  # the orchestrator asks the trainer to checkpoint and exit
+TRAINER_FAILED_FILE = "TRAINER_FAILED"  # a trainer node's launcher: the trainer is gone
 
 
 def request_stop(run_dir: str | Path, reason: str) -> None:
@@ -134,5 +135,23 @@ def stop_requested(run_dir: str | Path) -> bool:
 
 
 def clear_stop(run_dir: str | Path) -> None:
-    """A resumed run starts without the previous run's stop request."""
+    """A resumed run starts without the previous run's stop request or trainer failure."""
     (Path(run_dir) / STOP_FILE).unlink(missing_ok=True)
+    (Path(run_dir) / TRAINER_FAILED_FILE).unlink(missing_ok=True)
+
+
+def report_trainer_failure(run_dir: str | Path, reason: str) -> None:
+    """Tell an orchestrator on another machine that the trainer exited (it stops instead of
+    waiting out `weights_timeout_s`)."""
+    from rlkit.atomic import atomic_write
+
+    atomic_write(Path(run_dir) / TRAINER_FAILED_FILE, reason)
+    ring(run_dir, ORCHESTRATOR)
+
+
+def trainer_failure(run_dir: str | Path) -> str | None:
+    """The reason a trainer node reported, or None."""
+    try:
+        return (Path(run_dir) / TRAINER_FAILED_FILE).read_text()
+    except FileNotFoundError:
+        return None

@@ -77,6 +77,9 @@ async def wait_for_weights(
     def published() -> bool:
         if (path / STABLE_MARKER).exists():
             return True
+        failure = handoff.trainer_failure(run_dir)  # a trainer on other machines
+        if failure is not None:
+            raise TrainerFailed(f"{failure} before publishing {path}")
         code = trainer_exit() if trainer_exit is not None else None
         if code is not None:
             raise TrainerFailed(f"the trainer exited with code {code} before publishing {path}")

@@ -1,8 +1,8 @@
 """The `rlkit train` configuration: one TOML file for servers, orchestrator and trainer.
 
 Sections: `[model]`, `[[env]]`, `[inference]`, `[orchestrator]` (with `.sampling`,
-`.difficulty`, `.eval`), `[trainer]` (the trainer's own model plus `nproc`), `[loss]`,
-`[ckpt]`, `[log]`. The sections are defined by the parts that read them
+`.difficulty`, `.eval`), `[trainer]` (the trainer plus its launch: nodes, processes per node,
+rendezvous), `[loss]`, `[ckpt]`, `[log]`. The sections are defined by the parts that read them
 (`rlkit.orchestrator.config`, `rlkit.trainer.config`); this root adds the checks across sections
 and `check_environments` the ones pydantic cannot do alone (environments that do not load), so
 that a bad config fails before anything is started.
@@ -10,6 +10,7 @@ that a bad config fails before anything is started.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -19,11 +20,63 @@ from rlkit.orchestrator.source import load_environments
 from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig
 from rlkit.trainer.routing import RoutingReplay
 
+LAUNCH_FIELDS = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint"}
+
 
 class TrainerSection(TrainerConfig):
-    """The trainer's config; `run_dir`, `model`, `loss`, `ckpt`, `max_steps` come from the root."""
+    """The trainer's config; `run_dir`, `model`, `loss`, `ckpt`, `max_steps` come from the root.
 
-    nproc: int = Field(1, ge=1, description="Trainer processes (torchrun --nproc-per-node).")
+    The launch fields are read by the launcher only (the torchrun command line, see
+    `rlkit.trainer.main.trainer_command`); every node of a multi-node trainer runs
+    `rlkit train CONFIG --role trainer --trainer.node_rank R` with the same other fields.
+    """
+
+    nproc_per_node: int = Field(
+        1, ge=1, description="Trainer processes on each node (torchrun --nproc-per-node)."
+    )
+    nnodes: int = Field(1, ge=1, description="Trainer nodes (torchrun --nnodes).")
+    node_rank: int = Field(
+        0, ge=0, description="This node's index; node 0 hosts the c10d rendezvous store."
+    )
+    rdzv_endpoint: str = Field(
+        "",
+        description="HOST:PORT of the c10d rendezvous (node 0's address), needed when nnodes > 1.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_nproc(cls, data: Any) -> Any:
+        """`trainer.nproc` was renamed `trainer.nproc_per_node` (kept for one release)."""
+        if isinstance(data, dict) and "nproc" in data:
+            warnings.warn(
+                "trainer.nproc is deprecated and will be removed in rlkit 0.3; "
+                "use trainer.nproc_per_node",
+                FutureWarning,
+                stacklevel=2,
+            )
+            data = dict(data)
+            data.setdefault("nproc_per_node", data.pop("nproc"))
+            data.pop("nproc", None)
+        return data
+
+    @model_validator(mode="after")
+    def _valid_launch(self) -> TrainerSection:
+        if self.node_rank >= self.nnodes:
+            raise ValueError(
+                f"trainer.node_rank ({self.node_rank}) must be below trainer.nnodes ({self.nnodes})"
+            )
+        if self.nnodes > 1:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(
+                    f"trainer.rdzv_endpoint must be HOST:PORT when trainer.nnodes > 1 "
+                    f"(got {self.rdzv_endpoint!r}): node 0's address and a free port"
+                )
+        if self.sharding == "hybrid" and self.nnodes == 1:
+            raise ValueError(
+                "trainer.sharding = 'hybrid' replicates across nodes: it needs trainer.nnodes > 1"
+            )
+        return self
 
 
 class TrainConfig(RolloutJobConfig):
@@ -66,7 +119,7 @@ class TrainConfig(RolloutJobConfig):
 
     def trainer_config(self) -> TrainerConfig:
         """The config the trainer process reads (`python -m rlkit.trainer.main --config`)."""
-        data = self.trainer.model_dump(exclude={"nproc"})
+        data = self.trainer.model_dump(exclude=LAUNCH_FIELDS)
         data.update(
             run_dir=self.log.run_dir,
             max_steps=self.orchestrator.max_steps,

@@ -6,12 +6,15 @@ dies is relaunched on its port and the orchestrator brings it back to the curren
 Ctrl-C (or any failure) stops every child by process group; the trainer's last checkpoint plus
 the orchestrator's state of that step make `--resume` continue the step count.
 Other roles run one part for multi-machine setups: `inference` serves until interrupted,
-`trainer` runs the trainer in the foreground, `orchestrator` talks to `inference.urls`.
+`trainer` runs this node's trainer in the foreground (`[trainer] nnodes`, `node_rank`,
+`rdzv_endpoint`: torchrun's c10d rendezvous across nodes), `orchestrator` talks to
+`inference.urls`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -22,6 +25,7 @@ from typing import Any
 
 from rich.console import Console
 
+from rlkit import handoff
 from rlkit.atomic import atomic_write
 from rlkit.config import dump_toml
 from rlkit.errors import UsageError
@@ -34,7 +38,7 @@ from rlkit.orchestrator.loop import run_orchestrator
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
 from rlkit.train.config import TrainConfig, check_environments
 from rlkit.train.roles import Role
-from rlkit.trainer.main import trainer_command
+from rlkit.trainer.main import Launch, trainer_command
 
 
 def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
@@ -155,16 +159,33 @@ def trainer_env() -> dict[str, str]:
     return env
 
 
+def trainer_launch(cfg: TrainConfig) -> Launch:
+    """This node's part of the trainer: torchrun's layout and c10d rendezvous from `[trainer]`.
+    The rendezvous id is derived from `log.run_dir`, the same on every node of one run."""
+    t = cfg.trainer
+    run_id = hashlib.sha1(cfg.log.run_dir.encode()).hexdigest()[:12]
+    return Launch(
+        nproc=t.nproc_per_node,
+        nnodes=t.nnodes,
+        node_rank=t.node_rank,
+        rdzv_endpoint=t.rdzv_endpoint,
+        rdzv_id=f"rlkit-{run_id}",
+    )
+
+
 class TrainerProcess:
-    """The trainer as a child process group writing to `run_dir/logs/trainer.log`."""
+    """This node's trainer as a child process group writing to `run_dir/logs/trainer.log`
+    (`trainer-node{R}.log` and `trainer-node{R}.toml` when the trainer spans several nodes,
+    which share `run_dir`)."""
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool) -> None:
-        config_path = atomic_write(run_dir / "trainer.toml", dump_toml(cfg.trainer_config()))
-        self.log_path = run_dir / "logs" / "trainer.log"
+        self.name = f"trainer-node{cfg.trainer.node_rank}" if cfg.trainer.nnodes > 1 else "trainer"
+        config_path = atomic_write(run_dir / f"{self.name}.toml", dump_toml(cfg.trainer_config()))
+        self.log_path = run_dir / "logs" / f"{self.name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            trainer_command(config_path, cfg.trainer.nproc, resume=resume),
+            trainer_command(config_path, trainer_launch(cfg), resume=resume),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=trainer_env(),
@@ -220,15 +241,7 @@ def run_train(
         # children: they run in their own sessions and would otherwise outlive the launcher.
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     if role == "trainer":
-        run_dir.mkdir(parents=True, exist_ok=True)
-        trainer = TrainerProcess(cfg, run_dir, resume)
-        try:
-            code = trainer.proc.wait()
-        finally:
-            trainer.stop()
-        if code:
-            raise RuntimeError(f"trainer exited with code {code}:\n{trainer.log_tail()}")
-        return {}
+        return _run_trainer_node(cfg, run_dir, resume)
     if role == "inference":
         fleet = ServerFleet(cfg, run_dir, console)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -248,6 +261,26 @@ def run_train(
             )
         )
     return _run_all(cfg, run_dir, start_step, state, envs, resume, console)
+
+
+def _run_trainer_node(cfg: TrainConfig, run_dir: Path, resume: bool) -> dict[str, Any]:
+    """Run this node's trainer in the foreground. If it fails or is stopped, the orchestrator
+    (on another machine) is told through `run_dir` and stops instead of waiting for weights;
+    the last checkpoint stays the point to `--resume` from."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    trainer = TrainerProcess(cfg, run_dir, resume)
+    write_pids(run_dir, trainer.name, [trainer.proc.pid])
+    code: int | None = None
+    try:
+        code = trainer.proc.wait()
+    finally:
+        trainer.stop()
+        if code != 0:
+            why = "was stopped" if code is None else f"exited with code {code}"
+            handoff.report_trainer_failure(run_dir, f"trainer node {cfg.trainer.node_rank} {why}")
+    if code:
+        raise RuntimeError(f"trainer exited with code {code}:\n{trainer.log_tail()}")
+    return {}
 
 
 def _terminate_as_interrupt(signum: int, frame: Any) -> None:

@@ -23,6 +23,11 @@ class ModelConfig(Config):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Compute dtype: auto = bf16 mixed precision on GPU, fp32 on CPU."
     )
+    attention: Literal["auto", "sdpa", "eager", "flash_attention_2", "flash_attention_3"] = Field(
+        "auto",
+        description="Attention kernel: auto = varlen flash attention for packed rows on GPU when "
+        "installed, sdpa with a block-causal mask otherwise (and on CPU).",
+    )
 
 
 class OptimConfig(Config):
@@ -127,6 +132,16 @@ class TrainerConfig(Config):
     router_aux_loss_coef: float = Field(
         0.0, ge=0, description="MoE: weight of the router load-balancing loss (0 = off, as in RL)."
     )
+    sharding: Literal["full", "hybrid"] = Field(
+        "full",
+        description="FSDP2 over all ranks (full), or hybrid (HSDP): shard within a node, "
+        "replicate across nodes.",
+    )
+    collective_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Timeout of every collective: a lost rank or node is an error, not a hang.",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig, description="Model to train.")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="AdamW and LR schedule.")
     loss: LossConfig = Field(default_factory=LossConfig, description="RL policy loss.")
@@ -158,5 +173,6 @@ class SFTConfig(TrainerConfig):
     nproc: int = Field(
         1,
         ge=1,
-        description="Trainer processes on this machine (torchrun when > 1), as trainer.nproc.",
+        description="Trainer processes on this machine (torchrun when > 1), as "
+        "trainer.nproc_per_node.",
     )

@@ -2,18 +2,21 @@
 
 Under torchrun the usual env vars (RANK, WORLD_SIZE, MASTER_ADDR, ...) are set; otherwise a
 one-rank group is created over an in-memory store, so FSDP2 and DCP always have a group.
-Backend: NCCL when CUDA is present, gloo on CPU.
+Backend: NCCL when CUDA is present, gloo on CPU. Every collective has a timeout, so a lost
+rank or node ends the run with an error instead of a hang.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 
-def init_distributed() -> torch.device:
+def init_distributed(timeout_s: float = 600.0) -> torch.device:
     """Initialise the default process group (once) and return this rank's device."""
     use_cuda = torch.cuda.is_available()
     if use_cuda:
@@ -22,11 +25,28 @@ def init_distributed() -> torch.device:
     if dist.is_initialized():
         return device
     backend = "nccl" if use_cuda else "gloo"
+    timeout = timedelta(seconds=timeout_s)
     if "WORLD_SIZE" in os.environ:
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=backend, timeout=timeout)
     else:
-        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(
+            backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+        )
     return device
+
+
+def shard_mesh(sharding: str, device: torch.device) -> DeviceMesh | None:
+    """The mesh FSDP2 shards over: None = every rank (full); hybrid = a 2-D mesh with nodes
+    as the replicate dimension and each node's ranks (torchrun's LOCAL_WORLD_SIZE) as shards."""
+    if sharding == "full":
+        return None
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    world = world_size()
+    if world % per_node:
+        raise RuntimeError(f"world size {world} is not a multiple of {per_node} ranks per node")
+    return init_device_mesh(
+        device.type, (world // per_node, per_node), mesh_dim_names=("replicate", "shard")
+    )
 
 
 def close_distributed() -> None:

@@ -65,14 +65,15 @@ class Trainer:
         from transformers import AutoConfig, AutoTokenizer
 
         self.cfg = cfg
-        self.device = dist.init_distributed()
+        self.device = dist.init_distributed(cfg.collective_timeout_s)
         seed_everything(cfg.seed)
         if cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed by cuBLAS
             torch.use_deterministic_algorithms(True)
         self.export_dtype = AutoConfig.from_pretrained(cfg.model.path).dtype or torch.bfloat16
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-        self.policy = load_policy(cfg.model, self.device, cfg.logprob_chunk_size)
+        mesh = dist.shard_mesh(cfg.sharding, self.device)
+        self.policy = load_policy(cfg.model, self.device, cfg.logprob_chunk_size, mesh)
         self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim, total_steps)
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.hidden_size = int(self.policy.lm.config.get_text_config().hidden_size)

@@ -1,4 +1,4 @@
-"""Trainer entry point, identical as one process and under `torchrun --nproc-per-node N`:
+"""Trainer entry point, identical as one process and under torchrun (one node or several):
 
 python -m rlkit.trainer.main --config X.toml [--mode rl|sft] [--resume [latest|DIR]]
     [--section.field=VALUE ...]
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -22,23 +23,65 @@ from rlkit.lifetime import die_with_parent
 from rlkit.trainer.batch import MalformedBatchError
 
 
+@dataclass(frozen=True)
+class Launch:
+    """Where the trainer's ranks run: `nproc` per node on `nnodes` nodes.
+
+    Several nodes meet through torchrun's c10d rendezvous at `rdzv_endpoint` (HOST:PORT);
+    node 0 hosts its store (said explicitly: on one machine every node would claim it).
+    `rdzv_id` names the job, the same on every node and different for two jobs.
+    """
+
+    nproc: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str = ""
+    rdzv_id: str = "rlkit"
+
+    def torchrun_args(self) -> list[str]:
+        """`-m torch.distributed.run ...` options (no restarts: a lost rank ends the run)."""
+        args = ["-m", "torch.distributed.run", "--nproc-per-node", str(self.nproc)]
+        if self.nnodes == 1:
+            return [*args, "--standalone"]
+        is_host = "true" if self.node_rank == 0 else "false"
+        return [
+            *args,
+            "--nnodes",
+            str(self.nnodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            self.rdzv_endpoint,
+            "--rdzv-id",
+            self.rdzv_id,
+            "--rdzv-conf",
+            f"is_host={is_host}",
+            "--max-restarts",
+            "0",
+        ]
+
+
 def trainer_command(
-    config_path: str | Path, nproc: int, *, mode: str = "rl", resume: bool | str | None = None
+    config_path: str | Path,
+    launch: Launch | int,
+    *,
+    mode: str = "rl",
+    resume: bool | str | None = None,
 ) -> list[str]:
-    """The trainer's command line: one process, or torchrun with `nproc` ranks on this machine
-    (`--standalone`: a private rendezvous, so two runs on one machine never collide).
+    """The trainer's command line: one process, or torchrun (`launch`, or a rank count on this
+    machine, where `--standalone` keeps two runs on one machine from colliding).
     `config_path` is the resolved config: overrides are not passed on, since torchrun would
     read `--nproc...` among them as its own options. `resume`: True or "latest" for the run's
     latest checkpoint, or a checkpoint directory."""
+    launch = Launch(nproc=launch) if isinstance(launch, int) else launch
     args = ["-m", "rlkit.trainer.main", "--config", str(config_path), "--mode", mode]
     if resume is True or resume == "latest":
         args.append("--resume")
     elif resume:
         args.append(f"--resume={resume}")
-    if nproc == 1:
+    if launch.nproc == 1 and launch.nnodes == 1:
         return [sys.executable, *args]
-    torchrun = ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone"]
-    return [sys.executable, *torchrun, *args]
+    return [sys.executable, *launch.torchrun_args(), *args]
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

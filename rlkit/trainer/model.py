@@ -9,13 +9,17 @@ pre-forward hook unshards the embeddings, final norm and `lm_head`. Inside `forw
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from rlkit.errors import UsageError
 from rlkit.trainer.config import ModelConfig
+from rlkit.trainer.dist import is_main, world_size
 from rlkit.trainer.logprobs import chunked_logprobs
 from rlkit.trainer.routing import RouterControl
 
@@ -79,28 +83,94 @@ def compute_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
     return getattr(torch, cfg.dtype)
 
 
-def load_policy(cfg: ModelConfig, device: torch.device, chunk_size: int) -> PolicyModel:
-    """Load fp32 master weights, enable activation checkpointing if asked, apply FSDP2."""
+FLASH = ("flash_attention_3", "flash_attention_2")
+
+
+def flash_available(name: str) -> bool:
+    """Whether transformers can run `name` here (the flash-attn package for it is installed)."""
+    from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available
+
+    return (
+        is_flash_attn_3_available()
+        if name == "flash_attention_3"
+        else (is_flash_attn_2_available())
+    )
+
+
+def attention_implementation(cfg: ModelConfig, device: torch.device) -> str:
+    """The attention kernel: `auto` = varlen flash attention on GPU when installed (packed rows
+    become cu_seqlens from the position_ids restarts), else sdpa with the block-causal mask."""
+    if cfg.attention == "auto":
+        if device.type == "cuda":
+            return next((name for name in FLASH if flash_available(name)), "sdpa")
+        return "sdpa"
+    if cfg.attention in FLASH:
+        if device.type != "cuda":
+            raise UsageError(f"model.attention = {cfg.attention!r} needs a GPU; use sdpa on CPU")
+        if not flash_available(cfg.attention):
+            raise UsageError(
+                f"model.attention = {cfg.attention!r}: its flash-attn package is not installed"
+            )
+    return cfg.attention
+
+
+def _from_pretrained(cfg: ModelConfig, **kwargs: Any) -> nn.Module:
     from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(cfg.path, **kwargs)
+    except OSError as exc:
+        raise UsageError(f"cannot load model.path {cfg.path!r}: {exc}") from exc
+
+
+def load_policy(
+    cfg: ModelConfig, device: torch.device, chunk_size: int, mesh: DeviceMesh | None = None
+) -> PolicyModel:
+    """Build the model on the meta device, shard it with FSDP2, then fill each rank's shards.
+
+    Only rank 0 reads the checkpoint (in its stored dtype); the full state dict is broadcast and
+    every rank keeps just its fp32 shards, so no rank but 0 ever holds the whole model, and
+    rank 0 only in the checkpoint's dtype. Buffers (rotary tables) come from rank 0 as well.
+    `mesh`: None shards over all ranks; a 2-D (replicate, shard) mesh is HSDP.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     if not cfg.path:
         raise UsageError("model.path is empty: set it to a local HF model directory or HF name")
     if Path(cfg.path).exists() and not (Path(cfg.path) / "config.json").is_file():
         raise UsageError(f"model.path {cfg.path}: no config.json (not an HF model directory)")
-    try:
-        lm = AutoModelForCausalLM.from_pretrained(
-            cfg.path, dtype=torch.float32, attn_implementation="sdpa"
+    attn = attention_implementation(cfg, device)
+    source = _from_pretrained(cfg, dtype="auto", attn_implementation="sdpa") if is_main() else None
+    hf_config = AutoConfig.from_pretrained(cfg.path)
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(
+            hf_config, dtype=torch.float32, attn_implementation=attn
         )
-    except OSError as exc:
-        raise UsageError(f"cannot load model.path {cfg.path!r}: {exc}") from exc
     lm.config.use_cache = False
     if cfg.activation_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    lm.to(device)
     dtype = compute_dtype(cfg, device)
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     for layer in decoder_layers(lm):
-        fully_shard(layer, mp_policy=mp)
+        fully_shard(layer, mp_policy=mp, mesh=mesh)
     policy = PolicyModel(lm, chunk_size)
-    fully_shard(policy, mp_policy=mp)
+    fully_shard(policy, mp_policy=mp, mesh=mesh)
+    policy.to_empty(device=device)
+    full = {f"lm.{k}": v for k, v in source.state_dict().items()} if source is not None else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(policy, full, options=options)
+    _broadcast_buffers(lm, source, device)
+    del source, full
     return policy
+
+
+def _broadcast_buffers(lm: nn.Module, source: nn.Module | None, device: torch.device) -> None:
+    """Copy every buffer (persistent or not, e.g. rotary inv_freq) from rank 0's loaded model."""
+    import torch.distributed as tdist
+
+    loaded = dict(source.named_buffers()) if source is not None else {}
+    for name, buf in lm.named_buffers():
+        if source is not None:
+            buf.copy_(loaded[name].to(device=device, dtype=buf.dtype))
+        if world_size() > 1:
+            tdist.broadcast(buf, src=0)

@@ -1,8 +1,10 @@
-"""Two gloo ranks under torchrun compute the same loss and gradients as one process.
+"""Two gloo ranks under torchrun compute the same loss and gradients as one process: on one
+node (FSDP2 over both ranks) and as two "nodes" on localhost meeting through torchrun's c10d
+rendezvous with hybrid sharding (HSDP: a 2-D mesh, replicated across the nodes).
 
-The file is also the probe script: `python THIS OUT MODEL` (one process) or under
-`torch.distributed.run --nproc_per_node 2` computes one batch's gradients without stepping and
-saves the loss metrics plus the full (unsharded) gradients to OUT from rank 0.
+The file is also the probe script: `python THIS OUT MODEL [SHARDING]` (one process) or under
+torchrun computes one batch's gradients without stepping and saves the loss metrics plus the
+full (unsharded) gradients to OUT from rank 0.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from rlkit.inference.lifecycle import free_port
+from rlkit.trainer.main import Launch
 
 
 def synthetic_batch(vocab: int, seed: int = 0) -> list:
@@ -33,7 +38,7 @@ def synthetic_batch(vocab: int, seed: int = 0) -> list:
     return seqs
 
 
-def probe(out: str, model_dir: str) -> None:
+def probe(out: str, model_dir: str, sharding: str = "full") -> None:
     from rlkit.trainer import dist
     from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
     from rlkit.trainer.engine import Trainer
@@ -44,6 +49,8 @@ def probe(out: str, model_dir: str) -> None:
         model=ModelConfig(path=model_dir),
         micro_batch_tokens=40,  # several micro-batches: uneven split across the two ranks
         loss=LossConfig(name="grpo"),
+        sharding=sharding,
+        collective_timeout_s=120,
     )
     trainer = Trainer(cfg, total_steps=1)
     seqs = synthetic_batch(trainer.policy.lm.config.vocab_size)
@@ -54,29 +61,30 @@ def probe(out: str, model_dir: str) -> None:
     for name, param in trainer.policy.named_parameters():
         grad = param.grad
         grads[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).clone()
+    mesh = next(trainer.policy.parameters()).device_mesh
     if dist.is_main():
-        torch.save({"metrics": metrics, "grads": grads, "micro_batches": n_mbs}, out)
+        torch.save(
+            {
+                "metrics": metrics,
+                "grads": grads,
+                "micro_batches": n_mbs,
+                "mesh": (tuple(mesh.shape), mesh.mesh_dim_names),
+            },
+            out,
+        )
     trainer.close()
 
 
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 def _run(cmd: list[str]) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("arch", ["dense", "moe"])
-def test_two_ranks_match_one_process(
-    arch: str, tiny_model_dir: Path, tiny_moe_model_dir: Path, tmp_path: Path
-) -> None:
-    """The MoE's experts are 3-D parameters sharded with their decoder layer."""
-    model_dir = str(tiny_model_dir if arch == "dense" else tiny_moe_model_dir)
-    single, double = tmp_path / "one.pt", tmp_path / "two.pt"
-    _run([sys.executable, __file__, str(single), model_dir])
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    _run([*torchrun, "--standalone", __file__, str(double), model_dir])
-    one, two = torch.load(single), torch.load(double)
+def _compare(one: dict, two: dict) -> None:
     assert one["micro_batches"] == two["micro_batches"] >= 3
     for key in ("loss", "num_tokens", "mismatch_kl"):
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-6), key
@@ -88,5 +96,48 @@ def test_two_ranks_match_one_process(
     assert nonzero == len(one["grads"])
 
 
+def one_process(model_dir: Path, tmp_path: Path) -> dict:
+    single = tmp_path / "one.pt"
+    _run([sys.executable, __file__, str(single), str(model_dir)])
+    return torch.load(single)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+def test_two_ranks_match_one_process(
+    arch: str, tiny_model_dir: Path, tiny_moe_model_dir: Path, tmp_path: Path
+) -> None:
+    """The MoE's experts are 3-D parameters sharded with their decoder layer."""
+    model_dir = tiny_model_dir if arch == "dense" else tiny_moe_model_dir
+    double = tmp_path / "two.pt"
+    torchrun = [sys.executable, *Launch(nproc=2).torchrun_args()]
+    _run([*torchrun, __file__, str(double), str(model_dir)])
+    two = torch.load(double)
+    assert two["mesh"] == ((2,), None)
+    _compare(one_process(model_dir, tmp_path), two)
+
+
+@pytest.mark.slow
+def test_two_nodes_hybrid_sharding_match_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Two torchrun launchers (--nnodes 2, c10d on 127.0.0.1), one rank each, HSDP."""
+    out = tmp_path / "hsdp.pt"
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = []
+    for node in (1, 0):  # the non-host node first: it waits for node 0's store
+        launch = Launch(nproc=1, nnodes=2, node_rank=node, rdzv_endpoint=endpoint, rdzv_id="hsdp")
+        cmd = [sys.executable, *launch.torchrun_args(), __file__, str(out), str(tiny_model_dir)]
+        procs.append(
+            subprocess.Popen(
+                [*cmd, "hybrid"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env()
+            )
+        )
+    for proc in procs:
+        output = proc.communicate(timeout=300)[0].decode(errors="ignore")
+        assert proc.returncode == 0, output[-3000:]
+    two = torch.load(out)
+    assert two["mesh"] == ((2, 1), ("replicate", "shard"))
+    _compare(one_process(tiny_model_dir, tmp_path), two)
+
+
 if __name__ == "__main__":
-    probe(sys.argv[1], sys.argv[2])
+    probe(*sys.argv[1:])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rlkit.train import launcher
@@ -19,3 +21,96 @@ def test_gpu_trainer_keeps_openmp_defaults(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(launcher, "has_cuda", lambda: True)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     assert "OMP_WAIT_POLICY" not in launcher.trainer_env()
+
+
+def demo_config(*overrides: str):
+    from rlkit.config import load_config
+    from rlkit.train.config import TrainConfig
+    from tests.cli import ROOT
+
+    return load_config(TrainConfig, ROOT / "examples/tiny-cpu/train.toml", list(overrides))
+
+
+def test_multi_node_trainer_command() -> None:
+    """Every node runs the same torchrun c10d command; node 0 hosts the rendezvous store."""
+    from rlkit.trainer.main import trainer_command
+
+    cfgs = [
+        demo_config(
+            "--trainer.nnodes=2",
+            "--trainer.nproc_per_node=4",
+            f"--trainer.node_rank={rank}",
+            "--trainer.rdzv_endpoint=10.0.0.1:29500",
+            "--trainer.sharding=hybrid",
+        )
+        for rank in (0, 1)
+    ]
+    commands = [trainer_command("t.toml", launcher.trainer_launch(c), resume=True) for c in cfgs]
+    head = commands[0][: commands[0].index("rlkit.trainer.main") - 1]
+    assert head[1:] == [
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "4",
+        "--nnodes",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "10.0.0.1:29500",
+        "--rdzv-id",
+        head[12],
+        "--rdzv-conf",
+        "is_host=true",
+        "--max-restarts",
+        "0",
+    ]
+    assert head[12].startswith("rlkit-")
+    assert commands[1] == [a.replace("is_host=true", "is_host=false") for a in commands[0]]
+    assert commands[0][-1] == "--resume"
+    # the launch fields stay out of the trainer's own config; sharding goes in
+    trainer_cfg = cfgs[0].trainer_config().model_dump()
+    assert trainer_cfg["sharding"] == "hybrid"
+    assert not {"nnodes", "node_rank", "rdzv_endpoint", "nproc_per_node"} & trainer_cfg.keys()
+    one = trainer_command("t.toml", launcher.trainer_launch(demo_config()), resume=False)
+    assert one[1:3] == ["-m", "rlkit.trainer.main"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["--trainer.nnodes=2"], "trainer.rdzv_endpoint must be HOST:PORT"),
+        (["--trainer.nnodes=2", "--trainer.rdzv_endpoint=node0"], "HOST:PORT"),
+        (["--trainer.node_rank=1"], "trainer.node_rank (1) must be below trainer.nnodes (1)"),
+        (["--trainer.sharding=hybrid"], "needs trainer.nnodes > 1"),
+        (["--trainer.sharding=zero3"], "trainer.sharding"),
+        (["--trainer.collective_timeout_s=0"], "trainer.collective_timeout_s"),
+    ],
+)
+def test_bad_launch_fields_name_the_field(overrides: list[str], message: str) -> None:
+    from rlkit.errors import UsageError
+
+    with pytest.raises(UsageError, match=re.escape(message)):
+        demo_config(*overrides)
+
+
+def test_nproc_is_a_deprecated_alias() -> None:
+    with pytest.warns(FutureWarning, match="trainer.nproc_per_node"):
+        cfg = demo_config("--trainer.nproc=2")
+    assert cfg.trainer.nproc_per_node == 2
+
+
+def test_orchestrator_stops_on_a_reported_trainer_failure(tmp_path) -> None:
+    """A trainer node on another machine reports its failure through run_dir; the orchestrator
+    raises at once instead of waiting out weights_timeout_s, and a resume clears the report."""
+    import asyncio
+
+    from rlkit import handoff
+    from rlkit.orchestrator.loop import TrainerFailed, wait_for_weights
+
+    handoff.report_trainer_failure(tmp_path, "trainer node 0 exited with code 1")
+    doorbell = handoff.Doorbell(tmp_path, handoff.ORCHESTRATOR)
+    with pytest.raises(TrainerFailed, match="trainer node 0 exited with code 1 before publishing"):
+        asyncio.run(wait_for_weights(doorbell, tmp_path, 1, timeout_s=600, trainer_exit=None))
+    handoff.clear_stop(tmp_path)
+    assert handoff.trainer_failure(tmp_path) is None

@@ -1,0 +1,93 @@
+"""Model loading: meta-device init + per-rank shard loading gives the checkpoint's exact weights
+and logprobs; the attention kernel is chosen by device and what is installed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlkit.errors import UsageError
+from rlkit.trainer import dist, model
+from rlkit.trainer.config import ModelConfig
+from rlkit.trainer.model import attention_implementation, load_policy
+from rlkit.trainer.packing import Sequence, make_micro_batches
+
+CPU = torch.device("cpu")
+
+
+def reference(model_dir: Path) -> torch.nn.Module:
+    """The plain HF model in fp32: what each rank used to materialise in full."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="sdpa"
+    )
+
+
+@pytest.fixture
+def group() -> object:
+    dist.init_distributed()
+    yield
+    dist.close_distributed()
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+def test_meta_init_loads_the_checkpoint_exactly(
+    arch: str, tiny_model_dir: Path, tiny_moe_model_dir: Path, group: object
+) -> None:
+    model_dir = tiny_model_dir if arch == "dense" else tiny_moe_model_dir
+    policy = load_policy(ModelConfig(path=str(model_dir)), CPU, chunk_size=16)
+    ref = reference(model_dir)
+    ours = {k.removeprefix("lm."): v for k, v in policy.state_dict().items()}
+    expected = ref.state_dict()
+    assert ours.keys() == expected.keys()
+    for name, value in expected.items():
+        assert not ours[name].is_meta, name
+        full = ours[name].full_tensor() if hasattr(ours[name], "full_tensor") else ours[name]
+        assert full.dtype == torch.float32, name
+        torch.testing.assert_close(full, value, rtol=0, atol=0, msg=name)
+    buffers = dict(ref.named_buffers())
+    assert buffers, "the reference model has no buffers (rotary tables) to compare"
+    for name, buf in policy.lm.named_buffers():
+        torch.testing.assert_close(buf, buffers[name], rtol=0, atol=0, msg=name)
+
+
+def test_meta_init_gives_the_old_paths_logprobs(tiny_model_dir: Path, group: object) -> None:
+    """Packed micro-batch logprobs equal the plain HF model's, sample by sample."""
+    policy = load_policy(ModelConfig(path=str(tiny_model_dir)), CPU, chunk_size=16)
+    ref = reference(tiny_model_dir)
+    g = torch.Generator().manual_seed(0)
+    seqs = [
+        Sequence(
+            torch.randint(0, 500, (n,), generator=g).tolist(), [0, 0] + [1] * (n - 2), [0.0] * n
+        )
+        for n in (9, 17, 6)
+    ]
+    (mb,) = make_micro_batches(seqs, 64, packing=True)
+    with torch.no_grad():
+        lp, _ = policy(mb.input_ids, mb.position_ids, mb.flat_index, mb.targets)
+        expected = []
+        for i in mb.sample_ids:  # packing may reorder the samples
+            ids = torch.tensor([seqs[i].token_ids])
+            logits = ref(input_ids=ids).logits[0, :-1]
+            token_lp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0]
+            expected.append(token_lp[1:])  # targets: the tokens with loss mask 1 (from the 3rd)
+    torch.testing.assert_close(lp, torch.cat(expected), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = torch.device("cuda", 0)  # a device object only: nothing runs on it
+    auto = ModelConfig(path="m")
+    assert attention_implementation(auto, CPU) == "sdpa"
+    monkeypatch.setattr(model, "flash_available", lambda name: False)
+    assert attention_implementation(auto, gpu) == "sdpa"  # no flash-attn package: sdpa on GPU
+    with pytest.raises(UsageError, match="flash-attn package is not installed"):
+        attention_implementation(ModelConfig(path="m", attention="flash_attention_2"), gpu)
+    monkeypatch.setattr(model, "flash_available", lambda name: name == "flash_attention_2")
+    assert attention_implementation(auto, gpu) == "flash_attention_2"
+    assert attention_implementation(auto, CPU) == "sdpa"  # the CPU path never changes
+    with pytest.raises(UsageError, match="needs a GPU"):
+        attention_implementation(ModelConfig(path="m", attention="flash_attention_2"), CPU)
+    assert attention_implementation(ModelConfig(path="m", attention="eager"), gpu) == "eager"
