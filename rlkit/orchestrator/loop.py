@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from rlkit import handoff
-from rlkit.errors import UsageError
+from rlkit.errors import RunStopped, UsageError
 from rlkit.inference import ClientPool
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.orchestrator.batching import GroupProcessor, make_batch, sampling_temperature
@@ -39,6 +39,11 @@ from rlkit.trainer.export import STABLE_MARKER, weights_dir
 
 class TrainerFailed(RuntimeError):
     """The trainer process exited or never published the step's weights."""
+
+
+class TrainerNodeFailed(TrainerFailed, RunStopped):
+    """A trainer node (another machine) reported that the trainer exited: the run stops with
+    a one-line error; its latest checkpoint is where `--resume` continues."""
 
 
 def make_scheduler(
@@ -79,7 +84,10 @@ async def wait_for_weights(
             return True
         failure = handoff.trainer_failure(run_dir)  # a trainer on other machines
         if failure is not None:
-            raise TrainerFailed(f"{failure} before publishing {path}")
+            raise TrainerNodeFailed(
+                f"{failure} before publishing {path}; the latest checkpoint stays: restart the "
+                "trainer nodes and the orchestrator with --resume"
+            )
         code = trainer_exit() if trainer_exit is not None else None
         if code is not None:
             raise TrainerFailed(f"the trainer exited with code {code} before publishing {path}")
