@@ -31,6 +31,12 @@ class EnvSpec(Config):
     )
 
 
+def check_gpu_list(field: str, gpus: list[int]) -> None:
+    """GPU indices are non-negative and each listed once."""
+    if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
+        raise ValueError(f"{field} = {gpus}: GPU indices must be distinct and >= 0")
+
+
 class InferenceConfig(Config):
     urls: list[str] = Field(
         default_factory=list, description="Use these running servers instead of launching any."
@@ -63,6 +69,28 @@ class InferenceConfig(Config):
         description="Seconds vLLM's worker spins after each message before sleeping "
         "(None = 0.005 on CPU, where it would take cores from the trainer; vLLM's 1 s on GPU).",
     )
+    gpus: list[int] = Field(
+        default_factory=list,
+        description="GPU indices of this machine for the launched servers, split evenly among "
+        "them (CUDA_VISIBLE_DEVICES per server); empty = leave the devices alone.",
+    )
+    gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="vLLM's GPU memory fraction (None = 0.9 on GPUs of its own via `gpus`, "
+        "else 0.5, beside the trainer).",
+    )
+
+    @model_validator(mode="after")
+    def _valid_gpus(self) -> InferenceConfig:
+        check_gpu_list("inference.gpus", self.gpus)
+        if self.gpus and len(self.gpus) % self.num_servers:
+            raise ValueError(
+                f"inference.gpus ({len(self.gpus)} GPUs) must split evenly among "
+                f"inference.num_servers ({self.num_servers}) servers"
+            )
+        return self
 
 
 class DifficultyConfig(Config):

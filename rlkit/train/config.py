@@ -15,12 +15,12 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from rlkit.orchestrator.config import RolloutJobConfig
+from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list
 from rlkit.orchestrator.source import load_environments
 from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig
 from rlkit.trainer.routing import RoutingReplay
 
-LAUNCH_FIELDS = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint"}
+LAUNCH_FIELDS = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "gpus"}
 
 
 class TrainerSection(TrainerConfig):
@@ -41,6 +41,12 @@ class TrainerSection(TrainerConfig):
     rdzv_endpoint: str = Field(
         "",
         description="HOST:PORT of the c10d rendezvous (node 0's address), needed when nnodes > 1.",
+    )
+
+    gpus: list[int] = Field(
+        default_factory=list,
+        description="GPU indices of this node for the trainer's ranks (CUDA_VISIBLE_DEVICES), "
+        "one per process; empty = leave the devices alone.",
     )
 
     @model_validator(mode="before")
@@ -72,6 +78,12 @@ class TrainerSection(TrainerConfig):
                     f"trainer.rdzv_endpoint must be HOST:PORT when trainer.nnodes > 1 "
                     f"(got {self.rdzv_endpoint!r}): node 0's address and a free port"
                 )
+        check_gpu_list("trainer.gpus", self.gpus)
+        if self.gpus and len(self.gpus) != self.nproc_per_node:
+            raise ValueError(
+                f"trainer.gpus lists {len(self.gpus)} GPU(s) but trainer.nproc_per_node is "
+                f"{self.nproc_per_node}: one GPU per trainer process"
+            )
         if self.sharding == "hybrid" and self.nnodes == 1:
             raise ValueError(
                 "trainer.sharding = 'hybrid' replicates across nodes: it needs trainer.nnodes > 1"

@@ -36,6 +36,7 @@ from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.lifetime import die_with_parent_preexec
 from rlkit.orchestrator.loop import run_orchestrator
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
+from rlkit.train import gpus
 from rlkit.train.config import TrainConfig, check_environments
 from rlkit.train.roles import Role
 from rlkit.trainer.main import Launch, trainer_command
@@ -78,8 +79,11 @@ def routing_server_options(return_routing: bool) -> tuple[list[str], dict[str, s
 class ServerFleet:
     """The inference servers this run launched, with a watchdog that relaunches dead ones."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path, console: Console) -> None:
+    def __init__(
+        self, cfg: TrainConfig, run_dir: Path, console: Console, devices: list[str | None]
+    ) -> None:
         self.cfg = cfg
+        self.devices = devices  # each server's CUDA_VISIBLE_DEVICES (rlkit.train.gpus)
         self.run_dir = run_dir
         self.log_dir = run_dir / "logs"
         self.console = console
@@ -96,12 +100,18 @@ class ServerFleet:
         inf = self.cfg.inference
         routing, routing_env = routing_server_options(self.cfg.orchestrator.return_routing)
         env = {**busy_loop_env(inf.busy_loop_s, on_gpu=has_cuda()), **routing_env}
+        extra_args = [*routing, *inf.extra_args]  # the user's flags come last and win
+        if self.devices[i] is not None:
+            env[gpus.VISIBLE] = self.devices[i]
+        if has_cuda():
+            fraction = gpus.memory_fraction(inf.gpu_memory_utilization, dedicated=bool(inf.gpus))
+            extra_args = ["--gpu-memory-utilization", str(fraction), *extra_args]
         return start_server(
             self.cfg.model.path,
             host=inf.host,
             port=port,
             log_path=self.log_dir / f"inference-{i}.log",
-            extra_args=[*routing, *inf.extra_args],
+            extra_args=extra_args,
             env=env,
         )
 
@@ -178,7 +188,9 @@ class TrainerProcess:
     (`trainer-node{R}.log` and `trainer-node{R}.toml` when the trainer spans several nodes,
     which share `run_dir`)."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool) -> None:
+    def __init__(
+        self, cfg: TrainConfig, run_dir: Path, resume: bool, devices: str | None = None
+    ) -> None:
         self.name = f"trainer-node{cfg.trainer.node_rank}" if cfg.trainer.nnodes > 1 else "trainer"
         config_path = atomic_write(run_dir / f"{self.name}.toml", dump_toml(cfg.trainer_config()))
         self.log_path = run_dir / "logs" / f"{self.name}.log"
@@ -188,7 +200,7 @@ class TrainerProcess:
             trainer_command(config_path, trainer_launch(cfg), resume=resume),
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env=trainer_env(),
+            env=trainer_env() | ({gpus.VISIBLE: devices} if devices is not None else {}),
             start_new_session=True,
             preexec_fn=die_with_parent_preexec(),
         )
@@ -240,10 +252,11 @@ def run_train(
         # SIGTERM (a process manager, `kill`) unwinds like Ctrl-C so that every role stops its
         # children: they run in their own sessions and would otherwise outlive the launcher.
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    devices = gpus.plan_gpus(cfg, role)  # a bad GPU list fails here, before anything starts
     if role == "trainer":
-        return _run_trainer_node(cfg, run_dir, resume)
+        return _run_trainer_node(cfg, run_dir, resume, devices.trainer)
     if role == "inference":
-        fleet = ServerFleet(cfg, run_dir, console)
+        fleet = ServerFleet(cfg, run_dir, console, devices.servers)
         run_dir.mkdir(parents=True, exist_ok=True)
         try:
             fleet.start()
@@ -260,15 +273,17 @@ def run_train(
                 cfg, list(cfg.inference.urls), start_step=start_step, state=state, envs=envs
             )
         )
-    return _run_all(cfg, run_dir, start_step, state, envs, resume, console)
+    return _run_all(cfg, run_dir, start_step, state, envs, resume, console, devices)
 
 
-def _run_trainer_node(cfg: TrainConfig, run_dir: Path, resume: bool) -> dict[str, Any]:
+def _run_trainer_node(
+    cfg: TrainConfig, run_dir: Path, resume: bool, devices: str | None
+) -> dict[str, Any]:
     """Run this node's trainer in the foreground. If it fails or is stopped, the orchestrator
     (on another machine) is told through `run_dir` and stops instead of waiting for weights;
     the last checkpoint stays the point to `--resume` from."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    trainer = TrainerProcess(cfg, run_dir, resume)
+    trainer = TrainerProcess(cfg, run_dir, resume, devices)
     write_pids(run_dir, trainer.name, [trainer.proc.pid])
     code: int | None = None
     try:
@@ -295,13 +310,14 @@ def _run_all(
     envs: dict[str, Any],
     resume: bool,
     console: Console,
+    devices: gpus.GpuPlan,
 ) -> dict[str, Any]:
-    fleet = ServerFleet(cfg, run_dir, console)
+    fleet = ServerFleet(cfg, run_dir, console, devices.servers)
     trainer: TrainerProcess | None = None
     try:
         if not cfg.inference.urls:
             fleet.start()
-        trainer = TrainerProcess(cfg, run_dir, resume=resume and start_step > 0)
+        trainer = TrainerProcess(cfg, run_dir, resume and start_step > 0, devices.trainer)
         write_pids(run_dir, "trainer", [trainer.proc.pid])
         console.print(f"trainer pid {trainer.proc.pid}, log {trainer.log_path}")
         fleet.wait_ready()
