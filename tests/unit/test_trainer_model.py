@@ -33,11 +33,16 @@ def group() -> object:
     dist.close_distributed()
 
 
-@pytest.mark.parametrize("arch", ["dense", "moe"])
+@pytest.mark.parametrize("arch", ["dense", "moe", "tied"])
 def test_meta_init_loads_the_checkpoint_exactly(
-    arch: str, tiny_model_dir: Path, tiny_moe_model_dir: Path, group: object
+    arch: str, tiny_model_dir: Path, tiny_moe_model_dir: Path, tmp_path: Path, group: object
 ) -> None:
-    model_dir = tiny_model_dir if arch == "dense" else tiny_moe_model_dir
+    from rlkit.models import init_tiny
+
+    if arch == "tied":
+        model_dir = init_tiny(tmp_path / "tied", seed=0, tie_embeddings=True)
+    else:
+        model_dir = tiny_model_dir if arch == "dense" else tiny_moe_model_dir
     policy = load_policy(ModelConfig(path=str(model_dir)), CPU, chunk_size=16)
     ref = reference(model_dir)
     ours = {k.removeprefix("lm."): v for k, v in policy.state_dict().items()}
@@ -52,6 +57,8 @@ def test_meta_init_loads_the_checkpoint_exactly(
     assert buffers, "the reference model has no buffers (rotary tables) to compare"
     for name, buf in policy.lm.named_buffers():
         torch.testing.assert_close(buf, buffers[name], rtol=0, atol=0, msg=name)
+    lm = policy.lm
+    assert (lm.lm_head.weight is lm.model.embed_tokens.weight) == (arch == "tied")
 
 
 def test_meta_init_gives_the_old_paths_logprobs(tiny_model_dir: Path, group: object) -> None:
