@@ -160,6 +160,8 @@ def load_policy(
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(policy, full, options=options)
     _broadcast_buffers(lm, source, device)
+    if source is not None:  # rank 0 exports: keep the checkpoint's generation defaults
+        lm.generation_config = source.generation_config
     del source, full
     return policy
 
