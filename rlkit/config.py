@@ -120,8 +120,8 @@ def load_config(
     return validate(model, data, source=str(path) if path else "config")
 
 
-def dump_toml(config: BaseModel) -> str:
+def dump_toml(config: BaseModel, exclude: dict[str, Any] | None = None) -> str:
     """Render a resolved config as TOML (used by --dry-run and saved next to runs)."""
     import tomli_w
 
-    return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
+    return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True, exclude=exclude))

@@ -5,13 +5,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Required system packages: the sandbox (bubblewrap, util-linux prlimit/setpriv, the system
-# python3 it runs), the hub's browser test (chromium) and its PostgreSQL tests (postgresql).
+# python3 it runs), the hub's browser test (chromium) and its PostgreSQL tests (postgresql), and
+# the one-machine SLURM cluster of the --slurm test (slurm-wlm, munge; about 20 MB).
 missing_system_packages() {
   command -v bwrap >/dev/null || echo bubblewrap
   { command -v prlimit && command -v setpriv; } >/dev/null || echo util-linux
   [ -x /usr/bin/python3 ] || echo python3  # the sandbox's interpreter (no /root inside)
   command -v chromium >/dev/null || echo chromium
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || echo postgresql
+  [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch >/dev/null \
+    || echo slurm-wlm
+  [ -x /usr/sbin/munged ] || echo munge
 }
 need_apt=($(missing_system_packages))
 if [ ${#need_apt[@]} -gt 0 ]; then

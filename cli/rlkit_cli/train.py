@@ -16,6 +16,12 @@ def train(
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in log.run_dir from its latest checkpoint."
     ),
+    slurm: bool = typer.Option(
+        False,
+        "--slurm",
+        help="Render a SLURM job for [slurm] into log.run_dir/slurm/ and submit it with sbatch "
+        "(with --dry-run: print the script).",
+    ),
 ) -> None:
     """Train a model with RL: vLLM servers, the async orchestrator and the FSDP2 trainer.
 
@@ -26,6 +32,15 @@ def train(
     from rlkit.train.config import TrainConfig, check_environments
 
     cfg = load_config(TrainConfig, config, list(ctx.args))
+    if slurm:
+        from rlkit.errors import UsageError
+        from rlkit.train.slurm import launch
+
+        if role != Role.ALL:
+            raise UsageError("--role: a --slurm job starts every role on its nodes; drop --role")
+        # environments load on the head node when the job starts (their data may be there only)
+        typer.echo(launch(cfg, resume=resume, dry_run=dry_run))
+        return
     if dry_run:
         check_environments(cfg)
         typer.echo(dump_toml(cfg), nl=False)

@@ -2,10 +2,11 @@
 
 Sections: `[model]`, `[[env]]`, `[inference]`, `[orchestrator]` (with `.sampling`,
 `.difficulty`, `.eval`), `[trainer]` (the trainer plus its launch: nodes, processes per node,
-rendezvous), `[loss]`, `[ckpt]`, `[log]`. The sections are defined by the parts that read them
-(`rlkit.orchestrator.config`, `rlkit.trainer.config`); this root adds the checks across sections
-and `check_environments` the ones pydantic cannot do alone (environments that do not load), so
-that a bad config fails before anything is started.
+rendezvous), `[loss]`, `[ckpt]`, `[log]`, `[slurm]` (the cluster job of `--slurm`). The sections
+are defined by the parts that read them (`rlkit.orchestrator.config`, `rlkit.trainer.config`,
+`rlkit.train.slurm_config`); this root adds the checks across sections and `check_environments`
+the ones pydantic cannot do alone (environments that do not load), so that a bad config fails
+before anything is started.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from rlkit.config import dump_toml
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list
 from rlkit.orchestrator.source import load_environments
+from rlkit.train.slurm_config import SlurmConfig
 from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig
 from rlkit.trainer.routing import RoutingReplay
 
 LAUNCH_FIELDS = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "gpus"}
+ROOT_FIELDS = ("run_dir", "model", "loss", "ckpt", "max_steps")  # TrainerConfig's, from the root
 
 
 class TrainerSection(TrainerConfig):
@@ -97,6 +101,9 @@ class TrainConfig(RolloutJobConfig):
     trainer: TrainerSection = Field(default_factory=TrainerSection, description="Trainer.")
     loss: LossConfig = Field(default_factory=LossConfig, description="Policy loss.")
     ckpt: CkptConfig = Field(default_factory=CkptConfig, description="Checkpoints.")
+    slurm: SlurmConfig = Field(
+        default_factory=SlurmConfig, description="Cluster job for `rlkit train --slurm`."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -122,12 +129,16 @@ class TrainConfig(RolloutJobConfig):
                 f"trainer.weights.keep_last ({self.trainer.weights.keep_last}) must exceed "
                 f"ckpt.interval ({self.ckpt.interval}) so a resumed run finds its weights"
             )
-        for name in ("run_dir", "model", "loss", "ckpt", "max_steps"):
+        for name in ROOT_FIELDS:
             if name in self.trainer.model_fields_set:
                 raise ValueError(f"trainer.{name}: set it in its own section ([{name}]) instead")
         if self.trainer.routing_replay == RoutingReplay.R3:  # R3 replays what servers return
             o.return_routing = True
         return self
+
+    def to_toml(self) -> str:
+        """The resolved config as TOML that loads back (the root's fields only at the root)."""
+        return dump_toml(self, exclude={"trainer": set(ROOT_FIELDS)})
 
     def trainer_config(self) -> TrainerConfig:
         """The config the trainer process reads (`python -m rlkit.trainer.main --config`)."""
