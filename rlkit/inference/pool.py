@@ -196,6 +196,14 @@ class PooledClient:
     def policy_version(self) -> int | None:
         return self.client.policy_version
 
+    @property
+    def api_key(self) -> str | None:  # the verifiers bridge hands these to its workers
+        return self.client.api_key
+
+    @property
+    def timeout(self) -> float:
+        return self.client.timeout
+
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         while True:
             index, client = self.index, self.client
