@@ -49,8 +49,14 @@ def shard_mesh(sharding: str, device: torch.device) -> DeviceMesh | None:
     )
 
 
-def close_distributed() -> None:
+def close_distributed(wait_for_peers: bool = False) -> None:
+    """Tear down the process group. `wait_for_peers` (normal exits only: a dead peer would make
+    it wait for the collective timeout) first meets every rank at a barrier, so no rank tears
+    down gloo while rank 0 still writes weights or a checkpoint; a rank that did so was seen to
+    abort ("terminate called without an active exception"), and torchrun then kills rank 0."""
     if dist.is_initialized():
+        if wait_for_peers and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 

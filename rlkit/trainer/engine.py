@@ -308,8 +308,8 @@ class Trainer:
     def export(self, out: Path, extra: dict | None = None) -> Path | None:
         return export.export_hf(self.policy, out, self.tokenizer, self.export_dtype, extra)
 
-    def close(self) -> None:
-        dist.close_distributed()
+    def close(self, wait_for_peers: bool = False) -> None:
+        dist.close_distributed(wait_for_peers)
 
 
 def with_router_disagreement(metrics: dict[str, float]) -> dict[str, float]:

@@ -195,5 +195,6 @@ def run_rl(cfg: TrainerConfig) -> None:
                     f"grad_norm {record['grad_norm']:.3f} "
                     f"{record['tokens_per_s']:.0f} tok/s{note}"
                 )
+        trainer.close(wait_for_peers=True)
     finally:
         trainer.close()

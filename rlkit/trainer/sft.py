@@ -170,6 +170,7 @@ def run_sft(cfg: SFTConfig) -> Path:
         trainer.export(final, extra={"step": step, "source": cfg.model.path})
         if dist.is_main():
             console.print(f"wrote {final}")
+        trainer.close(wait_for_peers=True)
         return final
     finally:
         trainer.close()

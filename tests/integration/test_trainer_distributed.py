@@ -72,7 +72,7 @@ def probe(out: str, model_dir: str, sharding: str = "full") -> None:
             },
             out,
         )
-    trainer.close()
+    trainer.close(wait_for_peers=True)
 
 
 def _env() -> dict[str, str]:
