@@ -132,7 +132,9 @@ def push_cmd(
 
 @app.command("install")
 def install_cmd(
-    env_id: str = typer.Argument(..., help="OWNER/NAME[@VERSION]"),
+    env_id: str = typer.Argument(
+        ..., help="OWNER/NAME[@VERSION] from the hub, or NAME[@VERSION] from the package index."
+    ),
     hub: str | None = HubOption,
     token: str | None = TokenOption,
     public_deps: bool | None = typer.Option(
@@ -142,13 +144,29 @@ def install_cmd(
         "(never a name the hub publishes). Default: $RLKIT_HUB_PUBLIC_DEPS, "
         "[hub] public_dependencies, else off.",
     ),
+    find_links: Path | None = typer.Option(
+        None,
+        "--find-links",
+        help="NAME only: install from the wheels/sdists in this folder, offline (no index).",
+        exists=True,
+        file_okay=False,
+    ),
 ) -> None:
-    """pip-install an environment into the current interpreter, with the hub as the only
-    index for hub packages (sha256 verified against the hub's card and index)."""
-    from rlkit.hub import install, open_hub
+    """pip-install an environment into the current interpreter. OWNER/NAME: with the hub as
+    the only index for hub packages (sha256 verified against the hub's card and index).
+    NAME: from pip's configured package index. A verifiers environment is installed without
+    its dependencies: it runs in its own bridge venv, never beside rlkit."""
+    from rlkit.errors import UsageError
+    from rlkit.hub import install, install_from_index, open_hub, parse_env_id
 
+    ref = parse_env_id(env_id, require_owner=False)
     with console.status(f"installing {env_id}"):
-        version = install(env_id, open_hub(hub, token), public_deps=public_deps)
+        if ref.owner:
+            if find_links is not None:
+                raise UsageError("--find-links is for NAME from the package index, not OWNER/NAME")
+            version = install(env_id, open_hub(hub, token), public_deps=public_deps)
+        else:
+            version = install_from_index(ref.name, ref.version, find_links=find_links)
     console.print(f"installed {env_id.split('@')[0]}@{version}")
 
 

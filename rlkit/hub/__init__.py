@@ -9,7 +9,7 @@ index project names. Publishing eval results is `rlkit.eval.publish`.
 from rlkit.deprecated import moved_names
 from rlkit.hub.base import Hub, HubError
 from rlkit.hub.client import open_hub
-from rlkit.hub.install import ensure_installed, install, pull
+from rlkit.hub.install import ensure_installed, install, install_from_index, pull
 from rlkit.hub.local import LocalHub
 from rlkit.hub.names import EnvRef, parse_env_id
 from rlkit.hub.records import EnvCard, EnvSummary, EvalRecord
@@ -30,6 +30,7 @@ __all__ = [
     "ensure_installed",
     "init_env",
     "install",
+    "install_from_index",
     "open_hub",
     "parse_env_id",
     "pull",

@@ -1,4 +1,5 @@
-"""Installing and pulling environments from a hub, trusting no file name or hash it serves.
+"""Installing and pulling environments from a hub, trusting no file name or hash it serves;
+installing them from the package index.
 
 Every file name from a card is checked with the server's own rule (a bare wheel/sdist name), the
 card's sha256 must equal the one the hub's simple index lists (its PEP 503 ``#sha256=``
@@ -112,6 +113,14 @@ def is_verifiers_env(reqs: list[Requirement]) -> bool:
     return any(normalize(r.name) == "verifiers" for r in reqs)
 
 
+def _install_verifiers_env(python: str, path: Path, env: dict[str, str] | None) -> None:
+    """A package requiring verifiers goes in without its dependencies: it runs in a bridge
+    venv (`rlkit.envs.bridge`) that gets verifiers and the rest of its requirements, and
+    verifiers never lands beside rlkit."""
+    _pip(python, ["install", "--no-deps", str(path)], env)
+    importlib.invalidate_caches()
+
+
 def _install_public(python: str, reqs: list[Requirement], hub_names: set[str], tmp: Path) -> None:
     """Install `reqs` (none of them a hub name) from pip's configured index, refusing a
     resolution that would bring in any package the hub publishes."""
@@ -155,9 +164,8 @@ def install(
     with tempfile.TemporaryDirectory(prefix="rlkit-install-") as tmp:
         path = verified_download(hub, ref, wheel, Path(tmp))
         reqs = _requirements(path)
-        if is_verifiers_env(reqs):  # it runs in a bridge venv that gets its dependencies
-            _pip(python, ["install", "--no-deps", str(path)], _hub_only_env())
-            importlib.invalidate_caches()
+        if is_verifiers_env(reqs):
+            _install_verifiers_env(python, path, _hub_only_env())
             return release.version
         hub_names = hub.index_projects()
         public = [r for r in reqs if normalize(r.name) not in hub_names]
@@ -211,3 +219,28 @@ def ensure_installed(env_id: str, hub: str | None = None) -> None:
     if present is not None and (ref.version is None or present == ref.version):
         return
     install(env_id, open_hub(hub))
+
+
+def install_from_index(
+    name: str, version: str | None = None, python: str | None = None, find_links: Path | None = None
+) -> str:
+    """pip-install the package-index project `name` (==`version`) into `python` (default: this
+    interpreter); a verifiers environment the same way a hub one is (without its
+    dependencies). `find_links`: a folder of wheels/sdists to install from instead of the
+    index (offline). Returns the installed version."""
+    python = python or sys.executable
+    source = ["--no-index", "--find-links", str(find_links)] if find_links else []
+    wanted = f"{name}=={version}" if version else name
+    with tempfile.TemporaryDirectory(prefix="rlkit-install-") as tmp:
+        try:
+            _pip(python, ["download", "--no-deps", "--prefer-binary", "-d", tmp, *source, wanted])
+        except HubError as exc:
+            where = f"in {find_links}" if find_links else "on the package index"
+            raise HubError(f"could not fetch {wanted} {where}: {exc}", 404) from exc
+        (path,) = Path(tmp).iterdir()
+        if is_verifiers_env(_requirements(path)):
+            _install_verifiers_env(python, path, None)
+        else:
+            _pip(python, ["install", *source, str(path)])
+            importlib.invalidate_caches()
+        return inspect_artifact(path.read_bytes(), path.name).version

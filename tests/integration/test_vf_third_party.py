@@ -1,0 +1,105 @@
+"""A third-party verifiers environment from the package index, through the `rlkit` CLI.
+
+`sophistry-bench-sprint` 0.1.6 (not ours: a reward-hacking study published to the index) is a
+single-turn `vf.SingleTurnEnv` that declares `verifiers>=0.1.14` and ships its data (50 QuALITY
+passages) inside the wheel, so it runs with no network beyond the model endpoint. The test
+fetches the pinned wheel (sha256 checked) once into `.cache/wheels`, then works offline:
+`rlkit env install NAME@VERSION --find-links` puts it into a fresh venv without verifiers, and
+`rlkit eval` there runs it through the bridge with the verifiers version its range selects.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlkit.envs.bridge.venvs import COMPLETE, venv_dir
+from rlkit.envs.bridge.versions import select_version
+from tests.cli import ROOT, clean_rollouts, run_cli
+from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.hub_http import fresh_venv, installed
+from tests.integration.test_hub_e2e import run
+from tests.system import require_system
+
+NAME, VERSION = "sophistry-bench-sprint", "0.1.6"
+SHA256 = "55fa0e830b4b7c92bfb37d3fbb15b911ea15c19165788db0f39b1bdd13cdb474"
+WHEELS = ROOT / ".cache" / "wheels"
+
+
+@pytest.fixture(scope="module")
+def wheels() -> Path:
+    """The folder holding the pinned wheel, fetched from the package index on first use."""
+    wheel = WHEELS / f"{NAME.replace('-', '_')}-{VERSION}-py3-none-any.whl"
+    if not wheel.is_file():
+        WHEELS.mkdir(parents=True, exist_ok=True)
+        pins = WHEELS / f"{NAME}.txt"
+        pins.write_text(f"{NAME}=={VERSION} --hash=sha256:{SHA256}\n")
+        fetch = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
+        done = subprocess.run(
+            [*fetch, "--disable-pip-version-check", "-d", str(WHEELS), "-r", str(pins)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        require_system(
+            f"the package index (to fetch {NAME}=={VERSION} once into {WHEELS})",
+            done.returncode == 0 and wheel.is_file(),
+            f"pip download failed: {done.stderr.strip()[-500:]}",
+        )
+    return WHEELS
+
+
+def advocate(body: dict[str, Any]) -> str:
+    """Eight <claim>s, each with a verbatim <cite> of six words from the prompt's passage:
+    the environment's claim-count cliff and citation grounding both score 1.0. Quotes hold no
+    quote marks: verifiers 0.2 hands rubrics pydantic messages, which this environment reads
+    with `str()`, so a quote mark in the reply comes back escaped and no longer verbatim."""
+    system = body["messages"][0]["content"]
+    passage = system.split("PASSAGE:\n", 1)[1].split("\n\nQUESTION:", 1)[0]
+    words = passage.split()
+    windows = (words[i : i + 6] for i in range(0, len(words) - 6, 6))
+    quotes = [" ".join(w) for w in windows if not any(c in " ".join(w) for c in "'\"\\")][:8]
+    return "".join(f"<claim>Point {i}.</claim><cite>{q}</cite>" for i, q in enumerate(quotes))
+
+
+def test_index_package_installs_without_verifiers_and_runs_through_eval(
+    wheels: Path, tmp_path: Path
+) -> None:
+    python = fresh_venv(tmp_path)
+    done = run(["env", "install", f"{NAME}@{VERSION}", "--find-links", str(wheels)], python)
+    assert f"installed {NAME}@{VERSION}" in done.stdout
+    assert installed(python, NAME) == VERSION
+    own_packages = list((Path(python).parents[1] / "lib").glob("python3.*/site-packages/*"))
+    assert not [p.name for p in own_packages if p.name.startswith("verifiers")]  # bridge venv's
+
+    out = tmp_path / "runs"
+    with FakeOpenAIServer(responder=advocate) as server:
+        args = ["eval", NAME, "-m", "fake-model", "-b", server.url, "-n", "2", "-r", "2"]
+        run([*args, "-t", "1024", "-o", str(out)], python)
+    rollouts = clean_rollouts(out, expected=4)
+    for rollout in rollouts:
+        (turn,) = rollout.turns
+        assert turn.prompt_token_ids and turn.completion_token_ids
+        assert len(turn.completion_logprobs) == len(turn.completion_token_ids)
+        assert rollout.reward == pytest.approx(1.0)
+        assert rollout.metrics["n_claims_metric"] == 8.0
+        assert rollout.metrics["alternation_canary_reward"] == 1.0
+    # example 0 defends the gold answer, example 1 a distractor (the package's own dataset)
+    assert sorted(r.metrics["correctness_reward"] for r in rollouts) == [0.0, 0.0, 1.0, 1.0]
+    # the worker ran in the venv of the newest tested verifiers inside the declared range
+    chosen = select_version(NAME, ">=0.1.14")
+    assert (venv_dir(NAME, chosen, ["pydantic>=2.0", "datasets>=2.0"]) / COMPLETE).is_file()
+
+
+def test_index_install_usage_errors(monkeypatch, capsys, tmp_path: Path) -> None:
+    empty = tmp_path / "wheels"
+    empty.mkdir()
+    offline = ["--find-links", str(empty)]
+    code, text = run_cli(monkeypatch, capsys, "env", "install", "alice/x", *offline)
+    assert code == 2 and "--find-links is for NAME from the package index" in text
+    code, text = run_cli(monkeypatch, capsys, "env", "install", f"{NAME}@9.9.9", *offline)
+    assert code == 2 and f"could not fetch {NAME}==9.9.9 in {empty}" in text
