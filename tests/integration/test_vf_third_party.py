@@ -19,6 +19,7 @@ import pytest
 
 from rlkit.envs.bridge.venvs import COMPLETE, venv_dir
 from rlkit.envs.bridge.versions import select_version
+from rlkit.hub import LocalHub
 from tests.cli import ROOT, clean_rollouts, run_cli
 from tests.fakes.fake_openai import FakeOpenAIServer
 from tests.hub_http import fresh_venv, installed
@@ -73,8 +74,7 @@ def test_index_package_installs_without_verifiers_and_runs_through_eval(
     done = run(["env", "install", f"{NAME}@{VERSION}", "--find-links", str(wheels)], python)
     assert f"installed {NAME}@{VERSION}" in done.stdout
     assert installed(python, NAME) == VERSION
-    own_packages = list((Path(python).parents[1] / "lib").glob("python3.*/site-packages/*"))
-    assert not [p.name for p in own_packages if p.name.startswith("verifiers")]  # bridge venv's
+    _no_verifiers_beside(python)
 
     out = tmp_path / "runs"
     with FakeOpenAIServer(responder=advocate) as server:
@@ -93,6 +93,22 @@ def test_index_package_installs_without_verifiers_and_runs_through_eval(
     # the worker ran in the venv of the newest tested verifiers inside the declared range
     chosen = select_version(NAME, ">=0.1.14")
     assert (venv_dir(NAME, chosen, ["pydantic>=2.0", "datasets>=2.0"]) / COMPLETE).is_file()
+
+
+def _no_verifiers_beside(python: str) -> None:
+    """The venv of `python` got no verifiers of its own: it lives in the bridge venv."""
+    own_packages = list((Path(python).parents[1] / "lib").glob("python3.*/site-packages/*"))
+    assert not [p.name for p in own_packages if p.name.startswith("verifiers")]
+
+
+def test_hub_install_takes_the_same_path(wheels: Path, tmp_path: Path) -> None:
+    """The same wheel pushed to a (directory) hub installs the same way: no dependencies."""
+    hub = tmp_path / "hub"
+    LocalHub(hub, owner="carol").push(list(wheels.glob("sophistry_bench_sprint-*.whl")))
+    python = fresh_venv(tmp_path)
+    run(["env", "install", f"carol/{NAME}@{VERSION}", "--hub", str(hub)], python)
+    assert installed(python, NAME) == VERSION
+    _no_verifiers_beside(python)
 
 
 def test_index_install_usage_errors(monkeypatch, capsys, tmp_path: Path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
+import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -108,3 +110,24 @@ def test_hub_install_keeps_verifiers_out_of_rlkits_venv(tmp_path: Path) -> None:
 
     assert is_verifiers_env(wheel(["datasets>=3", "verifiers>=0.1.9,<0.2"]))
     assert not is_verifiers_env(wheel(["rlkit", "verifiers; extra == 'vf'"]))
+
+
+def _fake_install(site: Path, where: str) -> importlib.metadata.Distribution:
+    info = site / "pkg-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n")
+    (info / "RECORD").write_text("pkg.py,,\npkg-1.0.dist-info/METADATA,,\n")
+    (site / "pkg.py").write_text(f"WHERE = {where!r}\n")
+    return importlib.metadata.Distribution.at(info)
+
+
+def test_installed_sources_link_to_their_own_installation(tmp_path, monkeypatch) -> None:
+    """The same release installed in two venvs, the first one since deleted, is imported from
+    the second one's files (not through the first one's dangling links)."""
+    from rlkit.envs.bridge.source import _linked_sources
+
+    monkeypatch.setenv("RLKIT_BRIDGE_VENVS", str(tmp_path / "bridge" / "venvs"))
+    first = _linked_sources(_fake_install(tmp_path / "a", "a"))
+    shutil.rmtree(tmp_path / "a")
+    second = _linked_sources(_fake_install(tmp_path / "b", "b"))
+    assert first != second and (second / "pkg.py").read_text() == "WHERE = 'b'\n"

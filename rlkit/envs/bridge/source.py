@@ -10,8 +10,10 @@ modules, with their other requirements installed in the venv.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,10 +82,14 @@ def _editable_folder(dist: importlib.metadata.Distribution) -> Path | None:
 
 def _linked_sources(dist: importlib.metadata.Distribution) -> Path:
     """A folder holding links to the distribution's top-level modules only: the worker imports
-    the installed package from there without seeing the rest of rlkit's site-packages."""
+    the installed package from there without seeing the rest of rlkit's site-packages. One
+    folder per installation (the same release installed in two venvs gets two), each link
+    replaced atomically when it points elsewhere (a venv deleted and made anew)."""
     from rlkit.envs.bridge.venvs import venvs_root
 
-    folder = venvs_root().parent / "src" / f"{dist.metadata['Name']}-{dist.version}"
+    site = str(dist.locate_file(""))
+    digest = hashlib.sha256(site.encode()).hexdigest()[:10]
+    folder = venvs_root().parent / "src" / f"{dist.metadata['Name']}-{dist.version}-{digest}"
     folder.mkdir(parents=True, exist_ok=True)
     tops = {
         f.parts[0]
@@ -93,9 +99,13 @@ def _linked_sources(dist: importlib.metadata.Distribution) -> Path:
         and not f.parts[0].endswith((".dist-info", ".data", ".pth"))
     }
     for top in tops:
-        link = folder / top
-        if not link.exists():
-            link.symlink_to(Path(str(dist.locate_file(top))))
+        link, target = folder / top, Path(str(dist.locate_file(top)))
+        if link.is_symlink() and link.readlink() == target:
+            continue
+        fresh = folder / f".{top}.{os.getpid()}"
+        fresh.unlink(missing_ok=True)
+        fresh.symlink_to(target)
+        os.replace(fresh, link)
     return folder
 
 
