@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize(
-    "env_id", ["vf-reverse-text", "vf-calc-classic", "vf-calc-state", "vf-calc-v02"]
+    "env_id",
+    ["vf-reverse-text", "vf-calc-classic", "vf-calc-state", "vf-calc-v02", "vf-calc-v04"],
 )
 def test_verifiers_envs_eval_on_vllm(
     env_id, vllm_server, tiny_model_dir, tmp_path, monkeypatch, capsys

@@ -27,6 +27,21 @@ def test_newest_tested_version_inside_the_declared_range() -> None:
     assert select_version("e", ">=0.1.3,<0.1.4", override="0.1.9.post3") == "0.1.9.post3"
 
 
+def test_what_an_environment_exports_picks_the_era() -> None:
+    """0.4 packages export a Taskset; older ones define load_environment: neither runs on the
+    other's versions, whatever the declared range allows."""
+    assert select_version("e", None, api="taskset") == "0.4.0"
+    assert select_version("e", None, api="load_environment") == "0.2.0"
+    with pytest.raises(UsageError, match="no tested verifiers version fits"):
+        select_version("e", ">=0.4", api="load_environment")
+    with pytest.raises(UsageError, match=r"0.2.0 \(0.1.10-0.2.x client layer\) cannot load"):
+        select_version("e", None, override="0.2.0", api="taskset")
+    v04 = find_verifiers_source("vf-calc-v04", [ENVS], ["vf_calc_v04"])
+    v02 = find_verifiers_source("vf-calc-v02", [ENVS], ["vf_calc_v02"])
+    assert v04 is not None and v04.api == "taskset" and v04.module == "vf_calc_v04"
+    assert v02 is not None and v02.api == "load_environment"
+
+
 def test_no_fitting_version_names_required_tested_and_installed() -> None:
     with pytest.raises(UsageError) as info:
         select_version("catapult", ">=0.3,<0.4")
@@ -34,7 +49,7 @@ def test_no_fitting_version_names_required_tested_and_installed() -> None:
     assert "requires verifiers >=0.3,<0.4" in message and "0.1.3.post0" in message
     assert "installed beside rlkit" in message and "--verifiers-version" in message
     with pytest.raises(UsageError, match="no supported era"):
-        select_version("e", None, override="0.4.0")
+        select_version("e", None, override="0.3.0")
     with pytest.raises(UsageError, match="not a version"):
         select_version("e", None, override="latest")
 

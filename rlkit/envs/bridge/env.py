@@ -39,10 +39,13 @@ class BridgeEnv(Environment):
     def __init__(
         self, source: VfSource, env_args: dict[str, Any], verifiers_version: str | None = None
     ) -> None:
-        version = select_version(source.name, source.verifiers_spec, verifiers_version)
+        version = select_version(
+            source.name, source.verifiers_spec, verifiers_version, api=source.api
+        )
         era = era_of(version)
         assert era is not None
-        python = ensure_venv(source.name, version, source.requirements, log=_note)
+        requirements = [*source.requirements, *era.requirements]
+        python = ensure_venv(source.name, version, requirements, log=_note)
         spec = {
             "module": source.module,
             "sys_path": source.sys_path,

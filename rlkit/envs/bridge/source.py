@@ -14,6 +14,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ class VfSource:
     requirements: list[str] = field(default_factory=list)  # everything but verifiers
     sys_path: list[str] = field(default_factory=list)
     version: str | None = None
+    api: str = "load_environment"  # or "taskset" (verifiers 0.4): see `env_api`
 
 
 def split_requirements(requires: list[str]) -> tuple[str | None, list[str]]:
@@ -57,6 +59,18 @@ def _module_in(folder: Path, candidates: list[str]) -> str | None:
     return None
 
 
+def env_api(folder: Path, module: str) -> str:
+    """What the module exports, read from its source without importing it: a
+    `load_environment` function (verifiers up to 0.3), else a `Taskset` through `__all__`
+    (verifiers 0.4 packages, which have no `load_environment`)."""
+    for path in (folder / f"{module}.py", folder / module / "__init__.py"):
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            if "load_environment" not in text and re.search(r"^__all__\s*=", text, re.M):
+                return "taskset"
+    return "load_environment"
+
+
 def from_folder(folder: Path, name: str, candidates: list[str]) -> VfSource | None:
     pyproject = folder / "pyproject.toml"
     if not pyproject.is_file():
@@ -66,7 +80,9 @@ def from_folder(folder: Path, name: str, candidates: list[str]) -> VfSource | No
     module = _module_in(folder, candidates)
     if spec is None or module is None:
         return None
-    return VfSource(name, module, spec, others, [str(folder.resolve())], project.get("version"))
+    path = str(folder.resolve())
+    api = env_api(folder, module)
+    return VfSource(name, module, spec, others, [path], project.get("version"), api)
 
 
 def _editable_folder(dist: importlib.metadata.Distribution) -> Path | None:
@@ -123,7 +139,8 @@ def from_installed(name: str, candidates: list[str]) -> VfSource | None:
             return found
         link_dir = _linked_sources(dist)
         module = _module_in(link_dir, candidates) or candidates[0]
-        return VfSource(name, module, spec, others, [str(link_dir)], dist.version)
+        api = env_api(link_dir, module)
+        return VfSource(name, module, spec, others, [str(link_dir)], dist.version, api)
     return None
 
 

@@ -25,16 +25,20 @@ class Era:
     first: str  # versions in [first, end) belong to this era
     end: str
     tested: tuple[str, ...]
+    api: str = "load_environment"  # what its environments export: see `source.env_api`
+    requirements: tuple[str, ...] = ()  # what the worker venv needs beside verifiers
 
 
 ERAS = (
     Era("0.1.x classic", "shim_classic", "0.1.3", "0.1.10", ("0.1.3.post0", "0.1.9.post3")),
     Era("0.1.10-0.2.x client layer", "shim_v02", "0.1.10", "0.3", ("0.2.0",)),
+    # verifiers prepares its local chat agent (a PEP 723 script) with uv
+    Era("0.4.x tasksets", "shim_v04", "0.4", "0.5", ("0.4.0",), "taskset", ("uv",)),
 )
 
 
-def versions_tested() -> list[str]:
-    return [v for era in ERAS for v in era.tested]
+def versions_tested(api: str | None = None) -> list[str]:
+    return [v for era in ERAS if api in (None, era.api) for v in era.tested]
 
 
 def era_of(version: str) -> Era | None:
@@ -49,12 +53,18 @@ def _installed() -> str:
         return "none"
 
 
-def select_version(env_name: str, required: str | None, override: str | None = None) -> str:
-    """The exact verifiers version to run `env_name` with (see the module docstring)."""
-    tested = versions_tested()
+def select_version(
+    env_name: str, required: str | None, override: str | None = None, api: str | None = None
+) -> str:
+    """The exact verifiers version to run `env_name` with (see the module docstring); `api`
+    (what the environment exports) limits the choice to the eras that load that shape."""
+    tested = versions_tested(api)
+    shape = {"taskset": " and exports a Taskset (the 0.4 API)"}.get(api or "", "")
+    if api == "load_environment":
+        shape = " and defines load_environment (the 0.1-0.3 API)"
     context = (
-        f"environment {env_name!r} requires verifiers {required or '(any)'}; "
-        f"the bridge is tested with {', '.join(tested)} "
+        f"environment {env_name!r} requires verifiers {required or '(any)'}{shape}; "
+        f"the bridge is tested with {', '.join(tested)} for it "
         f"(installed beside rlkit: {_installed()})"
     )
     if override:
@@ -65,6 +75,9 @@ def select_version(env_name: str, required: str | None, override: str | None = N
         if era_of(override) is None:
             eras = ", ".join(f"{e.name} [{e.first}, {e.end})" for e in ERAS)
             raise UsageError(f"verifiers {override} is in no supported era ({eras}); {context}")
+        era = era_of(override)
+        if api is not None and era is not None and era.api != api:
+            raise UsageError(f"verifiers {override} ({era.name}) cannot load it: {context}")
         return override
     try:
         spec = SpecifierSet(required or "")

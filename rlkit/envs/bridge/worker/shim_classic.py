@@ -38,6 +38,11 @@ class Shim:
         self.state_api = "input" in inspect.signature(env.rollout).parameters  # 0.1.8+
         self.datasets = {split: self.dataset(attr) for split, attr in SPLITS.items()}
 
+    @classmethod
+    def load(cls, module: Any, env_args: dict[str, Any]) -> Shim:
+        """The shim around the environment `module.load_environment(**env_args)` returns."""
+        return cls(module.load_environment(**env_args))
+
     def dataset(self, attr: str) -> Any:
         return getattr(self.env, attr, None)
 

@@ -15,7 +15,6 @@ a context variable. Those records become rlkit turns; verifiers' own state is no
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import importlib
 import json
 import os
@@ -25,14 +24,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import openai._base_client
+from recording import CALLS, RecordingTransport, httpx
 
-# the HTTP library openai's client is built on: httpx2 for openai 3, httpx before
-httpx: Any = getattr(openai._base_client, "httpx2", None) or openai._base_client.httpx
-CALLS: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar(
-    "rlkit_bridge_calls", default=None
-)
-GENERATION_PATHS = ("/chat/completions", "/completions")
 MAX_KEPT_STATES = 20000  # rollouts awaiting `score`; the oldest are dropped beyond this
 
 
@@ -50,27 +43,6 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _turn(body: dict[str, Any], data: dict[str, Any], start: int | None, end: int | None):
-    """One rlkit turn from a generation request and the engine's reply."""
-    choice = (data.get("choices") or [{}])[0]
-    logprobs = choice.get("logprobs") or {}
-    if "content" in logprobs:  # chat
-        lps = [float(item["logprob"]) for item in logprobs.get("content") or []]
-        prompt_ids = data.get("prompt_token_ids") or choice.get("prompt_token_ids") or []
-    else:
-        lps = [float(x) for x in logprobs.get("token_logprobs") or []]
-        prompt_ids = choice.get("prompt_token_ids") or data.get("prompt_token_ids") or []
-    return {
-        "prompt_token_ids": list(prompt_ids),
-        "completion_token_ids": list(choice.get("token_ids") or []),
-        "completion_logprobs": lps,
-        "finish_reason": choice.get("finish_reason"),
-        "policy_version_start": start,
-        "policy_version_end": end,
-        "usage": data.get("usage") or {},
-    }
-
-
 def _is_api_error(exc: BaseException | None) -> bool:
     """An OpenAI client error (server down, 4xx/5xx), here or as a verifiers error's cause."""
     import openai
@@ -80,53 +52,6 @@ def _is_api_error(exc: BaseException | None) -> bool:
             return True
         exc = exc.__cause__ or exc.__context__
     return False
-
-
-class RecordingTransport(httpx.AsyncBaseTransport):
-    """Asks for token ids + logprobs on generation requests and records each reply as a turn."""
-
-    def __init__(self, max_connections: int) -> None:
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=64)
-        self.inner = httpx.AsyncHTTPTransport(limits=limits)
-        self.policy_version: int | None = None
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        calls = CALLS.get()
-        if request.method != "POST" or not request.url.path.endswith(GENERATION_PATHS):
-            return await self.inner.handle_async_request(request)
-        await request.aread()
-        body = json.loads(request.content or b"{}")
-        chat = request.url.path.endswith("/chat/completions")
-        # what the shims send themselves (the completions API takes a count of top logprobs)
-        asked = {"logprobs": True if chat else body.get("logprobs") or 0, "return_token_ids": True}
-        if any(body.get(key) != value for key, value in asked.items()):
-            body.update(asked)
-            headers = [(k, v) for k, v in request.headers.items() if k.lower() != "content-length"]
-            request = httpx.Request(
-                "POST", request.url, headers=headers, content=json.dumps(body).encode()
-            )
-        start = self.policy_version
-        response = await self.inner.handle_async_request(request)
-        content = await response.aread()
-        await response.aclose()
-        version = response.headers.get("x-policy-version")
-        end = int(version) if version is not None else None
-        if end is not None:
-            self.policy_version = end
-        if calls is not None and response.status_code < 400:
-            try:
-                calls.append(_turn(body, json.loads(content), start, end))
-            except (ValueError, KeyError, TypeError):
-                pass  # verifiers sees the same body and reports it
-        headers = [
-            (k, v)
-            for k, v in response.headers.items()
-            if k.lower() not in ("content-length", "content-encoding", "transfer-encoding")
-        ]
-        return httpx.Response(response.status_code, headers=headers, content=content)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 class Worker:
@@ -156,9 +81,8 @@ class Worker:
         for path in self.spec.get("sys_path") or []:
             sys.path.insert(0, path)
         module = importlib.import_module(self.spec["module"])
-        vf_env = module.load_environment(**(self.spec.get("env_args") or {}))
         shim_module = importlib.import_module(self.spec["shim"])
-        self.shim = shim_module.Shim(vf_env)
+        self.shim = shim_module.Shim.load(module, self.spec.get("env_args") or {})
 
     def client(self, base_url: str, api_key: str, timeout: float) -> Any:
         from openai import AsyncOpenAI
@@ -266,6 +190,9 @@ class Worker:
             task = asyncio.create_task(self.handle(req))
             if isinstance(req.get("id"), int):
                 self.tasks[req["id"]] = task
+        close = getattr(self.shim, "aclose", None)  # servers a shim keeps up while serving
+        if close is not None:
+            await close()
 
 
 def main() -> None:

@@ -1,0 +1,3 @@
+from vf_calc_v04.taskset import CalcTaskset
+
+__all__ = ["CalcTaskset"]
