@@ -64,10 +64,7 @@ def ensure_venv(
         uv = shutil.which("uv")
         if uv:
             _run([uv, "venv", "-q", "--python", sys.executable, str(path)], "creating the venv")
-            # compiled once here: workers (and 0.4's per-rollout tool servers) import verifiers
-            # again and again, also where PYTHONDONTWRITEBYTECODE is set
-            install = [uv, "pip", "install", "-q", "--compile-bytecode", "--python", str(python)]
-            install += wanted
+            install = [uv, "pip", "install", "-q", "--python", str(python), *wanted]
         else:
             _run([sys.executable, "-m", "venv", str(path)], "creating the venv")
             pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
