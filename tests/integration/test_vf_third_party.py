@@ -91,7 +91,7 @@ def test_index_package_installs_without_verifiers_and_runs_through_eval(
     # example 0 defends the gold answer, example 1 a distractor (the package's own dataset)
     assert sorted(r.metrics["correctness_reward"] for r in rollouts) == [0.0, 0.0, 1.0, 1.0]
     # the worker ran in the venv of the newest tested verifiers inside the declared range
-    chosen = select_version(NAME, ">=0.1.14")
+    chosen = select_version(NAME, ">=0.1.14", api="load_environment")
     assert (venv_dir(NAME, chosen, ["pydantic>=2.0", "datasets>=2.0"]) / COMPLETE).is_file()
 
 
