@@ -1,16 +1,19 @@
 """Eval throughput at concurrency 256 against a fixed-latency fake OpenAI server.
 
-Ideal throughput is concurrency / latency requests per second. The same environment (a
-verifiers-style reverse-text `vf.SingleTurnEnv`, written once) runs through rlkit's eval loop
-(`rlkit.eval.run_eval_async`, through rlkit's verifiers bridge, writing results.jsonl as it goes)
-and through verifiers' own loop (`env.evaluate(...)` with an `AsyncOpenAI` client), interleaved
-(best of `--repeats` each), against the same fake server running in its own process. Both timings
-include loading the environment. The fake server is by default its lean mode (plain asyncio
-HTTP, `--server lean`): FastAPI + uvicorn's own per-request CPU would otherwise be most of what
-the benchmark measures on a shared 2-core machine; its CPU seconds are reported. Prints one
-JSON line with both fractions of the ideal and their ratio, and each loop's own CPU seconds
-(what machine load does not change: on a shared 2-core machine the wall-clock fractions mostly
-measure the neighbours).
+Ideal throughput is concurrency / latency requests per second. Three loops run interleaved
+(best of `--repeats` each) against the same fake server in its own process, each timing
+includes loading the environment:
+- `rlkit`: rlkit's eval loop (`rlkit.eval.run_eval_async`, writing results.jsonl as it goes) on
+  rlkit's native reverse-text environment: the harness itself (issue goal: >= 0.9 of ideal);
+- `bridge`: the same loop on a verifiers-style reverse-text `vf.SingleTurnEnv` (written once
+  below) through rlkit's verifiers bridge (a worker in its own venv);
+- `verifiers`: verifiers' own loop (`env.evaluate(...)` with an `AsyncOpenAI` client) on that
+  environment, run by the bridge venv's python (rlkit's venv has no verifiers).
+The fake server is by default its lean mode (plain asyncio HTTP, `--server lean`): FastAPI +
+uvicorn's own per-request CPU would otherwise be most of what the benchmark measures on a shared
+2-core machine; its CPU seconds are reported. Prints one JSON line with each loop's fraction of
+the ideal, the ratios, and each loop's own CPU seconds (what machine load does not change: on a
+shared 2-core machine the wall-clock fractions mostly measure the neighbours).
 
     .venv/bin/python tests/benchmarks/bench_eval_throughput.py [--requests 1024] [--latency 1.0]
 """
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -59,10 +61,11 @@ def load_environment(num_examples: int = 256) -> vf.SingleTurnEnv:
 '''
 
 
-PYPROJECT = """[project]
+VERIFIERS = "0.1.3.post0"  # the era this environment's API is written in
+PYPROJECT = f"""[project]
 name = "bench-reverse-text"
 version = "0.1.0"
-dependencies = ["verifiers>=0.1.3,<0.1.4", "datasets>=3.0"]
+dependencies = ["verifiers=={VERIFIERS}", "datasets>=3.0"]
 """
 
 
@@ -89,12 +92,14 @@ def start_fake_server(latency: float, lean: bool = True) -> tuple[subprocess.Pop
     raise RuntimeError("fake server did not start")
 
 
-def bench_rlkit(url: str, n: int, r: int, concurrency: int, out: Path) -> tuple[float, float]:
+def bench_rlkit(
+    env_id: str, env_args: dict, url: str, n: int, r: int, concurrency: int, out: Path
+) -> tuple[float, float]:
     from rlkit.eval import EvalConfig, load_run, run_eval_async
 
     config = EvalConfig(
-        env_id="bench-reverse-text",
-        env_args={"num_examples": n},
+        env_id=env_id,
+        env_args=env_args,
         model="fake-model",
         base_url=url,
         num_examples=n,
@@ -110,18 +115,30 @@ def bench_rlkit(url: str, n: int, r: int, concurrency: int, out: Path) -> tuple[
     return elapsed, cpu
 
 
-def bench_verifiers(url: str, n: int, r: int, concurrency: int) -> tuple[float, float]:
-    from bench_reverse_text import load_environment
-    from openai import AsyncOpenAI
+VERIFIERS_LOOP = """
+import json, sys, time
+t0, cpu0 = time.perf_counter(), time.process_time()  # like rlkit's: includes loading
+from bench_reverse_text import load_environment
+from openai import AsyncOpenAI
+url, n, r, concurrency = sys.argv[1], *map(int, sys.argv[2:])
+env = load_environment(num_examples=n)
+client = AsyncOpenAI(base_url=url, api_key="unused", max_retries=5, timeout=600)
+results = env.evaluate(
+    client, "fake-model", num_examples=n, rollouts_per_example=r, max_concurrent=concurrency
+)
+assert len(results.reward) == n * r
+print(json.dumps([time.perf_counter() - t0, time.process_time() - cpu0]))
+"""
 
-    t0, cpu0 = time.perf_counter(), time.process_time()  # like rlkit's: includes loading
-    env = load_environment(num_examples=n)
-    client = AsyncOpenAI(base_url=url, api_key="unused", max_retries=5, timeout=600)
-    results = env.evaluate(
-        client, "fake-model", num_examples=n, rollouts_per_example=r, max_concurrent=concurrency
-    )
-    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    assert len(results.reward) == n * r
+
+def bench_verifiers(
+    python: Path, env_dir: Path, url: str, n: int, r: int, concurrency: int
+) -> tuple[float, float]:
+    """verifiers' own loop, in the bridge venv (its imports warmed by an earlier run)."""
+    args = [str(python), "-c", VERIFIERS_LOOP, url, str(n), str(r), str(concurrency)]
+    env = {**os.environ, "PYTHONPATH": str(env_dir)}
+    done = subprocess.run(args, capture_output=True, text=True, env=env, check=True)
+    elapsed, cpu = json.loads(done.stdout.strip().splitlines()[-1])
     return elapsed, cpu
 
 
@@ -150,14 +167,9 @@ def main() -> None:
         "ideal_rps": ideal,
     }
 
-    try:
-        report["verifiers_version"] = importlib.metadata.version("verifiers")
-    except importlib.metadata.PackageNotFoundError:
-        # both loops run the verifiers environment, so there is nothing to compare without it
-        report["error"] = "verifiers is not installed (pip install 'rlkit[verifiers]')"
-        print(json.dumps(report))
-        return
+    from rlkit.envs.bridge.venvs import ensure_venv
 
+    report["verifiers_version"] = VERIFIERS
     with tempfile.TemporaryDirectory() as tmp:
         env_dir = Path(tmp) / "envs" / "bench-reverse-text"
         env_dir.mkdir(parents=True)
@@ -165,40 +177,45 @@ def main() -> None:
         # a verifiers package: rlkit runs it through its bridge (a worker in its own venv)
         (env_dir / "pyproject.toml").write_text(PYPROJECT)
         os.environ["RLKIT_ENV_PATH"] = str(Path(tmp) / "envs")
-        sys.path.insert(0, str(env_dir))
-        import verifiers  # noqa: F401  (imported up front: neither timing pays for it)
-
-        import rlkit.eval  # noqa: F401
+        vf_python = ensure_venv("bench-reverse-text", VERIFIERS, ["datasets>=3.0"])
+        import rlkit.eval  # noqa: F401  (imported up front: no timing pays for it)
 
         proc, url = start_fake_server(args.latency, lean=args.server == "lean")
         server = psutil.Process(proc.pid)
         server_cpu: list[float] = []
-        rlkit_runs: list[float] = []
-        verifiers_runs: list[float] = []
-        cpu: dict[str, list[float]] = {"rlkit": [], "verifiers": []}
+        loops = {
+            "rlkit": ("reverse-text", {"num_eval_examples": n}),
+            "bridge": ("bench-reverse-text", {"num_examples": n}),
+        }
+        rps: dict[str, list[float]] = {"rlkit": [], "bridge": [], "verifiers": []}
+        cpu: dict[str, list[float]] = {"rlkit": [], "bridge": [], "verifiers": []}
         try:
+            bench_verifiers(vf_python, env_dir, url, 8, 1, 8)  # warm the venv's imports
             for repeat in range(args.repeats):  # interleaved, best of each: the machine is shared
-                out = Path(tmp) / f"out{repeat}"
-                before = sum(server.cpu_times()[:2])
-                elapsed, cpu_s = bench_rlkit(url, n, r, args.concurrency, out)
-                server_cpu.append(sum(server.cpu_times()[:2]) - before)
-                rlkit_runs.append(n * r / elapsed)
-                cpu["rlkit"].append(cpu_s)
-                elapsed, cpu_s = bench_verifiers(url, n, r, args.concurrency)
-                verifiers_runs.append(n * r / elapsed)
+                for name, (env_id, env_args) in loops.items():
+                    before = sum(server.cpu_times()[:2])
+                    out = Path(tmp) / f"{name}{repeat}"
+                    elapsed, cpu_s = bench_rlkit(env_id, env_args, url, n, r, args.concurrency, out)
+                    if name == "rlkit":
+                        server_cpu.append(sum(server.cpu_times()[:2]) - before)
+                    rps[name].append(n * r / elapsed)
+                    cpu[name].append(cpu_s)
+                elapsed, cpu_s = bench_verifiers(vf_python, env_dir, url, n, r, args.concurrency)
+                rps["verifiers"].append(n * r / elapsed)
                 cpu["verifiers"].append(cpu_s)
         finally:
             proc.terminate()
             proc.wait(timeout=10)
-    rlkit_rps, verifiers_rps = max(rlkit_runs), max(verifiers_runs)
-    report["rlkit_rps"] = rlkit_rps
-    report["rlkit_fraction_of_ideal"] = rlkit_rps / ideal
-    report["verifiers_rps"] = verifiers_rps
-    report["verifiers_fraction_of_ideal"] = verifiers_rps / ideal
-    report["ratio_rlkit_over_verifiers"] = rlkit_rps / verifiers_rps
-    report["runs_rps"] = {"rlkit": rlkit_runs, "verifiers": verifiers_runs}
+    best = {name: max(runs) for name, runs in rps.items()}
+    for name, value in best.items():
+        report[f"{name}_rps"] = value
+        report[f"{name}_fraction_of_ideal"] = value / ideal
+    report["ratio_rlkit_over_verifiers"] = best["rlkit"] / best["verifiers"]
+    report["ratio_bridge_over_verifiers"] = best["bridge"] / best["verifiers"]
+    report["runs_rps"] = rps
     # The client's own CPU cost, which machine load does not change: CPU seconds per run and
-    # the share of one core the client needs to keep up with the ideal rate.
+    # the share of one core the client needs to keep up with the ideal rate (the bridge
+    # worker's CPU is not counted in `bridge`).
     for name, runs in cpu.items():
         report[f"{name}_client_cpu_s"] = min(runs)
         report[f"{name}_client_core_share_at_ideal"] = min(runs) / (n * r / ideal)
