@@ -50,6 +50,11 @@ def clean_rollouts(output_dir: Path, expected: int) -> list:
     return rollouts
 
 
+# The demo's engine flags plus eager mode: a test run's few steps do not repay the ~10 s of
+# torch.compile at every engine start (the demo itself and the server tests run compiled).
+TEST_ENGINE_ARGS = '["--max-num-seqs", "64", "--max-model-len", "512", "--enforce-eager"]'
+
+
 def tiny_train_cmd(model: Path, run_dir: Path, *overrides: str) -> list[str]:
     """`rlkit train` on the CPU demo config with `model` and `run_dir`; later overrides win."""
     return [
@@ -58,6 +63,7 @@ def tiny_train_cmd(model: Path, run_dir: Path, *overrides: str) -> list[str]:
         str(ROOT / "examples/tiny-cpu/train.toml"),
         f"--model.path={model}",
         f"--log.run_dir={run_dir}",
+        f"--inference.extra_args={TEST_ENGINE_ARGS}",
         *overrides,
     ]
 

@@ -43,7 +43,8 @@ def test_train_on_logic_and_reverse_text(tmp_path: Path) -> None:
         "--orchestrator.eval.examples=3",
         "--orchestrator.eval.rollouts_per_example=1",
         "--ckpt.interval=0",
-        '--inference.extra_args=["--max-num-seqs", "64", "--max-model-len", "2048"]',
+        '--inference.extra_args=["--max-num-seqs", "64", '
+        '"--max-model-len", "2048", "--enforce-eager"]',
         "--env.1.id=logic",
         "--env.1.weight=1.0",
         f"--env.1.args={args}",

@@ -69,7 +69,8 @@ def test_train_a_few_steps(tiny_model_dir: Path, tmp_path: Path) -> None:
         tiny_model_dir, run_dir,
         "--env.0.id=deep-research",
         "--env.0.args={ num_train_examples = 64, num_eval_examples = 4, max_turns = 2 }",
-        '--inference.extra_args=["--max-num-seqs", "16", "--max-model-len", "4096"]',
+        '--inference.extra_args=["--max-num-seqs", "16", '
+        '"--max-model-len", "4096", "--enforce-eager"]',
         "--orchestrator.max_steps=2",
         "--orchestrator.capacity=16",
         "--orchestrator.token_budget=128",
