@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -50,9 +51,12 @@ def clean_rollouts(output_dir: Path, expected: int) -> list:
     return rollouts
 
 
-# The demo's engine flags plus eager mode: a test run's few steps do not repay the ~10 s of
-# torch.compile at every engine start (the demo itself and the server tests run compiled).
-TEST_ENGINE_ARGS = '["--max-num-seqs", "64", "--max-model-len", "512", "--enforce-eager"]'
+DEMO_CONFIG = ROOT / "examples/tiny-cpu/train.toml"
+# The demo's engine flags plus eager mode: a test run's few steps do not repay torch.compile at
+# every engine start (the demo itself and the server tests run compiled).
+TEST_ENGINE_ARGS = json.dumps(
+    [*tomllib.loads(DEMO_CONFIG.read_text())["inference"]["extra_args"], "--enforce-eager"]
+)
 
 
 def tiny_train_cmd(model: Path, run_dir: Path, *overrides: str) -> list[str]:
@@ -60,7 +64,7 @@ def tiny_train_cmd(model: Path, run_dir: Path, *overrides: str) -> list[str]:
     return [
         RLKIT,
         "train",
-        str(ROOT / "examples/tiny-cpu/train.toml"),
+        str(DEMO_CONFIG),
         f"--model.path={model}",
         f"--log.run_dir={run_dir}",
         f"--inference.extra_args={TEST_ENGINE_ARGS}",

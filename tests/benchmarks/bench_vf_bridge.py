@@ -18,31 +18,13 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
+from bench_eval_throughput import start_fake_server
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP = 4
-
-
-def start_fake_server(latency: float) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "tests.fakes.fake_openai", "--latency", str(latency)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    url = proc.stdout.readline().strip()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url.removesuffix("/v1") + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("fake server did not start")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -86,7 +68,7 @@ def main() -> None:
     os.environ.setdefault("RLKIT_ENV_PATH", str(REPO / "environments"))
     from rlkit.envs import load_environment
 
-    proc, url = start_fake_server(args.latency)
+    proc, url = start_fake_server(args.latency, lean=False)
     try:
         native = load_environment("reverse-text", num_eval_examples=64)
         t0 = time.perf_counter()

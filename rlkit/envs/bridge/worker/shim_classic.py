@@ -90,13 +90,18 @@ class Shim:
             )
         return out
 
-    async def rollout(self, row: dict[str, Any], client: Any, model: str, sampling: dict) -> Any:
+    def sampling_args(self, sampling: dict) -> dict[str, Any]:
+        """The environment's sampling args under rlkit's, one completion per request, asking for
+        the engine's token ids and logprobs (the worker's transport adds them when missing)."""
         args = copy.deepcopy(dict(self.env.sampling_args or {}))
         args.pop("n", None)
         args.update(sampling)
-        # the engine's token ids and logprobs (the worker's transport adds them when missing)
         args["logprobs"] = True
         args["extra_body"] = {**(args.get("extra_body") or {}), "return_token_ids": True}
+        return args
+
+    async def rollout(self, row: dict[str, Any], client: Any, model: str, sampling: dict) -> Any:
+        args = self.sampling_args(sampling)
         if self.state_api:
             fields = ("prompt", "answer", "task", "info", "example_id")
             vf_input = {k: copy.deepcopy(row[k]) for k in fields if k in row}

@@ -49,11 +49,7 @@ class Shim(ClassicShim):
         return build() if callable(build) else getattr(self.env, attr, None)
 
     async def rollout(self, row: dict[str, Any], client: Any, model: str, sampling: dict) -> Any:
-        args = copy.deepcopy(dict(self.env.sampling_args or {}))
-        args.pop("n", None)
-        args.update(sampling)
-        args["logprobs"] = True
-        args["extra_body"] = {**(args.get("extra_body") or {}), "return_token_ids": True}
+        args = self.sampling_args(sampling)
         if id(client) not in self.clients:
             self.clients[id(client)] = OpenAIChatCompletionsClient(client)
         fields = ("prompt", "answer", "task", "info", "example_id")
