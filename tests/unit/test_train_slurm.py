@@ -45,11 +45,21 @@ for rank, node in enumerate(nodes):
 """
 
 FAKE_RLKIT = r"""#!/usr/bin/env python3
-import json, os, sys
+import json, os, sys, time
 keep = ("SLURMD_NODENAME", "PYTHONUNBUFFERED", "HF_HOME", "NCCL_DEBUG", "VENV_ACTIVATED", "PWD")
-with open(os.environ["FAKE_SLURM_LOG"], "a") as log:
+path = os.environ["FAKE_SLURM_LOG"]
+with open(path, "a") as log:
     env = {k: os.environ.get(k) for k in keep}
     log.write(json.dumps({"rlkit": sys.argv[1:], "env": env, "cwd": os.getcwd()}) + "\n")
+if sys.argv[sys.argv.index("--role") + 1] == "orchestrator":
+    # a real orchestrator runs until training ends, long after every server started; the
+    # stand-in returns at once, so it waits for the servers before the script stops them
+    servers, deadline = int(os.environ["FAKE_SLURM_SERVERS"]), time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with open(path) as log:
+            if sum('"--role", "inference"' in line for line in log) >= servers:
+                break
+        time.sleep(0.05)
 """
 
 
@@ -58,8 +68,11 @@ def executable(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def fake_cluster(tmp_path: Path, nodes: list[str]) -> tuple[dict[str, str], Path]:
-    """PATH with fake scontrol / srun / rlkit, a fake venv; returns (environment, log path)."""
+def fake_cluster(tmp_path: Path, nodes: list[str], servers: int) -> tuple[dict[str, str], Path]:
+    """PATH with fake scontrol / srun / rlkit, a fake venv; returns (environment, log path).
+
+    `servers`: how many inference stand-ins the stand-in orchestrator waits for.
+    """
     bin_dir = tmp_path / "fakebin"
     bin_dir.mkdir()
     executable(bin_dir / "scontrol", "#!/bin/sh\nprintf '%s\\n' " + " ".join(nodes) + "\n")
@@ -73,6 +86,7 @@ def fake_cluster(tmp_path: Path, nodes: list[str]) -> tuple[dict[str, str], Path
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "FAKE_SLURM_LOG": str(log),
         "SLURM_JOB_NODELIST": "ignored-by-fake-scontrol",
+        "FAKE_SLURM_SERVERS": str(servers),
     }
     return env, log
 
@@ -112,7 +126,7 @@ def test_two_node_example_script(
 ) -> None:
     workdir = tmp_path / "work"
     workdir.mkdir()
-    env, log = fake_cluster(tmp_path, ["gpu1", "gpu2"])
+    env, log = fake_cluster(tmp_path, ["gpu1", "gpu2"], servers=1)
     run_dir = tmp_path / "run"
     script = render(
         monkeypatch,
@@ -177,7 +191,7 @@ def test_eight_node_example_script(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
 ) -> None:
     nodes = [f"n{i}" for i in range(1, 9)]
-    env, log = fake_cluster(tmp_path, nodes)
+    env, log = fake_cluster(tmp_path, nodes, servers=4)
     script = render(
         monkeypatch,
         capsys,
