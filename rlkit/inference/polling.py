@@ -8,6 +8,13 @@ the trainer it takes a core from the trainer for a second after every generation
 most of a training step. While decoding, messages arrive milliseconds apart, so a short window
 keeps the fast path and the worker sleeps as soon as generation stops.
 
+A sleeping reader wakes on a zmq notification that vLLM itself says can be lost; it then
+re-reads the ring only every 5 s (`SHM_READER_RECHECK_INTERVAL_MS`). With vLLM's 1 s window
+readers rarely sleep, but with a short one they sleep between every burst, and a lost
+notification stalled a weight update or a rollout for 5 s a few times per 60 demo steps. So the
+patched reader also re-reads the ring every `IDLE_RECHECK_MS` while asleep: a few dozen flag
+checks per second, no measurable CPU.
+
 `rlkit train` sets `RLKIT_VLLM_BUSY_LOOP_S` for the servers it launches on CPU
 (`inference.busy_loop_s`); the worker extension applies it when vLLM imports it in each worker.
 """
@@ -22,6 +29,7 @@ log = logging.getLogger("vllm.rlkit.polling")  # under vLLM's logger: lands in t
 
 ENV_VAR = "RLKIT_VLLM_BUSY_LOOP_S"
 CPU_DEFAULT_S = 0.005  # longer than one CPU decode step's gap, far shorter than a train step
+IDLE_RECHECK_MS = 20  # a lost notification costs at most this (vLLM's own cap: 5,000 ms)
 
 
 def limit_busy_loop(seconds: float) -> None:
@@ -32,7 +40,8 @@ def limit_busy_loop(seconds: float) -> None:
 
     def wait(self: Any, timeout_ms: int | None = None) -> None:
         self.busy_loop_s = seconds  # readers built before the patch keep vLLM's 1 s otherwise
-        original(self, timeout_ms)
+        recheck = IDLE_RECHECK_MS if timeout_ms is None else min(timeout_ms, IDLE_RECHECK_MS)
+        original(self, recheck)
 
     wait.__rlkit_original__ = original  # type: ignore[attr-defined]
     SpinCondition.wait = wait

@@ -19,7 +19,7 @@ def restore_wait():
     SpinCondition.wait = original
 
 
-def reader_wait_s(timeout_ms: int = 200) -> float:
+def reader_wait_s(timeout_ms: int | None = 200) -> float:
     """Seconds a reader that has just read waits for a message that never comes."""
     ctx = zmq.Context()
     address = get_open_zmq_ipc_path()
@@ -41,10 +41,14 @@ def reader_wait_s(timeout_ms: int = 200) -> float:
 def test_vllm_default_spins_and_patch_sleeps(restore_wait, monkeypatch) -> None:
     # vLLM's own reader returns at once (it spins: sched_yield, then the caller loops) ...
     assert reader_wait_s() < 0.05
-    # ... with the window at 0 it sleeps on the notification socket until the timeout.
+    # ... with the window at 0 it sleeps on the notification socket, but wakes to re-read the
+    # ring every IDLE_RECHECK_MS (a lost notification would otherwise cost vLLM's 5 s) ...
     monkeypatch.setenv(polling.ENV_VAR, "0")
     assert polling.apply_from_env() == 0.0
-    assert reader_wait_s() >= 0.15
+    recheck_s = polling.IDLE_RECHECK_MS / 1000
+    assert 0.75 * recheck_s <= reader_wait_s() < 0.15
+    assert 0.75 * recheck_s <= reader_wait_s(timeout_ms=None) < 0.15  # also without a deadline
+    assert reader_wait_s(timeout_ms=5) < recheck_s  # a shorter deadline is kept
     polling.apply_from_env()  # applying twice wraps vLLM's method once, not the wrapper
     assert SpinCondition.wait.__rlkit_original__ is restore_wait
 
