@@ -18,6 +18,7 @@ from rlkit.envs.data import quiet_datasets
 from rlkit.envs.parsers import Parser
 from rlkit.envs.rollout import Rollout
 from rlkit.envs.rubric import Rubric
+from rlkit.envs.turns import group_first_turn
 from rlkit.inference import InferenceClient
 
 Messages = list[dict[str, Any]]
@@ -142,9 +143,12 @@ class Environment:
         sampling: dict[str, Any],
         n: int,
     ) -> list[Rollout]:
-        """n rollouts of one row concurrently, then scored together."""
-        rollouts = list(
-            await asyncio.gather(*(self.rollout(row, client, model, sampling) for _ in range(n)))
-        )
+        """n rollouts of one row concurrently (first turns as one request), scored together."""
+        with group_first_turn(n):  # the rollout tasks copy this context when gather makes them
+            rollouts = list(
+                await asyncio.gather(
+                    *(self.rollout(row, client, model, sampling) for _ in range(n))
+                )
+            )
         await self.score_group(rollouts)
         return rollouts

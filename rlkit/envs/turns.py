@@ -11,12 +11,20 @@ re-tokenises the history. It serves clients that cannot take token ids (remote A
 clients, fake servers) and models whose tokenizer is not available locally.
 
 `open_turns` picks one per rollout; `Rollout.prompt_mode` records which.
+
+The G rollouts of a group start from the same prompt with the same sampling, so on the token
+path their first turns are one request for G samples (`SharedFirstTurn`, set up for the group by
+`group_first_turn` around `Environment.run_group`); later turns go one by one.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +38,53 @@ _unrenderable: set[str] = set()  # tokenizer paths that failed to load: warned o
 
 class ContextOverflow(Exception):
     """The next prompt leaves no room for a model turn."""
+
+
+class SharedFirstTurn:
+    """The first turns of a group's `n` rollouts as one request with `n` samples.
+
+    vLLM then prefills the prompt once and its API server parses, schedules and serialises one
+    request instead of n: on CPU that per-request work cost more than the demo's 16-token
+    completions. Each rollout takes one of the samples; the request is sent when the first one
+    asks, and a rollout asking with another prompt (it never should) is refused.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.prompt: list[int] | None = None
+        self.request: asyncio.Future[list[Generation]] | None = None
+        self.taken = 0
+
+    async def take(
+        self, client: Any, prompt: list[int], model: str, sampling: dict[str, Any]
+    ) -> Generation:
+        if self.request is None:
+            self.prompt = prompt
+            self.request = asyncio.ensure_future(
+                client.completions(prompt, model, sampling, n=self.n)
+            )
+            # rollouts cancelled mid-group (a purge) must not leave its failure unretrieved
+            self.request.add_done_callback(lambda f: f.cancelled() or f.exception())
+        if prompt != self.prompt or self.taken >= self.n:
+            raise RuntimeError("a group's first turns must share one prompt, one per rollout")
+        self.taken += 1
+        index = self.taken - 1
+        return (await asyncio.shield(self.request))[index]
+
+
+_GROUP_FIRST_TURN: contextvars.ContextVar[SharedFirstTurn | None] = contextvars.ContextVar(
+    "rlkit_group_first_turn", default=None
+)
+
+
+@contextlib.contextmanager
+def group_first_turn(n: int) -> Iterator[None]:
+    """Rollouts started inside share their first turn (token path only) as one n-sample request."""
+    token = _GROUP_FIRST_TURN.set(SharedFirstTurn(n) if n > 1 else None)
+    try:
+        yield
+    finally:
+        _GROUP_FIRST_TURN.reset(token)
 
 
 @dataclass
@@ -69,6 +124,7 @@ class TokenTurns(_Turns):
     mode = "tokens"
     renderer: ChatRenderer
     max_model_len: int | None
+    shared_first: SharedFirstTurn | None = None
     prompt_ids: list[int] | None = None
     last: Generation | None = None
 
@@ -90,7 +146,10 @@ class TokenTurns(_Turns):
         if self.max_model_len is not None:  # vLLM refuses max_tokens beyond the context left
             room = self.max_model_len - len(prompt)
             sampling = {**sampling, "max_tokens": min(sampling.get("max_tokens") or room, room)}
-        generation = await self.client.completion(prompt, self.model, sampling)
+        if self.last is None and self.shared_first is not None:
+            generation = await self.shared_first.take(self.client, prompt, self.model, sampling)
+        else:
+            generation = await self.client.completion(prompt, self.model, sampling)
         if generation.prompt_token_ids and generation.prompt_token_ids != prompt:
             raise InferenceError("the server changed the token-id prompt it was sent")
         generation.prompt_token_ids = list(prompt)
@@ -123,14 +182,23 @@ async def open_turns(
     sampling: dict[str, Any],
     tools: list[dict[str, Any]] | None,
 ) -> TokenTurns | MessageTurns:
-    """Token turns when the client takes token-id prompts and the model's tokenizer loads."""
+    """Token turns when the client takes token-id prompts and the model's tokenizer loads.
+
+    Inside `group_first_turn` the first turn is shared with the group's other rollouts, unless
+    the sampling has a seed (n samples under one seed need not differ) or the client captures
+    routing (R3 reads one completion per request).
+    """
     # InferenceClient probes its server; other clients (scripted ones) may state it as a bool
     probe = getattr(client, "supports_token_prompts", False)
     if await probe(model) if callable(probe) else probe:
         card = await client.model_card(model) or {}
         renderer = _renderer(str(card.get("root") or model))
         if renderer is not None:
-            return TokenTurns(client, model, sampling, tools, renderer, card.get("max_model_len"))
+            shared = _GROUP_FIRST_TURN.get()
+            if "seed" in sampling or getattr(client, "routing", False):
+                shared = None
+            max_model_len = card.get("max_model_len")
+            return TokenTurns(client, model, sampling, tools, renderer, max_model_len, shared)
     return MessageTurns(client, model, sampling, tools)
 
 

@@ -278,6 +278,24 @@ class InferenceClient:
         sampling: dict[str, Any] | None = None,
     ) -> Generation:
         """One text completion (prompt as text or token ids) with token ids and logprobs."""
+        (generation,) = await self.completions(prompt, model, sampling, n=1)
+        return generation
+
+    async def completions(
+        self,
+        prompt: str | list[int],
+        model: str,
+        sampling: dict[str, Any] | None = None,
+        n: int = 1,
+    ) -> list[Generation]:
+        """`n` samples of one prompt in one request, in choice order.
+
+        vLLM prefills the prompt once and its API server handles one request instead of n, which
+        on CPU costs more than generating a short completion. Each Generation's usage is its own
+        (the prompt's tokens and its completion's), as if it had been requested alone.
+        """
+        if n > 1 and self.routing:
+            raise ValueError("routing capture (R3) needs one completion per request")
         body: dict[str, Any] = {
             "model": model,
             "prompt": prompt,
@@ -285,21 +303,41 @@ class InferenceClient:
             "return_token_ids": True,
             **(sampling or {}),
         }
+        if n > 1:
+            body["n"] = n
         start_version = self.policy_version
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         resp = await self.request("POST", "/v1/completions", json=body)
         data = resp.json()
-        choice = data["choices"][0]
-        return Generation(
-            text=choice.get("text") or "",
-            prompt_token_ids=list(choice.get("prompt_token_ids") or []),
-            completion_token_ids=list(choice.get("token_ids") or []),
-            completion_logprobs=_logprobs_from_completion(choice),
-            finish_reason=choice.get("finish_reason"),
-            usage=data.get("usage") or {},
-            policy_version_start=start_version,
-            policy_version_end=_response_version(resp),
-            latency_s=loop.time() - t0,
-            routed_experts=await self.routed_experts(data, choice),
-        )
+        choices = sorted(data["choices"], key=lambda choice: choice.get("index", 0))
+        if len(choices) != n:
+            raise InferenceError(f"asked for {n} completion(s), the server returned {len(choices)}")
+        end_version, latency_s = _response_version(resp), loop.time() - t0
+        usage = data.get("usage") or {}
+        generations = []
+        for choice in choices:
+            token_ids = list(choice.get("token_ids") or [])
+            own_usage = usage
+            if n > 1:
+                prompt_tokens = usage.get("prompt_tokens", 0)
+                own_usage = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": len(token_ids),
+                    "total_tokens": prompt_tokens + len(token_ids),
+                }
+            generations.append(
+                Generation(
+                    text=choice.get("text") or "",
+                    prompt_token_ids=list(choice.get("prompt_token_ids") or []),
+                    completion_token_ids=token_ids,
+                    completion_logprobs=_logprobs_from_completion(choice),
+                    finish_reason=choice.get("finish_reason"),
+                    usage=own_usage,
+                    policy_version_start=start_version,
+                    policy_version_end=end_version,
+                    latency_s=latency_s,
+                    routed_experts=await self.routed_experts(data, choice),
+                )
+            )
+        return generations

@@ -222,6 +222,13 @@ class PooledClient:
     async def completion(self, *args: Any, **kwargs: Any) -> Generation:
         return await self._call("completion", *args, **kwargs)
 
+    async def completions(self, *args: Any, **kwargs: Any) -> list[Generation]:
+        return await self._call("completions", *args, **kwargs)
+
+    @property
+    def routing(self) -> bool:
+        return self.client.routing
+
     async def model_card(self, model: str) -> dict[str, Any] | None:
         return await self.client.model_card(model)
 

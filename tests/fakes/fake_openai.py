@@ -211,7 +211,7 @@ class FakeOpenAIServer:
             choice["logprobs"] = {"content": [{**c, "top_logprobs": []} for c in content]}
         if body.get("return_token_ids"):
             choice["token_ids"] = token_ids
-        return self._envelope(body, "chat.completion", choice, prompt_ids, token_ids)
+        return self._envelope(body, "chat.completion", [choice], prompt_ids, len(token_ids))
 
     def _build_app(self) -> FastAPI:
         app = FastAPI()
@@ -249,24 +249,28 @@ class FakeOpenAIServer:
             prompt_ids = list(prompt) if isinstance(prompt, list) else self._encode(prompt)
             if too_long := self._too_long(prompt_ids):
                 return too_long
-            message, token_ids, finish = self._reply(body)
-            choice: dict[str, Any] = {
-                "index": 0,
-                "text": message.get("content") or "",
-                "finish_reason": finish,
-            }
-            if body.get("logprobs") is not None:
-                choice["logprobs"] = {
-                    "tokens": [self._token_text(t) for t in token_ids],
-                    "token_logprobs": [_logprob(t) for t in token_ids],
-                    "top_logprobs": None,
-                    "text_offset": list(range(len(token_ids))),
+            choices, generated = [], 0
+            for index in range(int(body.get("n") or 1)):  # n samples: the responder once each
+                message, token_ids, finish = self._reply(body)
+                choice: dict[str, Any] = {
+                    "index": index,
+                    "text": message.get("content") or "",
+                    "finish_reason": finish,
                 }
-            if body.get("return_token_ids"):
-                choice["token_ids"] = token_ids
-                choice["prompt_token_ids"] = prompt_ids
+                if body.get("logprobs") is not None:
+                    choice["logprobs"] = {
+                        "tokens": [self._token_text(t) for t in token_ids],
+                        "token_logprobs": [_logprob(t) for t in token_ids],
+                        "top_logprobs": None,
+                        "text_offset": list(range(len(token_ids))),
+                    }
+                if body.get("return_token_ids"):
+                    choice["token_ids"] = token_ids
+                    choice["prompt_token_ids"] = prompt_ids
+                choices.append(choice)
+                generated += len(token_ids)
             return JSONResponse(
-                self._envelope(body, "text_completion", choice, prompt_ids, token_ids)
+                self._envelope(body, "text_completion", choices, prompt_ids, generated)
             )
 
         return app
@@ -275,23 +279,23 @@ class FakeOpenAIServer:
         self,
         body: dict[str, Any],
         kind: str,
-        choice: dict[str, Any],
+        choices: list[dict[str, Any]],
         prompt_ids: list[int],
-        token_ids: list[int],
+        completion_tokens: int,
     ) -> dict[str, Any]:
         self.stats[200] += 1
         self.requests.append(body)
         usage = {
             "prompt_tokens": len(prompt_ids),
-            "completion_tokens": len(token_ids),
-            "total_tokens": len(prompt_ids) + len(token_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(prompt_ids) + completion_tokens,
         }
         reply: dict[str, Any] = {
             "id": f"fake-{uuid.uuid4().hex[:12]}",
             "object": kind,
             "created": int(time.time()),
             "model": body.get("model", ""),
-            "choices": [choice],
+            "choices": choices,
             "usage": usage,
         }
         if body.get("return_token_ids") and kind == "chat.completion":

@@ -262,3 +262,34 @@ def test_step_metrics_count_exact_continuations_and_turns() -> None:
     stats = processor.take_stats()
     assert (stats.rollouts, stats.turns, stats.exact_continuations) == (3, 7, 2)
     assert (stats.token_prompts, stats.context_ended) == (2, 1)
+
+
+async def test_a_groups_first_turns_are_one_request_with_n_samples(
+    tokenizer: Any, qwen_like_dir: Path
+) -> None:
+    """`run_group` (what the orchestrator calls): the G first turns share their prompt, so they
+    are one request for G samples; each rollout continues alone with its own sample."""
+    env = AgainEnv(dataset=QUESTIONS, max_turns=5)
+    count = itertools.count()
+    with fake(tokenizer, qwen_like_dir, responder=lambda body: f"reply {next(count)}") as server:
+        async with InferenceClient(server.url) as client:
+            rollouts = await env.run_group(env.get_dataset()[0], client, "fake-model", {}, 4)
+            requests = list(server.requests)
+            server.requests.clear()
+            seeded = await env.run_group(env.get_dataset()[0], client, "fake-model", {"seed": 1}, 4)
+            seeded_requests = list(server.requests)
+    assert [r.get("n") for r in requests] == [4] + [None] * 8  # one shared turn, then 2 x 4 alone
+    assert all(r.error is None and r.exact_continuation and len(r.turns) == 3 for r in rollouts)
+    firsts = [r.turns[0] for r in rollouts]
+    assert len({tuple(t.completion_token_ids) for t in firsts}) == 4  # four different samples
+    assert len({tuple(t.prompt_token_ids) for t in firsts}) == 1
+    for rollout in rollouts:  # usage is each rollout's own, as if its turns went alone
+        generated = sum(len(t.completion_token_ids) for t in rollout.turns)
+        assert rollout.usage["completion_tokens"] == generated
+        first = rollout.turns[0]
+        assert rollout.completion[0]["content"] == tokenizer.decode(
+            first.completion_token_ids, skip_special_tokens=True
+        )
+    # a seeded sampling asks n samples of one seed: not shared, each turn goes alone
+    assert len(seeded_requests) == 12 and all("n" not in r for r in seeded_requests)
+    assert all(r.error is None for r in seeded)
