@@ -10,13 +10,16 @@ step, temperature 1, lr 5e-4, AdamW, no KL term, no zero-advantage filtering):
   completions, `--small-steps` steps: generation dominates the step.
 
 Per workload: TRL (HF generate in its one process, on CPU) and `rlkit train` with the sync
-scheduler (12 groups per step, same as TRL) and with C3PO++ (its token budget = the same 12 x 8
-completions' tokens). Reported: seconds per step (mean over the steps after the first), the whole
+scheduler (12 groups per step, same as TRL) and with C3PO++ (its token budget = the mean
+completion tokens of the sync run's batches, so both train on about 96 samples a step; a budget
+of 96 x max_tokens would give C3PO++ four times the samples, as replies are shorter than the cap).
+Reported: seconds per step (mean over the steps after the first), the whole
 run's wall time (process start to exit, including vLLM's start-up for rlkit), and the eval
 reward of each final model under one evaluation (HF generate in this process, the
 environment's own rubric, 64 held-out prompts x 4 samples at temperature 1). For rlkit it also
-reruns its trainer alone over the run's saved batches and reports the step time inside
-`rlkit train` against the same step alone.
+reruns its trainer alone over the run's saved batches, in the environment `rlkit train` gives
+its trainer (`rlkit.train.launcher.trainer_env`: on CPU, OpenMP threads wait passively), and
+reports the step time inside `rlkit train` against the same step alone.
 
 TRL runs with OMP_WAIT_POLICY=PASSIVE, as `rlkit train` starts its CPU trainer (on a shared
 machine libgomp's default spin-waiting slows 2 threads down more than 2x).
@@ -186,7 +189,7 @@ def run_trl(model: Path, root: Path, steps: int, max_tokens: int) -> dict[str, A
 
 # ---- rlkit --------------------------------------------------------------------------------
 def run_rlkit(
-    model: Path, root: Path, scheduler: str, steps: int, max_tokens: int
+    model: Path, root: Path, scheduler: str, steps: int, max_tokens: int, token_budget: int
 ) -> dict[str, Any]:
     run_dir = root / f"rlkit-{scheduler}"
     cmd = [str(Path(sys.executable).parent / "rlkit"), "train"]
@@ -198,7 +201,7 @@ def run_rlkit(
         f"--orchestrator.group_size={GROUP}",
         f"--orchestrator.batch_groups={PROMPTS}",
         f"--orchestrator.capacity={GROUP * PROMPTS}",
-        f"--orchestrator.token_budget={GROUP * PROMPTS * max_tokens}",
+        f"--orchestrator.token_budget={token_budget}",
         f"--orchestrator.sampling.max_tokens={max_tokens}",
         "--orchestrator.drop_zero_advantage=false",
         "--orchestrator.difficulty.easy_fraction=0",
@@ -219,6 +222,8 @@ def run_rlkit(
     return {
         "s_per_step": statistics.fmean(r["step_time_s"] for r in later),
         "wall_s": wall,
+        "samples_per_step": statistics.fmean(r["batch_samples"] for r in records),
+        "tokens_per_step": statistics.fmean(r["batch_tokens"] for r in records),
         # where a step goes (medians, s): rollouts until the batch, the trainer's turn until its
         # weights are out (its step, its export and both hand-offs), the servers' reload
         "rollout_s": statistics.median(r["rollout_time_s"] for r in later),
@@ -236,8 +241,10 @@ def trainer_alone(run_dir: Path, root: Path, steps: int) -> float:
     shutil.copytree(run_dir / "batches", alone / "batches")
     cmd = [sys.executable, "-m", "rlkit.trainer.main", "--config", str(run_dir / "trainer.toml")]
     cmd += [f"run_dir={alone}", "weights.publish=false", "ckpt.interval=0"]
+    from rlkit.train.launcher import trainer_env
+
     with open(root / f"{alone.name}.log", "w") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=trainer_env())
     records = [json.loads(x) for x in (alone / "trainer_metrics.jsonl").read_text().splitlines()]
     return statistics.median(r["step_time_s"] for r in records[1:])
 
@@ -282,8 +289,11 @@ def run_workload(workload: str, root: Path, steps: int, schedulers: list[str]) -
     root.mkdir(parents=True)
     model = build_model(workload, root)
     results: dict[str, Any] = {"trl": run_trl(model, root, steps, max_tokens)}
+    token_budget = GROUP * PROMPTS * max_tokens  # sync ignores it; c3po gets sync's mean
     for scheduler in schedulers:
-        r = run_rlkit(model, root, scheduler, steps, max_tokens)
+        r = run_rlkit(model, root, scheduler, steps, max_tokens, token_budget)
+        if scheduler == "sync":
+            token_budget = round(r["tokens_per_step"])
         r["trainer_alone_step_s"] = trainer_alone(r.pop("run_dir"), root, steps)
         r["trainer_inside_over_alone"] = r["trainer_step_s"] / r["trainer_alone_step_s"]
         results[f"rlkit-{scheduler}"] = r
@@ -309,9 +319,13 @@ def main() -> None:
     parser.add_argument("--workloads", default="demo,small")
     parser.add_argument("--steps", type=int, default=60, help="steps of the demo workload")
     parser.add_argument("--small-steps", type=int, default=6, help="steps of the small one")
-    parser.add_argument("--schedulers", default="sync,c3po", help="rlkit schedulers to run")
+    parser.add_argument(
+        "--schedulers", default="sync,c3po", help="rlkit schedulers to run (sync first)"
+    )
     parser.add_argument("--keep", type=Path, help="keep the runs in this directory")
     args = parser.parse_args()
+    if args.schedulers.split(",")[0] != "sync":
+        parser.error("--schedulers must start with sync: C3PO++'s token budget comes from it")
     ensure_trl()
     out: dict[str, Any] = {"bench": "vs_trl", "load_avg_start": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory() as tmp:
