@@ -3,7 +3,10 @@
 Two short sync steps with the fresh tiny model on a small local arithmetic set. The random model
 cannot write tool calls, so the sampling favours `<tool_call>`, `</tool_call>` and the end of
 turn: replies then hold (malformed) calls, the environment answers with tool turns and rollouts
-run several turns (the bias also enters the engine's processed logprobs, so this run's mismatch
+run several turns (a reply needs a `<tool_call>`...`</tool_call>` pair and the end of turn within
+`max_tokens`: at 24 tokens most replies hit the cap, and whether any of the 16 did not came down
+to the engine's fixed-seed draws, which changed when a group's first turns became one request)
+(the bias also enters the engine's processed logprobs, so this run's mismatch
 KL says nothing). Each step's metrics must report every rollout as an exact token continuation
 sent as token-id prompts, and more than one turn per rollout on average over the run.
 """
@@ -56,7 +59,7 @@ max_steps = 2
 group_size = 4
 batch_groups = 2
 drop_zero_advantage = false
-sampling = {{ temperature = 1.0, max_tokens = 24, logit_bias = {{ {bias_toml} }} }}
+sampling = {{ temperature = 1.0, max_tokens = 64, logit_bias = {{ {bias_toml} }} }}
 
 [orchestrator.eval]
 at_start = false
