@@ -67,8 +67,7 @@ class SharedFirstTurn:
             self.request.add_done_callback(lambda f: f.cancelled() or f.exception())
         if prompt != self.prompt or self.taken >= self.n:
             raise RuntimeError("a group's first turns must share one prompt, one per rollout")
-        self.taken += 1
-        index = self.taken - 1
+        index, self.taken = self.taken, self.taken + 1
         return (await asyncio.shield(self.request))[index]
 
 

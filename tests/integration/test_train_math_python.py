@@ -3,12 +3,14 @@
 Two short sync steps with the fresh tiny model on a small local arithmetic set. The random model
 cannot write tool calls, so the sampling favours `<tool_call>`, `</tool_call>` and the end of
 turn: replies then hold (malformed) calls, the environment answers with tool turns and rollouts
-run several turns (a reply needs a `<tool_call>`...`</tool_call>` pair and the end of turn within
-`max_tokens`: at 24 tokens most replies hit the cap, and whether any of the 16 did not came down
-to the engine's fixed-seed draws, which changed when a group's first turns became one request)
-(the bias also enters the engine's processed logprobs, so this run's mismatch
-KL says nothing). Each step's metrics must report every rollout as an exact token continuation
+run several turns. The bias also enters the engine's processed logprobs, so this run's mismatch
+KL says nothing. Each step's metrics must report every rollout as an exact token continuation
 sent as token-id prompts, and more than one turn per rollout on average over the run.
+
+A reply makes a tool turn only if it closes a `<tool_call>` pair and ends its turn within
+`max_tokens`. At 24 tokens most replies hit the cap, and whether any of the 16 did not came down
+to the engine's fixed-seed draws (they changed when a group's first turns became one request),
+so replies get 64 tokens.
 """
 
 from __future__ import annotations

@@ -57,8 +57,10 @@ if sys.argv[sys.argv.index("--role") + 1] == "orchestrator":
     servers, deadline = int(os.environ["FAKE_SLURM_SERVERS"]), time.monotonic() + 30
     while time.monotonic() < deadline:
         with open(path) as log:
-            if sum('"--role", "inference"' in line for line in log) >= servers:
-                break
+            argvs = [json.loads(line).get("rlkit") or [] for line in log if line.endswith("\n")]
+        roles = [a[a.index("--role") + 1] for a in argvs if "--role" in a]
+        if roles.count("inference") >= servers:
+            break
         time.sleep(0.05)
 """
 
