@@ -106,7 +106,7 @@ def test_sigkill_of_the_launcher_takes_its_children_and_resumes(
 ) -> None:
     """kill -9 of `rlkit train`: servers and trainer die with it (parent-death signal)."""
     run_dir = tmp_path / "run"
-    steps = 4
+    steps = 6  # room after step 3: steps take well under a second, the kill must land mid-run
     common = [
         f"--orchestrator.max_steps={steps}",
         "--ckpt.interval=2",
