@@ -117,6 +117,7 @@ class FakeOpenAIServer:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", port))
+        self._sock.listen(4096)  # connections wait in the backlog until the server accepts
         self.port: int = self._sock.getsockname()[1]
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

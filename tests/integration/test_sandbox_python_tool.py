@@ -58,8 +58,8 @@ async def test_state_persists_across_calls_and_session_is_closed() -> None:
     assert isinstance(env, PythonToolEnv) and env.env_id == "arith"
     cells = ["x = 6 * 7", "import math\ny = x + 1", "print(y)"]
     with FakeOpenAIServer(responder=scripted_model(cells)) as server:
-        client = InferenceClient(server.url)
-        rollouts = await env.run_group(env.dataset[0], client, "fake-model", {}, n=2)
+        async with InferenceClient(server.url) as client:
+            rollouts = await env.run_group(env.dataset[0], client, "fake-model", {}, n=2)
     for rollout in rollouts:
         assert rollout.error is None, rollout.error
         tool_messages = [m["content"] for m in rollout.completion if m["role"] == "tool"]
@@ -75,8 +75,8 @@ async def test_rollouts_do_not_share_state_and_timeouts_restart() -> None:
     env = with_python_tool(_arithmetic_env(), cell_timeout=1.0)
     cells = ["'secret' in globals()", "secret = 1\nwhile True: pass", "secret"]
     with FakeOpenAIServer(responder=scripted_model(cells)) as server:
-        client = InferenceClient(server.url)
-        first, second = await env.run_group(env.dataset[0], client, "fake-model", {}, n=2)
+        async with InferenceClient(server.url) as client:
+            first, second = await env.run_group(env.dataset[0], client, "fake-model", {}, n=2)
     for rollout in (first, second):
         tools = [m["content"] for m in rollout.completion if m["role"] == "tool"]
         assert tools[0] == "False\n"  # the other rollout's variables are not visible
