@@ -12,6 +12,7 @@ with a message naming the function, and its reward is 0.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import time
 from collections.abc import Callable
@@ -36,12 +37,22 @@ class RewardFunc:
         return getattr(self.func, "__name__", type(self.func).__name__)
 
 
-def _call_kwargs(func: Callable[..., Any], available: dict[str, Any]) -> dict[str, Any]:
-    """Select the arguments a function asks for by name (all of them if it takes **kwargs)."""
+@functools.cache
+def _wanted_args(func: Callable[..., Any]) -> tuple[str, ...] | None:
+    """The parameter names `func` takes, or None when it takes **kwargs (read once per
+    function: `inspect.signature` cost ~0.1 ms a rollout, a tenth of eval's client CPU)."""
     params = inspect.signature(func).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return tuple(params)
+
+
+def _call_kwargs(func: Callable[..., Any], available: dict[str, Any]) -> dict[str, Any]:
+    """Select the arguments a function asks for by name (all of them if it takes **kwargs)."""
+    wanted = _wanted_args(func)
+    if wanted is None:
         return dict(available)
-    return {name: available[name] for name in params if name in available}
+    return {name: available[name] for name in wanted if name in available}
 
 
 async def call_with_available(func: Callable[..., Any], available: dict[str, Any]) -> Any:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import gc
 import os
 import re
 import uuid
@@ -244,7 +245,7 @@ async def run_eval_async(
     metadata.config = config.model_dump(mode="json")
     metadata.summary = None
     store.write_metadata(metadata)
-    results = store.compact()
+    results = store.compact() if resume is not None else []
     pending = pending_keys(results, len(rows), config.rollouts_per_example)
     if console is not None:
         if len(rows) < config.num_examples:
@@ -252,6 +253,10 @@ async def run_eval_async(
         todo = sum(len(v) for v in pending.values())
         console.print(f"eval run [bold]{store.run_dir}[/]: {todo} rollouts to run")
 
+    # What is loaded now (modules, the environment, its dataset) lives as long as the process:
+    # frozen out of the collector's sight, full collections scan only the rollouts' objects
+    # (scanning everything paused the event loop 0.2-0.4 s per 1,024 rollouts)
+    gc.freeze()
     client = InferenceClient(
         config.base_url,
         api_key=api_key,

@@ -13,6 +13,7 @@ Per step N (numbered from 1, as the trainer expects):
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -250,6 +251,9 @@ async def run_orchestrator(
         elif o.eval.at_start:
             await run_eval(0)
         scheduler.take_idle_s()
+        # what is loaded by now lives for the whole run: frozen out of the collector's sight,
+        # full collections scan only the steps' objects instead of pausing rollouts ~0.2 s
+        gc.freeze()
         for step in range(start_step + 1, o.max_steps + 1):
             t0 = time.monotonic()
             groups: list[Group] = []
