@@ -104,8 +104,8 @@ def build_model(workload: str, root: Path) -> Path:
     py = sys.executable
     subprocess.run([py, str(ROOT / "examples/tiny-cpu/make_sft_data.py"), str(data)], check=True)
     sft = [py, "-m", "rlkit.trainer.main", "--mode", "sft"]
-    sft += ["--config", str(ROOT / "examples/tiny-cpu/sft.toml"), f"run_dir={root / 'sft'}"]
-    subprocess.run([*sft, f"model.path={base}", f"data.path={data}"], check=True)
+    sft += ["--config", str(ROOT / "examples/tiny-cpu/sft.toml"), f"--run_dir={root / 'sft'}"]
+    subprocess.run([*sft, f"--model.path={base}", f"--data.path={data}"], check=True)
     return root / "sft" / "final"
 
 
@@ -240,7 +240,7 @@ def trainer_alone(run_dir: Path, root: Path, steps: int) -> float:
     alone = root / f"{run_dir.name}-alone"
     shutil.copytree(run_dir / "batches", alone / "batches")
     cmd = [sys.executable, "-m", "rlkit.trainer.main", "--config", str(run_dir / "trainer.toml")]
-    cmd += [f"run_dir={alone}", "weights.publish=false", "ckpt.interval=0"]
+    cmd += [f"--run_dir={alone}", "--weights.publish=false", "--ckpt.interval=0"]
     from rlkit.train.launcher import trainer_env
 
     with open(root / f"{alone.name}.log", "w") as log:
