@@ -1,14 +1,16 @@
 """The `Environment` base class: a dataset of tasks, a rollout procedure and a rubric.
 
 Rows have `prompt` (chat messages), `answer`, `info` (dict) and `example_id`; datasets given with
-`question` (+ an optional system prompt) instead of `prompt` are converted on construction, so
-every consumer (eval, orchestrator) sees one shape. Subclasses implement `rollout`; scoring and
-running a group of rollouts for one example are shared.
+`question` (+ an optional system prompt) instead of `prompt` are converted on first use, so
+every consumer (eval, orchestrator) sees one shape and an eval never formats the training rows.
+Subclasses implement `rollout`; scoring and running a group of rollouts for one example are
+shared.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from typing import Any
 
@@ -29,11 +31,17 @@ def clean_messages(messages: list[dict[str, Any]]) -> Messages:
     return [{k: v for k, v in m.items() if v is not None} for m in messages]
 
 
-def format_dataset(dataset: Dataset, system_prompt: str | None = None) -> Dataset:
-    """Give a dataset the `prompt`, `answer`, `info`, `example_id` columns (keeping the rest)."""
+def check_columns(dataset: Dataset) -> None:
+    """A dataset rows can be formatted from: a `prompt` or a `question` column."""
     columns = set(dataset.column_names)
     if "prompt" not in columns and "question" not in columns:
         raise ValueError(f"dataset needs a 'prompt' or a 'question' column, has {sorted(columns)}")
+
+
+def format_dataset(dataset: Dataset, system_prompt: str | None = None) -> Dataset:
+    """Give a dataset the `prompt`, `answer`, `info`, `example_id` columns (keeping the rest)."""
+    check_columns(dataset)
+    columns = set(dataset.column_names)
 
     def to_row(row: dict[str, Any], index: int) -> dict[str, Any]:
         if "prompt" in columns:
@@ -74,12 +82,27 @@ class Environment:
         self.system_prompt = system_prompt
         self.parser = parser or Parser()
         self.rubric = rubric or Rubric(parser=self.parser)
-        self.dataset = format_dataset(dataset, system_prompt) if dataset is not None else None
-        self.eval_dataset = (
-            format_dataset(eval_dataset, system_prompt) if eval_dataset is not None else None
-        )
+        for rows in (dataset, eval_dataset):
+            if rows is not None:
+                check_columns(rows)  # a bad dataset fails on construction, formatted or not
+        self._raw_datasets = {"train": dataset, "eval": eval_dataset}
         self.sampling_defaults: dict[str, Any] = dict(sampling_defaults or {})
         self.version: str | None = None  # set by load_environment from the package metadata
+
+    @functools.cached_property
+    def dataset(self) -> Dataset | None:
+        """The training rows, formatted on first use (`rlkit eval` never formats them: 2,000
+        reverse-text rows took ~0.1 s of a 4.5 s eval benchmark run)."""
+        return self._formatted("train")
+
+    @functools.cached_property
+    def eval_dataset(self) -> Dataset | None:
+        """The evaluation rows, formatted on first use."""
+        return self._formatted("eval")
+
+    def _formatted(self, split: str) -> Dataset | None:
+        rows = self._raw_datasets[split]
+        return None if rows is None else format_dataset(rows, self.system_prompt)
 
     def get_dataset(self, n: int = -1) -> Dataset:
         """The training rows (the eval rows when there is no training set); first n if n > 0."""
