@@ -269,6 +269,7 @@ def run_train(
         return {}
     start_step, state = prepare_run_dir(cfg, resume)
     if role == "orchestrator":
+        prepare_token_turns(cfg.model.path)
         return asyncio.run(
             run_orchestrator(
                 cfg, list(cfg.inference.urls), start_step=start_step, state=state, envs=envs

@@ -293,3 +293,16 @@ async def test_a_groups_first_turns_are_one_request_with_n_samples(
     # a seeded sampling asks n samples of one seed: not shared, each turn goes alone
     assert len(seeded_requests) == 12 and all("n" not in r for r in seeded_requests)
     assert all(r.error is None for r in seeded)
+
+
+def test_prepare_token_turns_loads_the_renderer_before_any_rollout(
+    qwen_like_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rlkit.envs.rendering import load_renderer
+    from rlkit.envs.turns import prepare_token_turns
+
+    load_renderer.cache_clear()
+    prepare_token_turns(str(qwen_like_dir))
+    assert load_renderer.cache_info().currsize == 1  # the first rollout finds it loaded
+    prepare_token_turns(str(tmp_path / "no-model"))  # not raised: rollouts fall back to messages
+    assert "use chat messages" in caplog.text
