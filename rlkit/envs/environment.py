@@ -32,7 +32,7 @@ def clean_messages(messages: list[dict[str, Any]]) -> Messages:
 
 
 def check_columns(dataset: Dataset) -> None:
-    """A dataset rows can be formatted from: a `prompt` or a `question` column."""
+    """Raise unless the dataset has a `prompt` or a `question` column (what rows are built from)."""
     columns = set(dataset.column_names)
     if "prompt" not in columns and "question" not in columns:
         raise ValueError(f"dataset needs a 'prompt' or a 'question' column, has {sorted(columns)}")
@@ -102,8 +102,13 @@ class Environment:
         return self._formatted("eval")
 
     def _formatted(self, split: str) -> Dataset | None:
-        rows = self._raw_datasets[split]
+        rows = self._raw_rows(split)
         return None if rows is None else format_dataset(rows, self.system_prompt)
+
+    def _raw_rows(self, split: str) -> Dataset | None:
+        """The unformatted rows of `split` ("train" or "eval"), read once, on first use: a
+        subclass whose rows are costly to build can build them here instead of in __init__."""
+        return self._raw_datasets[split]
 
     def get_dataset(self, n: int = -1) -> Dataset:
         """The training rows (the eval rows when there is no training set); first n if n > 0."""

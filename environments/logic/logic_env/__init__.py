@@ -30,7 +30,6 @@ from logic_env.freeze import EVAL_FILE, MANIFEST_FILE
 from logic_env.rows import generate_rows
 from logic_env.tasks import LEVEL_NAMES, TASKS, score
 from rlkit.envs import Rubric, SingleTurnEnv
-from rlkit.envs.environment import format_dataset
 
 SYSTEM_PROMPT = (
     "Solve the puzzle. Think it through step by step, then give only your final answer, in the "
@@ -132,7 +131,6 @@ class LogicEnv(SingleTurnEnv):
         self._plan = plan
         self._eval_questions = eval_questions
         self._seed = seed
-        self._dataset: Dataset | None = None
         # Without eval rows there is nothing to defer: the base class needs one of the two.
         eager = self._generate() if kwargs.get("eval_dataset") is None and plan else None
         super().__init__(dataset=eager, **kwargs)
@@ -148,15 +146,11 @@ class LogicEnv(SingleTurnEnv):
         random.Random(self._seed).shuffle(rows)
         return Dataset.from_list(rows)
 
-    @property
-    def dataset(self) -> Dataset | None:
-        if self._dataset is None and self._plan:
-            self._dataset = format_dataset(self._generate(), self.system_prompt)
-        return self._dataset
-
-    @dataset.setter
-    def dataset(self, value: Dataset | None) -> None:
-        self._dataset = value
+    def _raw_rows(self, split: str) -> Dataset | None:
+        rows = super()._raw_rows(split)
+        if rows is None and split == "train" and self._plan:
+            return self._generate()
+        return rows
 
     def gold_completion(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         reasoning = "I checked every constraint of the puzzle; this is the solution."

@@ -95,6 +95,23 @@ def test_eval_selection_by_task_level_and_count() -> None:
     assert env.dataset is None and rows[0]["prompt"][0]["role"] == "system"
 
 
+@pytest.mark.parametrize("eval_examples", [0, 2])
+def test_training_rows_are_generated_once(
+    eval_examples: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import logic_env
+
+    calls: list[int] = []
+    generate = logic_env.LogicEnv._generate
+    monkeypatch.setattr(
+        logic_env.LogicEnv, "_generate", lambda self: calls.append(1) or generate(self)
+    )
+    env = load_environment(tasks="countdown", num_eval_examples=eval_examples, num_train_examples=5)
+    assert len(calls) == (0 if eval_examples else 1)  # deferred when there are eval rows
+    assert len(env.get_dataset()) == 5 and len(env.get_dataset()) == 5
+    assert len(calls) == 1 and env.dataset[0]["prompt"][0]["role"] == "system"
+
+
 @pytest.mark.parametrize("task", list(TASKS))
 def test_answer_extraction(task: str) -> None:
     row = FIRST[task]
