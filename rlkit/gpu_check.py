@@ -73,7 +73,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--demo-steps", type=int, default=20, help="Steps of the demo run.")
     parser.add_argument("--nccl-steps", type=int, default=5, help="Demo steps with NCCL weights.")
     parser.add_argument("--python", default=sys.executable, help="The interpreter to use.")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="STEP",
+        help="Run only this step, named as in --dry-run's plan (repeatable); the model step, "
+        "which the others need, always runs.",
+    )
     args = parser.parse_args(argv)
+    names = [step.name for step in build_plan(argparse.Namespace(**{**vars(args), "only": None}))]
+    unknown = [name for name in args.only or [] if name not in names]
+    if unknown:
+        parser.error(f"--only {unknown[0]!r}: no such step; the steps are {', '.join(names)}")
     if args.demo_steps < 2 or args.nccl_steps < 2:
         parser.error("--demo-steps and --nccl-steps must be at least 2 (step 1 warms up)")
     if args.wheels is not None and not args.wheels.is_dir():
@@ -192,6 +203,8 @@ def build_plan(args: argparse.Namespace) -> list[Step]:
     ]
     if not args.skip_install:
         plan.insert(0, Step("install gpu extra", install, 300))
+    if args.only:
+        plan = [step for step in plan if step.name in args.only or step.name == "model"]
     return plan
 
 

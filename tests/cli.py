@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from rlkit_cli.main import main
 
+from rlkit.inference.lifecycle import has_cuda
+
 ROOT = Path(__file__).resolve().parents[1]
 RLKIT = str(Path(sys.executable).parent / "rlkit")
 
@@ -50,6 +52,11 @@ def clean_rollouts(output_dir: Path, expected: int) -> list:
     assert run.metadata.summary["errors"] == 0
     return rollouts
 
+
+# A test's own vLLM server may start while the session's (conftest `vllm_server`) still runs: on
+# one GPU each takes a fifth of its memory, not the default half, which leaves the second too
+# little to start ("Free memory on device ... is less than desired GPU memory utilization").
+TEST_SERVER_ARGS = ["--gpu-memory-utilization", "0.2"] if has_cuda() else []
 
 DEMO_CONFIG = ROOT / "examples/tiny-cpu/train.toml"
 # The demo's engine flags plus eager mode: a test run's few steps do not repay torch.compile at

@@ -174,15 +174,28 @@ def install(app: FastAPI, model: str, routing: str | None = None) -> None:
     app.add_middleware(PolicyVersionHeader, state=app.state.rlkit, root=app)
 
 
+def vllm_serve_modules() -> tuple[Any, Any]:
+    """vLLM's serve argument module and the module whose `build_app` and `run_server` start the
+    server: `vllm.entrypoints.launchers` since 0.31, the OpenAI server's own modules before
+    (0.26 is the release built for torch 2.11, which many GPU images carry)."""
+    try:
+        from vllm.entrypoints.launchers import cli_args
+        from vllm.entrypoints.launchers.api_server import entry
+    except ImportError:
+        from vllm.entrypoints.openai import api_server as entry
+        from vllm.entrypoints.openai import cli_args
+    return cli_args, entry
+
+
 def main(argv: list[str] | None = None) -> None:
     """Start vLLM's server with rlkit's extension and routes."""
     os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # enables /pause, /resume, /is_paused
     import uvloop
-    from vllm.entrypoints.launchers import cli_args
-    from vllm.entrypoints.launchers.api_server import entry
+    import vllm.logger
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
-    from vllm.logger import configure_logging_from_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cli_args, entry = vllm_serve_modules()
 
     cli_env_setup()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -198,7 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     elif getattr(args, "enable_return_routed_experts", False):
         routing = "vllm"
     os.environ[SERVER_PID_ENV] = str(os.getpid())  # engine processes follow us (rlkit.lifetime)
-    configure_logging_from_args(args)
+    configure_logging = getattr(vllm.logger, "configure_logging_from_args", None)
+    if configure_logging is not None:  # vLLM >= 0.31; older releases read VLLM_LOGGING_* only
+        configure_logging(args)
     if not args.worker_extension_cls:
         args.worker_extension_cls = WORKER_EXTENSION
     cli_args.validate_parsed_serve_args(args)

@@ -20,7 +20,13 @@ def init_distributed(timeout_s: float = 600.0) -> torch.device:
     """Initialise the default process group (once) and return this rank's device."""
     use_cuda = torch.cuda.is_available()
     if use_cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if local_rank >= torch.cuda.device_count():  # NCCL refuses two ranks on one GPU
+            raise RuntimeError(
+                f"trainer rank {local_rank} on this node has no GPU of its own: CUDA sees "
+                f"{torch.cuda.device_count()}; set trainer.nproc_per_node to at most that"
+            )
+        torch.cuda.set_device(local_rank)
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     if dist.is_initialized():
         return device

@@ -16,6 +16,7 @@ from rlkit.errors import UsageError
 from rlkit.inference import InferenceClient, InferenceError, ServerProcess, start_server
 from rlkit.inference.lifecycle import has_cuda
 from rlkit.models import init_tiny
+from tests.cli import TEST_SERVER_ARGS
 
 pytestmark = pytest.mark.slow
 PROMPT_IDS = [5, 6, 7, 8, 9, 10, 11, 12]
@@ -66,7 +67,7 @@ def tied_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, P
 def own_server(tied_models: tuple[Path, Path, Path], tmp_path_factory) -> Iterator[ServerProcess]:
     """A private server (its weights change), serving a tied-embedding model like small Qwen3s."""
     log = tmp_path_factory.mktemp("logs") / "vllm-update.log"
-    server = start_server(str(tied_models[0]), log_path=log)
+    server = start_server(str(tied_models[0]), log_path=log, extra_args=TEST_SERVER_ARGS)
     try:
         server.wait_ready(timeout=600)
         yield server

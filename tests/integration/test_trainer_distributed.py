@@ -76,7 +76,11 @@ def probe(out: str, model_dir: str, sharding: str = "full") -> None:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1"}
+    """CPU ranks (gloo) unless each rank can have a GPU of its own, as NCCL requires."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if torch.cuda.device_count() < 2:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
 
 
 def _run(cmd: list[str]) -> None:

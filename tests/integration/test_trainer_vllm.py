@@ -12,6 +12,7 @@ from rlkit.trainer.engine import Trainer
 from rlkit.trainer.export import weights_dir
 from rlkit.trainer.packing import Sequence, make_micro_batches
 from rlkit.trainer.sft import sft_loss
+from tests.cli import TEST_SERVER_ARGS
 
 
 def train_a_little(trainer: Trainer, steps: int = 4) -> None:
@@ -41,7 +42,8 @@ async def test_exported_weights_served_with_trainer_logprobs(
     from rlkit.inference import InferenceClient, start_server
 
     model = str(tiny_model_dir)
-    server = start_server(model, log_path=tmp_path / "vllm.log")  # our own: weights change
+    # our own server: its weights change
+    server = start_server(model, log_path=tmp_path / "vllm.log", extra_args=TEST_SERVER_ARGS)
     trainer = Trainer(
         TrainerConfig(
             run_dir=str(tmp_path / "run"),

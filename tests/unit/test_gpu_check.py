@@ -61,10 +61,16 @@ def test_wheels_install_uses_no_index(tmp_path: Path) -> None:
     assert [s.name for s in plan][0] == "model"
 
 
+def test_only_runs_the_named_steps_and_the_model() -> None:
+    args = gpu_check.parse_args(["--skip-install", "--only", "engine", "--only", "trainer tests"])
+    assert [s.name for s in gpu_check.build_plan(args)] == ["model", "engine", "trainer tests"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--demo-steps", "1"], "at least 2"),
+        (["--only", "engines"], "--only 'engines': no such step; the steps are install gpu extra"),
         (["--wheels", "/no/such/dir"], "not a directory"),
         (["--no-such-option"], "unrecognized arguments"),
     ],
