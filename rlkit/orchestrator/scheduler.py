@@ -87,6 +87,8 @@ implemented by `rlkit.orchestrator.batching.GroupProcessor`."""
 
 
 class _SchedulerBase:
+    overlaps_weight_updates = False  # sync: every rollout starts on the newest weights
+
     def __init__(
         self,
         source: RolloutSource,
@@ -99,6 +101,7 @@ class _SchedulerBase:
         self.processor = processor
         self.max_off_policy_steps = max_off_policy_steps
         self.version = version  # policy version the servers currently serve
+        self.trained = version  # the trainer's latest weights: staleness counts from them
         self.counters = Counters()
         self._uids = itertools.count()
         self.error: BaseException | None = None  # a source failure that must stop the run
@@ -110,14 +113,22 @@ class _SchedulerBase:
         counters, self.counters = self.counters, Counters()
         return counters
 
+    def on_weights_published(self, version: int) -> None:
+        """The trainer published `version`: the next batch trains from it (the servers may
+        still be loading it)."""
+        self.trained = version
+
     def on_policy_update(self, version: int) -> None:
+        """The servers now serve `version`."""
         self.version = version
+        self.trained = max(self.trained, version)
 
     def _drop_stale(self, group: Group) -> None:
-        """Remove samples whose oldest turn is more than max_off_policy_steps behind."""
+        """Remove samples whose oldest turn is more than max_off_policy_steps behind the
+        weights the trainer will train them from."""
         keep = []
         for sample in group.samples:
-            if self.version - sample.policy_version > self.max_off_policy_steps:
+            if self.trained - sample.policy_version > self.max_off_policy_steps:
                 self.counters.stale += 1
                 group.tokens -= sum(sample.loss_mask)
             else:
@@ -180,6 +191,10 @@ class SyncScheduler(_SchedulerBase):
 class C3POScheduler(_SchedulerBase):
     """C3PO++: capacity Omega in flight, budget Phi per step, retention threshold sigma."""
 
+    # the next batch forms while the servers load new weights: rollouts keep their servers'
+    # policy versions, so staleness stays exact
+    overlaps_weight_updates = True
+
     def __init__(
         self,
         source: RolloutSource,
@@ -236,6 +251,13 @@ class C3POScheduler(_SchedulerBase):
                 self.pool.append(group)
         self._changed.set()
         self.fill()
+
+    def on_weights_published(self, version: int) -> None:
+        """Drop pooled samples that the new weights make too stale to train on."""
+        super().on_weights_published(version)
+        for group in self.pool:
+            self._drop_stale(group)
+        self.pool = [g for g in self.pool if g.samples]
 
     def on_policy_update(self, version: int) -> None:
         """New weights are live: purge groups that spanned more than sigma updates."""

@@ -211,3 +211,26 @@ async def test_source_failure_stops_c3po() -> None:
     with pytest.raises(RuntimeError, match="not healthy"):
         await sched.next_batch()
     await sched.close()
+
+
+async def test_published_weights_set_staleness_before_the_servers_load_them() -> None:
+    """The loop forms batch N+1 while the servers load N: staleness already counts from N,
+    new groups still start at the servers' version until the update lands."""
+    engine = FakeEngine(itertools.repeat(10), group_size=2)
+    sched = c3po(engine, capacity=4, budget=40, retention=10, max_off=1)
+    try:
+        await sched.next_batch()
+        while sched.pool_tokens() < sched.token_budget:  # refilled one batch ahead, at v0
+            await asyncio.sleep(0.001)
+        sched.on_weights_published(1)
+        assert sched.pool and sched.counters.stale == 0  # 1 - 0 is within max_off
+        sched.on_weights_published(2)  # the servers still serve 0
+        assert not sched.pool and sched.counters.stale > 0
+        assert sched.tasks and {g.start_version for g in sched.tasks.values()} == {0}
+        engine.version = 2
+        sched.on_policy_update(2)
+        await sched.close()
+        sched.fill()
+        assert {g.start_version for g in sched.tasks.values()} == {2}
+    finally:
+        await sched.close()
