@@ -12,7 +12,7 @@ Per step N (numbered from 1, as the trainer expects):
 Sync does 4-5 before the next step. C3PO++ starts step N+1 (its batch is usually pooled already)
 while the servers load N, and finishes 4-5 once batch N+1 is with the trainer: the trainer no
 longer idles through the update. Staleness counts from the trainer's weights
-(`scheduler.on_weights_published`), new rollouts start at the servers' version.
+(`scheduler.on_weights_published`); new rollouts start once the servers serve the new weights.
 """
 
 from __future__ import annotations
@@ -264,7 +264,11 @@ async def run_orchestrator(
     async def update_servers(path: str, step: int) -> float:
         """Load step's weights on every server; returns the seconds it took."""
         t = time.monotonic()
-        await source.update_weights(path, step)
+        try:
+            await source.update_weights(path, step)
+        except Exception as exc:
+            scheduler.stop(exc)  # a next batch waiting on new rollouts would wait forever
+            raise
         scheduler.on_policy_update(step)
         return time.monotonic() - t
 

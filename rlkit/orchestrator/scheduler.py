@@ -118,6 +118,11 @@ class _SchedulerBase:
         still be loading it)."""
         self.trained = version
 
+    def stop(self, error: BaseException) -> None:
+        """A failure outside the scheduler (a weight update) ends the run: `next_batch`
+        raises it instead of waiting for rollouts."""
+        self.error = self.error or error
+
     def on_policy_update(self, version: int) -> None:
         """The servers now serve `version`."""
         self.version = version
@@ -212,6 +217,7 @@ class C3POScheduler(_SchedulerBase):
         self.pool: list[Group] = []  # finished groups waiting for a batch, in finish order
         self.tasks: dict[asyncio.Task, Group] = {}
         self._changed = asyncio.Event()
+        self.loading = False  # the servers are loading published weights: launch nothing
 
     def in_flight(self) -> int:
         return len(self.tasks) * self.source.group_size
@@ -225,7 +231,7 @@ class C3POScheduler(_SchedulerBase):
         Generation runs on while the trainer trains, but at most one batch ahead: nothing new
         starts once the finished pool already holds a whole budget of tokens.
         """
-        if self.error is not None:
+        if self.error is not None or self.loading:
             return
         g = self.source.group_size
         room = max(self.capacity, g)
@@ -253,15 +259,23 @@ class C3POScheduler(_SchedulerBase):
         self.fill()
 
     def on_weights_published(self, version: int) -> None:
-        """Drop pooled samples that the new weights make too stale to train on."""
+        """Drop pooled samples that the new weights make too stale to train on, and launch
+        nothing until the servers serve them: a group started on the old weights now would be
+        trained a step later than usual, one step staler."""
         super().on_weights_published(version)
+        self.loading = True
         for group in self.pool:
             self._drop_stale(group)
         self.pool = [g for g in self.pool if g.samples]
 
+    def stop(self, error: BaseException) -> None:
+        super().stop(error)
+        self._changed.set()
+
     def on_policy_update(self, version: int) -> None:
         """New weights are live: purge groups that spanned more than sigma updates."""
         super().on_policy_update(version)
+        self.loading = False
         for task, group in list(self.tasks.items()):
             if version - group.start_version > self.retention:
                 task.cancel()

@@ -214,8 +214,9 @@ async def test_source_failure_stops_c3po() -> None:
 
 
 async def test_published_weights_set_staleness_before_the_servers_load_them() -> None:
-    """The loop forms batch N+1 while the servers load N: staleness already counts from N,
-    new groups still start at the servers' version until the update lands."""
+    """The loop forms batch N+1 while the servers load N: staleness already counts from N, and
+    nothing new starts until the servers serve N (it would start on N-1 and be trained from
+    N+1: one step staler than a group started after the update)."""
     engine = FakeEngine(itertools.repeat(10), group_size=2)
     sched = c3po(engine, capacity=4, budget=40, retention=10, max_off=1)
     try:
@@ -226,11 +227,27 @@ async def test_published_weights_set_staleness_before_the_servers_load_them() ->
         assert sched.pool and sched.counters.stale == 0  # 1 - 0 is within max_off
         sched.on_weights_published(2)  # the servers still serve 0
         assert not sched.pool and sched.counters.stale > 0
-        assert sched.tasks and {g.start_version for g in sched.tasks.values()} == {0}
+        launched = sched.counters.launched
+        sched.fill()
+        assert sched.counters.launched == launched  # nothing starts on the old weights
         engine.version = 2
         sched.on_policy_update(2)
+        assert sched.counters.launched > launched
+        new = [g for g in sched.tasks.values() if g.start_version == 2]
+        assert len(new) * engine.group_size == sched.counters.launched - launched
+    finally:
         await sched.close()
-        sched.fill()
-        assert {g.start_version for g in sched.tasks.values()} == {2}
+
+
+async def test_a_failed_weight_update_stops_a_waiting_batch() -> None:
+    engine = FakeEngine(itertools.repeat(10), group_size=2)
+    sched = c3po(engine, capacity=2, budget=10_000, retention=10, max_off=1)
+    try:
+        sched.on_weights_published(1)  # loading: nothing runs, next_batch would wait forever
+        task = asyncio.create_task(sched.next_batch())
+        await asyncio.sleep(0.01)
+        sched.stop(ConnectionError("server gone"))
+        with pytest.raises(ConnectionError, match="server gone"):
+            await asyncio.wait_for(task, 5)
     finally:
         await sched.close()
