@@ -8,11 +8,6 @@ Per step N (numbered from 1, as the trainer expects):
    in place; while it trains, c3po keeps generating,
 4. load the weights on every server as policy version N; c3po purges over-retained rollouts,
 5. log the step's metrics (merged with the trainer's), evaluate every `eval.every` steps.
-
-Sync does 4-5 before the next step. C3PO++ starts step N+1 (its batch is usually pooled already)
-while the servers load N, and finishes 4-5 once batch N+1 is with the trainer: the trainer no
-longer idles through the update. Staleness counts from the trainer's weights
-(`scheduler.on_weights_published`); new rollouts start once the servers serve the new weights.
 """
 
 from __future__ import annotations
@@ -21,7 +16,6 @@ import asyncio
 import gc
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,24 +34,8 @@ from rlkit.orchestrator.scheduler import C3POScheduler, Group, SyncScheduler
 from rlkit.orchestrator.source import EnvRolloutSource, ServersLost, load_environments
 from rlkit.orchestrator.state import save_state
 from rlkit.orchestrator.watchdog import NoSignalError, NoSignalWatchdog
-from rlkit.trainer.batch import TrainBatch, write_batch
+from rlkit.trainer.batch import write_batch
 from rlkit.trainer.export import STABLE_MARKER, weights_dir
-
-
-@dataclass
-class PublishedStep:
-    """A step whose weights the trainer published and the servers are loading (`update`);
-    logged once they are live. C3PO++ forms the next batch meanwhile."""
-
-    step: int
-    batch: TrainBatch
-    stats: Any
-    counters: Any
-    t0: float  # the step started forming its batch
-    t1: float  # batch handed to the trainer
-    t2: float  # weights published
-    rollout_s: float
-    update: asyncio.Task[float]
 
 
 class TrainerFailed(RuntimeError):
@@ -261,45 +239,8 @@ async def run_orchestrator(
             console=console,
         )
 
-    async def update_servers(path: str, step: int) -> float:
-        """Load step's weights on every server; returns the seconds it took."""
-        t = time.monotonic()
-        try:
-            await source.update_weights(path, step)
-        except Exception as exc:
-            scheduler.stop(exc)  # a next batch waiting on new rollouts would wait forever
-            raise
-        scheduler.on_policy_update(step)
-        return time.monotonic() - t
-
-    async def finish_step(
-        published: PublishedStep, next_start: float | None, evaluate_due: bool = True
-    ) -> None:
-        """Wait for the step's weight update, log the step, evaluate when due. The step ends
-        where the next one started (`next_start`) or now."""
-        weight_update_s = await published.update
-        t3 = time.monotonic()
-        step = published.step
-        ours = step_record(
-            step,
-            published.batch,
-            published.stats,
-            published.counters,
-            rollout_time_s=published.rollout_s,
-            train_time_s=t3 - published.t1,
-            weights_wait_s=published.t2 - published.t1,
-            weight_update_s=weight_update_s,
-            step_time_s=(next_start or time.monotonic()) - published.t0,
-            idle_s=scheduler.take_idle_s(),
-        )
-        ours.update(pool.metrics())
-        logger.log(merge_records(ours, read_trainer_record(run_dir, step) or {}))
-        if evaluate_due and o.eval.every and step % o.eval.every == 0 and step != o.max_steps:
-            await run_eval(step)
-
     doorbell = handoff.Doorbell(run_dir, handoff.ORCHESTRATOR)
     done = start_step  # last step whose weights are published
-    pending: PublishedStep | None = None  # its weights are loading on the servers
     monitor: asyncio.Task | None = None
     try:
         await pool.wait_healthy(cfg.inference.startup_timeout_s)
@@ -320,34 +261,36 @@ async def run_orchestrator(
             while not groups:  # every group may have been filtered out (no signal)
                 groups = await scheduler.next_batch()
             rollout_s = time.monotonic() - t0
-            batch = make_batch(step, groups, scheduler.trained)
+            batch = make_batch(step, groups, scheduler.version)
             write_batch(batch, run_dir)
             handoff.ring(run_dir, handoff.TRAINER)
             save_state(run_dir, step, {"sampler": sampler.state_dict()})
-            if pending is not None:  # the previous step's update ran beside this batch
-                await finish_step(pending, next_start=t0)
-                pending = None
             t1 = time.monotonic()
             path = await wait_for_weights(
                 doorbell, run_dir, step, o.weights_timeout_s, trainer_exit
             )
             t2 = time.monotonic()
-            done = step
-            scheduler.on_weights_published(step)
-            pending = PublishedStep(
+            await source.update_weights(str(path), step)
+            weight_update_s = time.monotonic() - t2
+            scheduler.on_policy_update(step)
+            t3 = time.monotonic()
+            ours = step_record(
                 step,
                 batch,
                 processor.take_stats(),
                 scheduler.take_counters(),
-                t0=t0,
-                t1=t1,
-                t2=t2,
-                rollout_s=rollout_s,
-                update=asyncio.create_task(update_servers(str(path), step)),
+                rollout_time_s=rollout_s,
+                train_time_s=t3 - t1,
+                weights_wait_s=t2 - t1,
+                weight_update_s=weight_update_s,
+                step_time_s=time.monotonic() - t0,
+                idle_s=scheduler.take_idle_s(),
             )
-            if not scheduler.overlaps_weight_updates or step == o.max_steps:
-                await finish_step(pending, next_start=None)
-                pending = None
+            ours.update(pool.metrics())
+            logger.log(merge_records(ours, read_trainer_record(run_dir, step) or {}))
+            done = step
+            if o.eval.every and step % o.eval.every == 0 and step != o.max_steps:
+                await run_eval(step)
         if o.eval.at_end:
             await scheduler.close()
             await run_eval(o.max_steps)
@@ -356,15 +299,10 @@ async def run_orchestrator(
         raise
     except NoSignalError as exc:
         console.print(f"[bold red]stopping:[/] {exc}")
-        if pending is not None:  # the last published step still gets its metrics line
-            await finish_step(pending, next_start=None, evaluate_due=False)
-            pending = None
         await stop_with_checkpoint(run_dir, done, str(exc), trainer_exit, console)
         save_state(run_dir, done, {"sampler": sampler.state_dict()})
         raise
     finally:
-        if pending is not None:
-            pending.update.cancel()
         logger.draw_plot()
         doorbell.close()
         await scheduler.close()

@@ -87,8 +87,6 @@ implemented by `rlkit.orchestrator.batching.GroupProcessor`."""
 
 
 class _SchedulerBase:
-    overlaps_weight_updates = False  # sync: every rollout starts on the newest weights
-
     def __init__(
         self,
         source: RolloutSource,
@@ -101,7 +99,6 @@ class _SchedulerBase:
         self.processor = processor
         self.max_off_policy_steps = max_off_policy_steps
         self.version = version  # policy version the servers currently serve
-        self.trained = version  # the trainer's latest weights: staleness counts from them
         self.counters = Counters()
         self._uids = itertools.count()
         self.error: BaseException | None = None  # a source failure that must stop the run
@@ -113,27 +110,14 @@ class _SchedulerBase:
         counters, self.counters = self.counters, Counters()
         return counters
 
-    def on_weights_published(self, version: int) -> None:
-        """The trainer published `version`: the next batch trains from it (the servers may
-        still be loading it)."""
-        self.trained = version
-
-    def stop(self, error: BaseException) -> None:
-        """A failure outside the scheduler (a weight update) ends the run: `next_batch`
-        raises it instead of waiting for rollouts."""
-        self.error = self.error or error
-
     def on_policy_update(self, version: int) -> None:
-        """The servers now serve `version`."""
         self.version = version
-        self.trained = max(self.trained, version)
 
     def _drop_stale(self, group: Group) -> None:
-        """Remove samples whose oldest turn is more than max_off_policy_steps behind the
-        weights the trainer will train them from."""
+        """Remove samples whose oldest turn is more than max_off_policy_steps behind."""
         keep = []
         for sample in group.samples:
-            if self.trained - sample.policy_version > self.max_off_policy_steps:
+            if self.version - sample.policy_version > self.max_off_policy_steps:
                 self.counters.stale += 1
                 group.tokens -= sum(sample.loss_mask)
             else:
@@ -196,10 +180,6 @@ class SyncScheduler(_SchedulerBase):
 class C3POScheduler(_SchedulerBase):
     """C3PO++: capacity Omega in flight, budget Phi per step, retention threshold sigma."""
 
-    # the next batch forms while the servers load new weights: rollouts keep their servers'
-    # policy versions, so staleness stays exact
-    overlaps_weight_updates = True
-
     def __init__(
         self,
         source: RolloutSource,
@@ -217,7 +197,6 @@ class C3POScheduler(_SchedulerBase):
         self.pool: list[Group] = []  # finished groups waiting for a batch, in finish order
         self.tasks: dict[asyncio.Task, Group] = {}
         self._changed = asyncio.Event()
-        self.loading = False  # the servers are loading published weights: launch nothing
 
     def in_flight(self) -> int:
         return len(self.tasks) * self.source.group_size
@@ -231,7 +210,7 @@ class C3POScheduler(_SchedulerBase):
         Generation runs on while the trainer trains, but at most one batch ahead: nothing new
         starts once the finished pool already holds a whole budget of tokens.
         """
-        if self.error is not None or self.loading:
+        if self.error is not None:
             return
         g = self.source.group_size
         room = max(self.capacity, g)
@@ -258,24 +237,9 @@ class C3POScheduler(_SchedulerBase):
         self._changed.set()
         self.fill()
 
-    def on_weights_published(self, version: int) -> None:
-        """Drop pooled samples that the new weights make too stale to train on, and launch
-        nothing until the servers serve them: a group started on the old weights now would be
-        trained a step later than usual, one step staler."""
-        super().on_weights_published(version)
-        self.loading = True
-        for group in self.pool:
-            self._drop_stale(group)
-        self.pool = [g for g in self.pool if g.samples]
-
-    def stop(self, error: BaseException) -> None:
-        super().stop(error)
-        self._changed.set()
-
     def on_policy_update(self, version: int) -> None:
         """New weights are live: purge groups that spanned more than sigma updates."""
         super().on_policy_update(version)
-        self.loading = False
         for task, group in list(self.tasks.items()):
             if version - group.start_version > self.retention:
                 task.cancel()
