@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import os
 import sys
 
 import typer
@@ -56,6 +58,19 @@ def _register() -> None:
 _register()
 
 
+def quiet_triton_teardown() -> None:
+    """Exit handler: once triton is loaded (transformers imports it through torch._dynamo),
+    its nanobind bindings print a "nanobind: leaked ... functions" report at interpreter
+    teardown, ~30 lines after every `rlkit train`. Registered first, it runs after every other
+    exit handler and points stderr at /dev/null for the teardown alone, as triton does for its
+    own compile workers (`triton/_compile_warmup_pool.py`)."""
+    if "triton" in sys.modules:
+        sys.stderr.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+
+
 def main() -> None:
     """Console-script entry point: UsageError becomes a one-line message and exit code 2, a
     missing system component (SystemRequirementError) or a run that stopped itself (RunStopped)
@@ -63,6 +78,8 @@ def main() -> None:
 
     Typer runs in standalone mode, so its own usage errors already exit with code 2.
     """
+    atexit.unregister(quiet_triton_teardown)  # once, however often tests call main()
+    atexit.register(quiet_triton_teardown)
     try:
         app()
     except UsageError as exc:
