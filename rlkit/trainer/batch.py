@@ -1,13 +1,18 @@
 """The batch format between the orchestrator (writer) and the trainer (reader).
 
 One file per optimiser step, `run_dir/batches/step_{step:06d}.pt`, written atomically
-(`rlkit.atomic`) so the trainer never sees half a batch. The payload is plain Python lists and
-numbers, so `torch.load(weights_only=True)` can read it safely. Each sample is one whole
+(`rlkit.atomic`) so the trainer never sees half a batch. Each sample is one whole
 conversation: `token_ids`, a `loss_mask` (1 = model token that counts), the engine's
 `inference_logprobs` (0.0 where the mask is 0), one scalar `advantage` and the `policy_version`
 that generated it. MoE samples may carry the inference engine's `routing` (R3): expert ids
 [tokens, moe_layers, top_k] as int16 bytes (`rlkit.trainer.routing.encode_routing`, -1 where
 unknown, e.g. the last sampled token) with `routing_dims` = (moe_layers, top_k).
+
+On disk the samples are columns (`to_columns`): each per-token field is one flat tensor with
+every sample's values back to back plus their lengths, each numeric field one tensor, the rest
+Python lists, so `torch.load(weights_only=True)` can read it safely and fast. That unpickler
+rebuilds a tensor in C but every Python number in pure Python: the demo's 96 samples took 13 ms
+to load as lists of numbers (the trainer waits for that every step), under 1 ms as columns.
 """
 
 from __future__ import annotations
@@ -53,11 +58,58 @@ def batch_path(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / "batches" / f"step_{step:06d}.pt"
 
 
+# how each TrainSample field is stored: per-token fields flat, numbers as one tensor per field
+TOKEN_FIELDS = {
+    "token_ids": torch.int64,
+    "loss_mask": torch.int64,
+    "inference_logprobs": torch.float64,
+}
+NUMBER_FIELDS = {
+    "advantage": torch.float64,
+    "policy_version": torch.int64,
+    "reward": torch.float64,
+    "temperature": torch.float64,
+}
+LIST_FIELDS = ("env_id", "routing", "routing_dims")
+
+
+def to_columns(batch: TrainBatch) -> dict[str, Any]:
+    """The on-disk layout of `batch` (see the module docstring)."""
+    samples = [s.model_dump() for s in batch.samples]
+    columns: dict[str, Any] = {"lengths": {}}
+    for name, dtype in TOKEN_FIELDS.items():
+        columns[name] = torch.tensor([x for s in samples for x in s[name]], dtype=dtype)
+        columns["lengths"][name] = torch.tensor([len(s[name]) for s in samples], dtype=torch.int64)
+    for name, dtype in NUMBER_FIELDS.items():
+        columns[name] = torch.tensor([s[name] for s in samples], dtype=dtype)
+    for name in LIST_FIELDS:
+        columns[name] = [s[name] for s in samples]
+    return {"step": batch.step, "meta": batch.meta, "columns": columns}
+
+
+def from_columns(raw: dict[str, Any]) -> dict[str, Any]:
+    """`to_columns`' output back to TrainBatch fields (plain lists and numbers)."""
+    columns = raw["columns"]
+    missing = [f for f in [*TOKEN_FIELDS, *NUMBER_FIELDS, *LIST_FIELDS] if f not in columns]
+    if missing:
+        raise MalformedBatchError(f"batch has no column {missing[0]!r}")
+    samples: list[dict[str, Any]] = [{} for _ in columns["advantage"]]
+    for name in TOKEN_FIELDS:
+        values, start = columns[name].tolist(), 0
+        for sample, length in zip(samples, columns["lengths"][name].tolist(), strict=True):
+            sample[name], start = values[start : start + length], start + length
+    for name in [*NUMBER_FIELDS, *LIST_FIELDS]:
+        values = columns[name].tolist() if name in NUMBER_FIELDS else columns[name]
+        for sample, value in zip(samples, values, strict=True):
+            sample[name] = value
+    return {"step": raw["step"], "meta": raw["meta"], "samples": samples}
+
+
 def write_batch(batch: TrainBatch, run_dir: str | Path) -> Path:
     """Write `batch` to its step file atomically; returns the path."""
     path = batch_path(run_dir, batch.step)
     with atomic_path(path) as tmp:
-        torch.save(batch.model_dump(), tmp)
+        torch.save(to_columns(batch), tmp)
     return path
 
 
@@ -98,7 +150,11 @@ def read_batch(path: str | Path) -> TrainBatch:
     except Exception as exc:
         raise MalformedBatchError(f"{path}: cannot load batch: {exc}") from exc
     try:
-        batch = TrainBatch.model_validate(raw)
+        # a batch written before the columnar layout (a run resumed across an upgrade) is
+        # TrainBatch's own fields
+        batch = TrainBatch.model_validate(from_columns(raw) if "columns" in raw else raw)
+    except MalformedBatchError as exc:
+        raise MalformedBatchError(f"{path}: {exc}") from None
     except Exception as exc:
         raise MalformedBatchError(f"{path}: {exc}") from exc
     if not batch.samples:

@@ -71,3 +71,34 @@ def test_missing_field_and_garbage_file(tmp_path: Path) -> None:
     torch.save({"step": 1, "samples": [], "meta": {}}, path)
     with pytest.raises(MalformedBatchError, match="no samples"):
         read_batch(path)
+
+
+def test_samples_are_stored_as_columns(tmp_path: Path) -> None:
+    """One tensor per field on disk (fast under weights_only), samples of different lengths."""
+    short = sample(token_ids=[5, 6], loss_mask=[0, 1], inference_logprobs=[0.0, -0.125])
+    batch = TrainBatch(step=1, samples=[sample(), short, sample(routing=bytes(8), routing_dims=(1, 1))])
+    raw = torch.load(write_batch(batch, tmp_path), weights_only=True)
+    columns = raw["columns"]
+    assert columns["token_ids"].tolist() == [5, 6, 7, 8, 5, 6, 5, 6, 7, 8]
+    assert columns["lengths"]["loss_mask"].tolist() == [4, 2, 4]
+    assert columns["advantage"].dtype == torch.float64
+    assert columns["routing"] == [None, None, bytes(8)]
+    assert read_batch(batch_path(tmp_path, 1)) == batch
+
+
+def test_batch_written_as_plain_fields_still_reads(tmp_path: Path) -> None:
+    """A run resumed across the switch to columns reads its earlier batches."""
+    batch = TrainBatch(step=2, samples=[sample(), sample(advantage=-1.0)])
+    path = batch_path(tmp_path, 2)
+    path.parent.mkdir()
+    torch.save(batch.model_dump(), path)
+    assert read_batch(path) == batch
+
+
+def test_missing_column_named(tmp_path: Path) -> None:
+    path = write_batch(TrainBatch(step=1, samples=[sample()]), tmp_path)
+    raw = torch.load(path, weights_only=True)
+    del raw["columns"]["inference_logprobs"]
+    torch.save(raw, path)
+    with pytest.raises(MalformedBatchError, match="no column 'inference_logprobs'"):
+        read_batch(path)
