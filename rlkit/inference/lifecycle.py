@@ -147,18 +147,21 @@ class ServerProcess:
     def wait_ready(self, timeout: float = 300.0) -> None:
         """Block until /health answers 200; raise RuntimeError with the log tail otherwise."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"inference server exited with code {self.process.returncode} before it "
-                    f"was ready; log {self.log_path}:\n{self.log_tail()}"
-                )
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        # one client for every poll: a new one (what `httpx.get` makes) loads the system's CA
+        # certificates, ~25 ms of CPU taken from the starting server each time
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(
+                        f"inference server exited with code {self.process.returncode} before it "
+                        f"was ready; log {self.log_path}:\n{self.log_tail()}"
+                    )
+                try:
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
         self.stop()
         raise RuntimeError(
             f"inference server not ready after {timeout:.0f}s; log {self.log_path}:\n"

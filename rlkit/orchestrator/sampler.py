@@ -38,6 +38,7 @@ class PromptSampler:
         self.rng = random.Random(seed)
         self.cursor: dict[str, list[int]] = {env_id: [0, 0] for env_id in sizes}  # epoch, pos
         self.level: dict[str, dict[int, str]] = {env_id: {} for env_id in sizes}  # non-normal
+        self._orders: dict[str, tuple[int, list[int]]] = {}  # env_id -> (epoch, its order)
 
     # ---- drawing ------------------------------------------------------------------------
     def sample(self) -> tuple[str, int]:
@@ -60,9 +61,14 @@ class PromptSampler:
         return self.rng.choices(list(live), weights=list(live.values()))[0]
 
     def _order(self, env_id: str, epoch: int) -> list[int]:
-        order = list(range(self.sizes[env_id]))
-        random.Random(f"{self.seed}/{env_id}/{epoch}").shuffle(order)
-        return order
+        """The epoch's shuffled order, a function of (seed, env, epoch); kept per environment
+        since shuffling the whole dataset on every draw cost O(dataset) per prompt."""
+        cached = self._orders.get(env_id)
+        if cached is None or cached[0] != epoch:
+            order = list(range(self.sizes[env_id]))
+            random.Random(f"{self.seed}/{env_id}/{epoch}").shuffle(order)
+            self._orders[env_id] = cached = (epoch, order)
+        return cached[1]
 
     def _next_normal(self, env_id: str) -> int:
         """The next normal example in this epoch's shuffled order (the data position)."""

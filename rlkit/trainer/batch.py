@@ -108,7 +108,9 @@ def from_columns(raw: dict[str, Any]) -> dict[str, Any]:
 def write_batch(batch: TrainBatch, run_dir: str | Path) -> Path:
     """Write `batch` to its step file atomically; returns the path."""
     path = batch_path(run_dir, batch.step)
-    with atomic_path(path) as tmp:
+    # a hand-off, not flushed: after a crash the resumed run regenerates batches past its
+    # checkpoint (`rlkit.orchestrator.state`)
+    with atomic_path(path, durable=False) as tmp:
         torch.save(to_columns(batch), tmp)
     return path
 
