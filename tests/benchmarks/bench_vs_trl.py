@@ -16,7 +16,9 @@ of 96 x max_tokens would give C3PO++ four times the samples, as replies are shor
 Reported: seconds per step (mean over the steps after the first), the whole
 run's wall time (process start to exit, including vLLM's start-up for rlkit), and the eval
 reward of each final model under one evaluation (HF generate in this process, the
-environment's own rubric, 64 held-out prompts x 4 samples at temperature 1). For rlkit it also
+environment's own rubric, 64 held-out prompts x 16 samples at temperature 1), with its standard
+error over the prompts' means (4 samples a prompt gave +-0.02 run-to-run, too coarse to call
+two models equal). For rlkit it also
 reruns its trainer alone over the run's saved batches, in the environment `rlkit train` gives
 its trainer (`rlkit.train.launcher.trainer_env`: on CPU, OpenMP threads wait passively), and
 reports the step time inside `rlkit train` against the same step alone.
@@ -250,8 +252,9 @@ def trainer_alone(run_dir: Path, root: Path, steps: int) -> float:
 
 
 # ---- one evaluation for every final model -------------------------------------------------
-def evaluate(model: Path, max_tokens: int, samples: int = 4) -> float:
-    """Mean reward over the held-out prompts, `samples` each, HF generate at temperature 1."""
+def evaluate(model: Path, max_tokens: int, samples: int = 16) -> tuple[float, float]:
+    """Mean reward over the held-out prompts, `samples` each, HF generate at temperature 1,
+    and its standard error over the prompts' means."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -281,7 +284,10 @@ def evaluate(model: Path, max_tokens: int, samples: int = 4) -> float:
     replies = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     for i, reply in enumerate(replies):
         rewards.append(env_reward(env, reply, rows["answer"][i // samples]))
-    return statistics.fmean(rewards)
+    per_prompt = [
+        statistics.fmean(rewards[i : i + samples]) for i in range(0, len(rewards), samples)
+    ]
+    return statistics.fmean(rewards), statistics.stdev(per_prompt) / len(per_prompt) ** 0.5
 
 
 def run_workload(workload: str, root: Path, steps: int, schedulers: list[str]) -> dict[str, Any]:
@@ -297,10 +303,10 @@ def run_workload(workload: str, root: Path, steps: int, schedulers: list[str]) -
         r["trainer_alone_step_s"] = trainer_alone(r.pop("run_dir"), root, steps)
         r["trainer_inside_over_alone"] = r["trainer_step_s"] / r["trainer_alone_step_s"]
         results[f"rlkit-{scheduler}"] = r
-    initial_eval = round(evaluate(model, max_tokens), 4)
+    initial_eval = round(evaluate(model, max_tokens)[0], 4)
     out: dict[str, Any] = {"steps": steps, "max_tokens": max_tokens, "initial_eval": initial_eval}
     for name, r in results.items():
-        r["eval_reward"] = evaluate(r.pop("final"), max_tokens)
+        r["eval_reward"], r["eval_stderr"] = evaluate(r.pop("final"), max_tokens)
         out[name] = {k: round(v, 4) for k, v in r.items()}
     for name in results:
         if name != "trl":
