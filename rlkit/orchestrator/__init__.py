@@ -1,9 +1,23 @@
 """Asynchronous rollout orchestration: C3PO++ and sync schedulers, batching, metrics."""
 
+from typing import Any
+
 from rlkit.deprecated import moved_names
-from rlkit.orchestrator.loop import run_orchestrator
-from rlkit.orchestrator.scheduler import C3POScheduler, SyncScheduler
 
 __all__ = ["C3POScheduler", "SyncScheduler", "run_orchestrator"]
 
-__getattr__ = moved_names(__name__, {"TrainConfig": "rlkit.train.config:TrainConfig"})
+_moved = moved_names(__name__, {"TrainConfig": "rlkit.train.config:TrainConfig"})
+
+
+def __getattr__(name: str) -> Any:
+    """The loop and schedulers load on first use: `rlkit.orchestrator.config` (which `rlkit
+    train` validates before it starts vLLM) must not pull in torch and transformers."""
+    if name == "run_orchestrator":
+        from rlkit.orchestrator.loop import run_orchestrator
+
+        return run_orchestrator
+    if name in ("C3POScheduler", "SyncScheduler"):
+        from rlkit.orchestrator import scheduler
+
+        return getattr(scheduler, name)
+    return _moved(name)
