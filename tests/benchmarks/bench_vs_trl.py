@@ -16,12 +16,12 @@ of 96 x max_tokens would give C3PO++ four times the samples, as replies are shor
 Reported: seconds per step (mean over the steps after the first), the whole
 run's wall time (process start to exit, including vLLM's start-up for rlkit), and the eval
 reward of each final model under one evaluation (HF generate in this process, the
-environment's own rubric, 64 held-out prompts x 16 samples at temperature 1), with its standard
-error over the prompts' means (4 samples a prompt gave +-0.02 run-to-run, too coarse to call
-two models equal). For rlkit it also
-reruns its trainer alone over the run's saved batches, in the environment `rlkit train` gives
-its trainer (`rlkit.train.launcher.trainer_env`: on CPU, OpenMP threads wait passively), and
-reports the step time inside `rlkit train` against the same step alone.
+environment's own rubric, 64 held-out prompts at temperature 1), with its standard error over the
+prompts' means: 16 samples a prompt on `demo` (4 gave +-0.02 run-to-run, too coarse to call two
+models equal), 4 on `small` (no model learns there in 6 steps; 16 took ~4 min a model).
+For rlkit it also reruns its trainer alone over the run's saved batches, in the environment
+`rlkit train` gives its trainer (`rlkit.train.launcher.trainer_env`: on CPU, OpenMP threads wait
+passively), and reports the step time inside `rlkit train` against the same step alone.
 
 TRL runs with OMP_WAIT_POLICY=PASSIVE, as `rlkit train` starts its CPU trainer (on a shared
 machine libgomp's default spin-waiting slows 2 threads down more than 2x).
@@ -303,10 +303,11 @@ def run_workload(workload: str, root: Path, steps: int, schedulers: list[str]) -
         r["trainer_alone_step_s"] = trainer_alone(r.pop("run_dir"), root, steps)
         r["trainer_inside_over_alone"] = r["trainer_step_s"] / r["trainer_alone_step_s"]
         results[f"rlkit-{scheduler}"] = r
-    initial_eval = round(evaluate(model, max_tokens)[0], 4)
+    samples = 16 if workload == "demo" else 4
+    initial_eval = round(evaluate(model, max_tokens, samples)[0], 4)
     out: dict[str, Any] = {"steps": steps, "max_tokens": max_tokens, "initial_eval": initial_eval}
     for name, r in results.items():
-        r["eval_reward"], r["eval_stderr"] = evaluate(r.pop("final"), max_tokens)
+        r["eval_reward"], r["eval_stderr"] = evaluate(r.pop("final"), max_tokens, samples)
         out[name] = {k: round(v, 4) for k, v in r.items()}
     for name in results:
         if name != "trl":
