@@ -13,7 +13,7 @@ Per workload: TRL (HF generate in its one process, on CPU) and `rlkit train` wit
 scheduler (12 groups per step, same as TRL) and with C3PO++ (its token budget = the mean
 completion tokens of the sync run's batches, so both train on about 96 samples a step; a budget
 of 96 x max_tokens would give C3PO++ four times the samples, as replies are shorter than the cap).
-Reported: seconds per step (mean over the steps after the first), the whole
+Reported: seconds per step (mean over the steps after the first) and per sample trained, the whole
 run's wall time (process start to exit, including vLLM's start-up for rlkit), and the eval
 reward of each final model under one evaluation (HF generate in this process, the
 environment's own rubric, 64 held-out prompts at temperature 1), with its standard error over the
@@ -186,7 +186,12 @@ def run_trl(model: Path, root: Path, steps: int, max_tokens: int) -> dict[str, A
     wall = time.perf_counter() - t0
     result = json.loads((out / "result.json").read_text())
     per_step = result["step_times"][1:] or [result["train_s"] / steps]
-    return {"s_per_step": statistics.fmean(per_step), "wall_s": wall, "final": out / "final"}
+    return {
+        "s_per_step": statistics.fmean(per_step),
+        "wall_s": wall,
+        "samples_per_step": GROUP * PROMPTS,
+        "final": out / "final",
+    }
 
 
 # ---- rlkit --------------------------------------------------------------------------------
@@ -308,6 +313,8 @@ def run_workload(workload: str, root: Path, steps: int, schedulers: list[str]) -
     out: dict[str, Any] = {"steps": steps, "max_tokens": max_tokens, "initial_eval": initial_eval}
     for name, r in results.items():
         r["eval_reward"], r["eval_stderr"] = evaluate(r.pop("final"), max_tokens, samples)
+        # C3PO++'s batches end at a token budget, not at a sample count
+        r["ms_per_sample"] = 1000 * r["s_per_step"] / r["samples_per_step"]
         out[name] = {k: round(v, 4) for k, v in r.items()}
     for name in results:
         if name != "trl":
