@@ -135,6 +135,16 @@ def test_sampler_state_round_trip_continues_the_stream() -> None:
     assert [a.sample() for _ in range(30)] == [b.sample() for _ in range(30)]
 
 
+def test_sampler_reads_each_epoch_once_in_its_own_order() -> None:
+    """Every example once per epoch; each epoch shuffled anew (the order is kept per epoch)."""
+    sampler = PromptSampler(
+        {"a": 6}, {"a": 1.0}, DifficultyConfig(easy_fraction=0.0, hard_fraction=0.0), seed=1
+    )
+    epochs = [[sampler.sample()[1] for _ in range(6)] for _ in range(4)]
+    assert all(sorted(epoch) == list(range(6)) for epoch in epochs)
+    assert len({tuple(epoch) for epoch in epochs}) > 1
+
+
 def rollout(reward: float, n: int = 3, error: str | None = None, version: int = 0) -> Rollout:
     turn = Turn(
         prompt_token_ids=[1, 2],
