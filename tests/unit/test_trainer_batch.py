@@ -76,7 +76,9 @@ def test_missing_field_and_garbage_file(tmp_path: Path) -> None:
 def test_samples_are_stored_as_columns(tmp_path: Path) -> None:
     """One tensor per field on disk (fast under weights_only), samples of different lengths."""
     short = sample(token_ids=[5, 6], loss_mask=[0, 1], inference_logprobs=[0.0, -0.125])
-    batch = TrainBatch(step=1, samples=[sample(), short, sample(routing=bytes(8), routing_dims=(1, 1))])
+    batch = TrainBatch(
+        step=1, samples=[sample(), short, sample(routing=bytes(8), routing_dims=(1, 1))]
+    )
     raw = torch.load(write_batch(batch, tmp_path), weights_only=True)
     columns = raw["columns"]
     assert columns["token_ids"].tolist() == [5, 6, 7, 8, 5, 6, 5, 6, 7, 8]
