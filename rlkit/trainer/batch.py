@@ -94,7 +94,7 @@ def from_columns(raw: dict[str, Any]) -> dict[str, Any]:
     missing = [f for f in [*TOKEN_FIELDS, *NUMBER_FIELDS, *LIST_FIELDS] if f not in columns]
     if missing:
         raise MalformedBatchError(f"batch has no column {missing[0]!r}")
-    samples: list[dict[str, Any]] = [{} for _ in columns["advantage"]]
+    samples: list[dict[str, Any]] = [{} for _ in range(len(columns["advantage"]))]
     for name in TOKEN_FIELDS:
         values, start = columns[name].tolist(), 0
         for sample, length in zip(samples, columns["lengths"][name].tolist(), strict=True):
