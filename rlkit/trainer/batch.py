@@ -76,15 +76,16 @@ LIST_FIELDS = ("env_id", "routing", "routing_dims")
 
 def to_columns(batch: TrainBatch) -> dict[str, Any]:
     """The on-disk layout of `batch` (see the module docstring)."""
-    samples = [s.model_dump() for s in batch.samples]
+    samples = batch.samples
     columns: dict[str, Any] = {"lengths": {}}
     for name, dtype in TOKEN_FIELDS.items():
-        columns[name] = torch.tensor([x for s in samples for x in s[name]], dtype=dtype)
-        columns["lengths"][name] = torch.tensor([len(s[name]) for s in samples], dtype=torch.int64)
+        per_sample = [getattr(s, name) for s in samples]
+        columns[name] = torch.tensor([x for values in per_sample for x in values], dtype=dtype)
+        columns["lengths"][name] = torch.tensor([len(v) for v in per_sample], dtype=torch.int64)
     for name, dtype in NUMBER_FIELDS.items():
-        columns[name] = torch.tensor([s[name] for s in samples], dtype=dtype)
+        columns[name] = torch.tensor([getattr(s, name) for s in samples], dtype=dtype)
     for name in LIST_FIELDS:
-        columns[name] = [s[name] for s in samples]
+        columns[name] = [getattr(s, name) for s in samples]
     return {"step": batch.step, "meta": batch.meta, "columns": columns}
 
 
