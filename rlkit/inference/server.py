@@ -159,10 +159,11 @@ def build_router() -> APIRouter:
                     await pause_keeping_requests(engine)
                 await engine.collective_rpc("rlkit_load_weights", args=(str(body.path),))
                 state.version = body.version if body.version is not None else state.version + 1
-                try:
-                    await engine.reset_prefix_cache()
-                except Exception:  # running requests can block a reset; stale prefixes are harmless
-                    log.debug("prefix cache reset skipped", exc_info=True)
+                if was_paused:  # our own pause dropped the cache already; another's may not have
+                    try:
+                        await engine.reset_prefix_cache()
+                    except Exception:  # running requests can block it; stale prefixes are harmless
+                        log.debug("prefix cache reset skipped", exc_info=True)
             except Exception as exc:
                 log.exception("weight update failed")
                 return JSONResponse({"error": f"weight update failed: {exc}"}, status_code=500)

@@ -135,6 +135,27 @@ async def test_update_in_flight_matches_transformers(
     )
 
 
+async def test_update_drops_prefixes_cached_under_old_weights(
+    own_server: ServerProcess, tied_models: tuple[Path, Path, Path]
+) -> None:
+    """A prompt served before an update is recomputed after it: prefix caching is on, and a
+    cached prefix's KV (old weights) reused under the new weights would shift the logprobs.
+    The reference is the same prompt under a fresh `cache_salt` (never cached), which is exact
+    on the same engine; transformers' fp32 logprobs are too far from vLLM's bf16 on this model
+    (within 0.05) to tell a stale prefix (0.04 off) from a fresh one."""
+    served, new, _ = tied_models
+    prompt = [5 + (7 * i) % 200 for i in range(400)]  # three full KV blocks of 128 tokens
+    sampling = {"max_tokens": 4, "temperature": 0.0}
+    async with InferenceClient(own_server.url) as client:
+        await client.update_weights(str(served))
+        await client.completion(prompt, str(served), sampling)  # cached under the old weights
+        await client.update_weights(str(new))
+        after = await client.completion(prompt, str(served), sampling)
+        fresh = await client.completion(prompt, str(served), {**sampling, "cache_salt": "fresh"})
+    assert after.completion_token_ids == fresh.completion_token_ids
+    assert after.completion_logprobs == pytest.approx(fresh.completion_logprobs, abs=1e-4)
+
+
 async def test_pause_keep_holds_requests_until_resume(
     own_server: ServerProcess, tied_models: tuple[Path, Path, Path]
 ) -> None:
