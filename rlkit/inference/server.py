@@ -84,6 +84,18 @@ async def pause_keeping_requests(engine: Any) -> None:
     await engine.engine_core.pause_scheduler_async(mode="keep", clear_cache=True)
 
 
+async def reset_prefix_cache_or_warn(engine: Any) -> None:
+    """Drop cached prefixes after an update; say so when vLLM keeps them (it refuses while
+    requests run), since a prefix cached under the old weights would then be reused."""
+    try:
+        reset = await engine.reset_prefix_cache()
+    except Exception:
+        log.warning("prefix cache reset failed", exc_info=True)
+        return
+    if reset is False:
+        log.warning("prefix cache kept while requests run: old-weight prefixes may be reused")
+
+
 class PolicyVersionHeader:
     """ASGI middleware adding ``X-Policy-Version`` to every HTTP response; with routing
     capture it also turns the capture on before the first request (``/health`` included)."""
@@ -160,10 +172,7 @@ def build_router() -> APIRouter:
                 await engine.collective_rpc("rlkit_load_weights", args=(str(body.path),))
                 state.version = body.version if body.version is not None else state.version + 1
                 if was_paused:  # our own pause dropped the cache already; another's may not have
-                    try:
-                        await engine.reset_prefix_cache()
-                    except Exception:  # running requests can block it; stale prefixes are harmless
-                        log.debug("prefix cache reset skipped", exc_info=True)
+                    await reset_prefix_cache_or_warn(engine)
             except Exception as exc:
                 log.exception("weight update failed")
                 return JSONResponse({"error": f"weight update failed: {exc}"}, status_code=500)
