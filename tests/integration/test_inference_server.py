@@ -108,7 +108,7 @@ async def test_update_in_flight_matches_transformers(
     model = str(served)
     # long enough that some requests are still generating when the update arrives; on a loaded
     # machine the update's own request can still land after all 8 finished (CI saw it with 600
-    # and, once, with 2,000 tokens), so a round where none spanned the update is run again;
+    # tokens, a fresh-clone run once with 2,000), so a round where none spanned it runs again;
     # whether one did is read from each reply's policy versions
     long = {"max_tokens": 2000, "temperature": 1.0, "ignore_eos": True}
     async with InferenceClient(own_server.url) as client:
