@@ -11,6 +11,7 @@ rollouts are marked errored and the next request restarts the worker.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -35,6 +36,8 @@ def _seconds(var: str, default: float) -> float:
 
 class BridgeEnv(Environment):
     """A verifiers environment served by a worker process (see the module docstring)."""
+
+    remote_rollouts = True  # rollouts run in the worker: scripted checks serve it over HTTP
 
     def __init__(
         self, source: VfSource, env_args: dict[str, Any], verifiers_version: str | None = None
@@ -146,6 +149,27 @@ class BridgeEnv(Environment):
                 continue
             r.reward = float(score["reward"])
             r.metrics = {k: float(v) for k, v in (score.get("metrics") or {}).items()}
+
+    def gold_completion(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """`info["gold_completion"]` when the package gives one: the assistant messages (a
+        list, or its JSON text) or the reply's text. verifiers has no gold-answer hook, so
+        without it there is none (a row's `answer` is not a reply the parser accepts)."""
+        gold = (row.get("info") or {}).get("gold_completion")
+        if isinstance(gold, str):
+            try:
+                parsed = json.loads(gold)
+            except json.JSONDecodeError:
+                parsed = None
+            gold = parsed if isinstance(parsed, list) else [{"role": "assistant", "content": gold}]
+        return list(gold) if gold else None
+
+    def reward_bounds(self) -> tuple[float, float]:
+        """From the rubric's weights the worker reports (each function scoring in [0, 1]);
+        (0, 1) when the era does not report them (0.4 tasksets)."""
+        weights = self.description.get("reward_weights")
+        if weights is None:
+            return 0.0, 1.0
+        return sum(w for w in weights if w < 0), sum(w for w in weights if w > 0)
 
     def close(self) -> None:
         self.worker.close()

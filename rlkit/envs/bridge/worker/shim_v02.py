@@ -38,6 +38,7 @@ def _openai_message(message: Any) -> dict[str, Any]:
 
 class Shim(ClassicShim):
     era = "0.1.10-0.2.x"
+    string_prompts = True  # verifiers' `normalize_messages` makes text one user message
 
     def __init__(self, env: Any) -> None:
         super().__init__(env)
