@@ -46,16 +46,24 @@ def check_cmd(
         False, "--gold", help="Also play each row's gold completion (expects the maximum reward)."
     ),
     split: Split = typer.Option(Split.EVAL, "--split", help="Which rows to check."),
+    verifiers_version: str | None = typer.Option(
+        None,
+        "--verifiers-version",
+        help="Run a verifiers environment with this exact verifiers version "
+        "[newest tested inside its declared range].",
+    ),
 ) -> None:
     """Check that empty and garbage replies score the minimum and gold answers the maximum.
 
-    Exit 0 when every case scores as expected, 1 otherwise (with a per-row report).
+    A verifiers environment runs in its bridge worker, the scripted replies served to it over
+    HTTP. Exit 0 when every case scores as expected, 1 otherwise (with a per-row report).
     """
     from rlkit.envs import load_environment
     from rlkit.envs.check import check_environment
     from rlkit_cli.eval import json_object
 
-    env = load_environment(env_id, **(json_object(env_args, "-a/--env-args") or {}))
+    kwargs = json_object(env_args, "-a/--env-args") or {}
+    env = load_environment(env_id, verifiers_version=verifiers_version, **kwargs)
     with console.status(f"checking {env_id}"):
         report = check_environment(env, num_rows=num_rows, gold=gold, split=split.value)
     _print_check(report)

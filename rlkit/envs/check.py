@@ -27,6 +27,9 @@ CaseKind = Literal["gold", "empty", "garbage"]
 GARBAGE_REPLY = "◇◆◇ ¤¤ ⊥⊥ ∴∵ ◆◇◆"
 SCRIPTED_MODEL = "scripted"
 TOLERANCE = 1e-6
+# verifiers (0.2 and later) errors a rollout whose reply is empty as the model's fault; for a
+# bridged environment that is the empty case's expected outcome
+EMPTY_REPLY_REFUSED = "EmptyModelResponseError"
 
 
 class ScriptedClient:
@@ -190,7 +193,9 @@ async def check_case(
         rollout, _ = await play(env, row, script, repeat=True, server=server)
     result.reward = rollout.reward
     result.metrics = dict(rollout.metrics)
-    if rollout.error is not None:
+    if kind == "empty" and EMPTY_REPLY_REFUSED in (rollout.error or ""):
+        result.reward = None  # verifiers refused the empty reply itself: as expected
+    elif rollout.error is not None:
         result.problem = f"errored: {rollout.error}"
     elif abs(rollout.reward - result.expected) > TOLERANCE:
         result.problem = f"reward {rollout.reward:.4g}, expected {result.expected:.4g}"

@@ -25,7 +25,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize(
     "env_id",
-    ["vf-reverse-text", "vf-calc-classic", "vf-calc-state", "vf-calc-v02", "vf-calc-v04"],
+    [
+        "vf-reverse-text",
+        "vf-calc-classic",
+        "vf-calc-state",
+        "vf-calc-v02",
+        "vf-calc-v03",
+        "vf-calc-v04",
+    ],
 )
 def test_verifiers_envs_eval_on_vllm(
     env_id, vllm_server, tiny_model_dir, tmp_path, monkeypatch, capsys

@@ -14,6 +14,11 @@ import json
 import sys
 
 
+def _error(error: object) -> str | None:
+    """A rollout's error as text (verifiers 0.1.9 keeps exception objects, often messageless)."""
+    return None if error is None else repr(error)
+
+
 def main() -> None:
     module_name, folder, base_url, num_examples = sys.argv[1:5]
     sys.path.insert(0, folder)
@@ -33,12 +38,12 @@ def main() -> None:
     if inspect.iscoroutine(result):
         result = asyncio.run(result)
     if isinstance(result, dict) and "outputs" in result:  # 0.2+: one record per rollout
-        rows = [{"reward": o["reward"], "error": o.get("error")} for o in result["outputs"]]
+        rows = [{"reward": o["reward"], "error": _error(o.get("error"))} for o in result["outputs"]]
     else:
         rewards = result["reward"] if isinstance(result, dict) else result.reward
         states = result["state"] if isinstance(result, dict) else result.state
-        rows = [{"reward": r, "error": (s or {}).get("error")} for r, s in zip(rewards, states)]
-    print(json.dumps(rows, default=str))
+        rows = [{"reward": r, "error": _error((s or {}).get("error"))} for r, s in zip(rewards, states)]
+    print(json.dumps(rows))
 
 
 if __name__ == "__main__":

@@ -76,12 +76,12 @@ def load_environment(num_examples: int = 4) -> vf.Environment:
         final = [m for m in completion if m.role == "assistant"][-1]
         return float(answer in (final.content or "") and state["budget"] == 3)
 
-    async def add_calls(completion: vf.Messages) -> float:
+    async def tool_calls_made(completion: vf.Messages) -> float:
         return float(sum(len(m.tool_calls or []) for m in completion if m.role == "assistant"))
 
     rubric = vf.Rubric()
     rubric.add_reward_func(correct, weight=1.0)
-    rubric.add_metric(add_calls)
+    rubric.add_metric(tool_calls_made)
     return CalcEnv(
         tools=[add],
         dataset=rows,

@@ -1,0 +1,100 @@
+"""Row shapes verifiers accepts, through `rlkit eval` over the bridge, against verifiers itself.
+
+vf-string-prompt's rows hold plain-string prompts. verifiers 0.2.0 and 0.3.1 turn each into one
+user message and score the replies; the same replies through `rlkit eval` must score exactly
+what verifiers' own `env.evaluate` computes in the same bridge venv (tests/integration/
+vf_reference.py). verifiers 0.1.x chat environments reject a string prompt (an assertion in
+its rollout); there rlkit must not crash either: every rollout errors with a message naming the
+row and the field, as verifiers' own evaluation errors every rollout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rlkit.envs.bridge.venvs import ensure_venv
+from tests.cli import clean_rollouts, only_run_dir, run_cli
+from tests.fakes.fake_openai import FakeOpenAIServer
+
+ENVS = Path(__file__).parent / "envs"
+REFERENCE = Path(__file__).parent / "vf_reference.py"
+NUM_EXAMPLES = 4
+
+
+def say_word(body: dict) -> str:
+    """The asked word alone for apple and stone, inside a sentence otherwise (brevity differs)."""
+    word = body["messages"][-1]["content"].rsplit(":", 1)[-1].strip()
+    return word if word in ("apple", "stone") else f"I think {word} is it"
+
+
+def _rlkit_eval(monkeypatch, capsys, tmp_path: Path, url: str, version: str) -> Path:
+    monkeypatch.setenv("RLKIT_ENV_PATH", str(ENVS))
+    out = tmp_path / "runs"
+    code, text = run_cli(
+        monkeypatch, capsys, "eval", "vf-string-prompt", "-m", "fake-model", "-b", url,
+        "-n", str(NUM_EXAMPLES), "-r", "1", "-t", "256", "-o", str(out),
+        "--verifiers-version", version,
+    )  # fmt: skip
+    assert code in (0, None), text
+    return out
+
+
+def _reference(version: str, url: str) -> list[dict] | str:
+    """verifiers' own evaluation of the fixture, in the bridge venv rlkit used: one record per
+    example, or the error output when verifiers' evaluation itself raised."""
+    python = ensure_venv("vf-string-prompt", version, ["datasets>=3.0"])
+    done = subprocess.run(
+        [str(python), str(REFERENCE), "vf_string_prompt", str(ENVS / "vf-string-prompt"), url,
+         str(NUM_EXAMPLES)],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": "", "RLKIT_REFERENCE_KEY": "EMPTY", "TQDM_DISABLE": "1"},
+    )  # fmt: skip
+    if done.returncode != 0:
+        return done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("version", ["0.2.0", "0.3.1"])
+def test_string_prompts_score_as_verifiers_scores_them(
+    monkeypatch, capsys, tmp_path, version
+) -> None:
+    with FakeOpenAIServer(responder=say_word) as server:
+        out = _rlkit_eval(monkeypatch, capsys, tmp_path, server.url, version)
+        reference = _reference(version, server.url)
+    rollouts = sorted(clean_rollouts(out, expected=NUM_EXAMPLES), key=lambda r: r.example_id)
+    assert [r.prompt for r in rollouts] == [
+        [{"role": "user", "content": f"Say the word: {w}"}]
+        for w in ("apple", "river", "stone", "cloud")
+    ]
+    assert isinstance(reference, list), reference[-3000:]
+    assert [ref["error"] for ref in reference] == [None] * NUM_EXAMPLES
+    assert [r.reward for r in rollouts] == pytest.approx([ref["reward"] for ref in reference])
+    assert [r.reward for r in rollouts] == pytest.approx([1.5, 1.1, 1.5, 1.1])  # both rewards
+
+
+@pytest.mark.parametrize("version", ["0.1.3.post0", "0.1.9.post3"])
+def test_string_prompts_under_0_1_error_naming_row_and_field(
+    monkeypatch, capsys, tmp_path, version
+) -> None:
+    from rlkit.eval import load_run
+
+    with FakeOpenAIServer(responder=say_word) as server:
+        out = _rlkit_eval(monkeypatch, capsys, tmp_path, server.url, version)
+        reference = _reference(version, server.url)
+    run = load_run(only_run_dir(out))
+    errors = sorted((r.rollout.example_id, r.rollout.error) for r in run.results)
+    assert len(errors) == NUM_EXAMPLES
+    for index, (example_id, error) in enumerate(errors):
+        assert f"eval row {index} (example_id {example_id}): field 'prompt' is text" in error
+        assert f"verifiers {version} chat environments take a list of messages" in error
+    # verifiers' own evaluation fails on these rows too: 0.1.3 raises out of `evaluate`, 0.1.9
+    # records each rollout's error (an AssertionError on the prompt) and scores it 0
+    if isinstance(reference, str):
+        assert "assert isinstance(prompt, list)" in reference, reference[-3000:]
+    else:
+        assert all(ref["reward"] == 0.0 and ref["error"] for ref in reference), reference
