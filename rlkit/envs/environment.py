@@ -24,6 +24,7 @@ from rlkit.envs.rubric import Rubric
 from rlkit.envs.turns import group_first_turn
 from rlkit.inference import InferenceClient
 
+
 def check_columns(dataset: Dataset) -> None:
     """Raise unless the dataset has a `prompt` or a `question` column (what rows are built from)."""
     columns = set(dataset.column_names)

@@ -4,7 +4,8 @@ Each environment runs in a worker inside a cached venv with its own verifiers ve
 (`RLKIT_BRIDGE_VENVS`, built once per checkout by the first test that needs it). The fixtures
 are written from each version's own API: vf-reverse-text (0.1.3 single-turn), vf-calc-classic
 (0.1.3 tool env, `setup_state`), vf-calc-state (0.1.9 state loop, `@vf.stop`), vf-calc-v02
-(0.2.0 client layer), vf-calc-v03 (0.3.1, `verifiers.legacy`), vf-calc-v04 (0.4.0 taskset package, MCP tool server, local chat agent).
+(0.2.0 client layer), vf-calc-v03 (0.3.1, `verifiers.legacy`), vf-calc-v04 (0.4.0 taskset
+package, MCP tool server, local chat agent).
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ def main() -> None:
     else:
         rewards = result["reward"] if isinstance(result, dict) else result.reward
         states = result["state"] if isinstance(result, dict) else result.state
-        rows = [{"reward": r, "error": _error((s or {}).get("error"))} for r, s in zip(rewards, states)]
+        pairs = zip(rewards, states, strict=True)
+        rows = [{"reward": r, "error": _error((s or {}).get("error"))} for r, s in pairs]
     print(json.dumps(rows))
 
 

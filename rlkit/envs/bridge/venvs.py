@@ -4,8 +4,8 @@
 `<env>-vf<version>-<hash>/`; the hash covers the requirement list, so an environment that changes
 its dependencies gets a new venv and one that only changes its code reuses the old one (local
 environments are imported from their folder). Built with `uv` (from PATH, else the one beside
-rlkit's interpreter), else `venv` + pip; a file lock makes concurrent runs build it once, and a marker written last means a venv
-whose build was interrupted is rebuilt.
+rlkit's interpreter), else `venv` + pip; a file lock makes concurrent runs build it once, and a
+marker written last means a venv whose build was interrupted is rebuilt.
 """
 
 from __future__ import annotations

@@ -105,8 +105,8 @@ class Shim:
         row = dict(dataset[index])
         problem = self.prompt_problem(row.get("prompt"))
         if problem is not None:
-            example_id = row.get("example_id", index)
-            raise ValueError(f"{split} row {index} (example_id {example_id}): field 'prompt' {problem}")
+            where = f"{split} row {index} (example_id {row.get('example_id', index)})"
+            raise ValueError(f"{where}: field 'prompt' {problem}")
         info = _info(row.get("info"))
         old_api_tools = not self.state_api and getattr(self.env, "oai_tools", None)
         if old_api_tools and "oai_tools" not in info:  # where <0.1.8 rollouts read the tools

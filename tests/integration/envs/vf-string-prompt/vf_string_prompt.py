@@ -3,9 +3,9 @@
 Written against the API every load_environment era shares (`vf.SingleTurnEnv`, `vf.Rubric`,
 `vf.Parser.parse_answer`): the rows are `{"prompt": "Say the word: apple", "answer": "apple"}`,
 no system prompt (verifiers 0.2 refuses a system prompt beside string prompts). Rewards: the
-answer word in the reply (weight 1) and a brevity score 1 / (number of words) when the word is there (weight 0.5), so
-replies of different lengths score differently. Row `info` holds the reply a perfect model gives
-(`gold_completion`), which `rlkit env check --gold` plays.
+answer word in the reply (weight 1) and a brevity score 1 / (number of words) when the word is
+there (weight 0.5), so replies of different lengths score differently. Row `info` holds the
+reply a perfect model gives (`gold_completion`), which `rlkit env check --gold` plays.
 """
 
 import verifiers as vf
