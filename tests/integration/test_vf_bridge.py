@@ -129,9 +129,9 @@ def test_verifiers_version_override_and_no_fit(monkeypatch, capsys, tmp_path) ->
             server.url,
             "vf-reverse-text",
             "--verifiers-version",
-            "0.3.0",
+            "0.5.0",
         )
-    assert code == 2 and "0.3.0 is in no supported era" in text
+    assert code == 2 and "0.5.0 is in no supported era" in text
     assert "0.1.3.post0" in text  # the tested versions are named
 
 
