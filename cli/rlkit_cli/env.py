@@ -70,6 +70,51 @@ def check_cmd(
     raise typer.Exit(0 if report.ok else 1)
 
 
+@app.command("doctor")
+def doctor_cmd(
+    env_id: str = typer.Argument(
+        ...,
+        help="A verifiers environment: NAME[@VERSION][:MODULE] (installed, local, or else from "
+        "the package index into a scratch folder) or a package folder.",
+    ),
+    env_args: str | None = typer.Option(
+        None, "--env-args", "-a", help="Environment loader arguments as a JSON object."
+    ),
+    num_rows: int = typer.Option(3, "--num-rows", "-n", min=1, help="Rows to play replies on."),
+    verifiers_version: str | None = typer.Option(
+        None, "--verifiers-version", help="Try this exact verifiers version instead."
+    ),
+    find_links: Path | None = typer.Option(
+        None,
+        "--find-links",
+        help="Fetch the package from the wheels/sdists in this folder instead of the index.",
+        exists=True,
+        file_okay=False,
+    ),
+) -> None:
+    """Say whether a verifiers environment runs through rlkit's bridge: its verifiers
+    requirement, era and exact version, entry point, load, and scripted rollouts (empty,
+    garbage, gold). Nothing is installed beside rlkit. Exit 0 when every stage works, else 1."""
+    from rlkit.envs.bridge.doctor import Finding, doctor
+    from rlkit_cli.eval import json_object
+
+    def report(finding: Finding) -> None:
+        mark = "[green]ok  [/]" if finding.ok else "[red]FAIL[/]"
+        console.print(f"{mark} {finding.stage}: ", end="")
+        console.print(finding.detail, markup=False, highlight=False, soft_wrap=True)
+
+    ok = doctor(
+        env_id,
+        report,
+        verifiers_version=verifiers_version,
+        env_args=json_object(env_args, "-a/--env-args"),
+        num_rows=num_rows,
+        find_links=find_links,
+    )
+    console.print(f"{env_id}: " + ("runs through the bridge" if ok else "does not run as is"))
+    raise typer.Exit(0 if ok else 1)
+
+
 @app.command("init")
 def init_cmd(
     name: str = typer.Argument(..., help="Package name, e.g. my-env (module my_env)."),

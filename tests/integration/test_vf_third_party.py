@@ -10,6 +10,7 @@ fetches the pinned wheel (sha256 checked) once into `.cache/wheels`, then works 
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,26 @@ def test_index_install_usage_errors(monkeypatch, capsys, tmp_path: Path) -> None
     assert code == 2 and "--find-links is for NAME from the package index" in text
     code, text = run_cli(monkeypatch, capsys, "env", "install", f"{NAME}@9.9.9", *offline)
     assert code == 2 and f"could not fetch {NAME}==9.9.9 in {empty}" in text
+
+
+def test_doctor_fetches_from_the_index_into_a_scratch_folder(
+    wheels: Path, monkeypatch, capsys
+) -> None:
+    """`rlkit env doctor NAME` on the package (not installed here): fetched without its
+    dependencies into a scratch folder, run in its bridge venv, nothing installed beside rlkit."""
+    args = ["env", "doctor", f"{NAME}@{VERSION}", "--find-links", str(wheels), "-n", "2"]
+    code, text = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, text
+    chosen = select_version(NAME, ">=0.1.14", api="load_environment")
+    for line in (
+        "ok   package: wheel from the folder",
+        "ok   verifiers requirement: verifiers>=0.1.14",
+        f"runs with verifiers {chosen}",
+        f"ok   entry point: module {NAME.replace('-', '_')}: load_environment",
+        "ok   load: SingleTurnEnv (single-turn); rows: train 100",
+        "ok   scripted empty replies: 2/2 ran",
+        f"{NAME}@{VERSION}: runs through the bridge",
+    ):
+        assert line in text, text
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.version(NAME)

@@ -232,16 +232,40 @@ def from_installed(name: str, candidates: list[str], explicit: bool = False) -> 
             dist = importlib.metadata.distribution(dist_name)
         except importlib.metadata.PackageNotFoundError:
             continue
-        spec, others = split_requirements(list(dist.requires or []), _dist_extras(dist))
-        if spec is None:
+        if split_requirements(list(dist.requires or []), _dist_extras(dist))[0] is None:
             return None
         folder = _editable_folder(dist)
         if folder is not None and (found := from_folder(folder, name, candidates, explicit)):
             return found
-        root, module = entry_module([_linked_sources(dist)], candidates, explicit, name)
-        api = env_api(root, module)
-        return VfSource(name, module, spec, others, [str(root)], dist.version, api)
+        return _dist_source(dist, _linked_sources(dist), name, candidates, explicit)
     return None
+
+
+def _dist_source(
+    dist: importlib.metadata.Distribution,
+    root: Path,
+    name: str,
+    candidates: list[str],
+    explicit: bool,
+) -> VfSource | None:
+    """The verifiers environment of a distribution whose modules are under `root`."""
+    spec, others = split_requirements(list(dist.requires or []), _dist_extras(dist))
+    if spec is None:
+        return None
+    root, module = entry_module([root], candidates, explicit, name)
+    api = env_api(root, module)
+    return VfSource(name, module, spec, others, [str(root)], dist.version, api)
+
+
+def from_unpacked_wheel(
+    folder: Path, name: str, candidates: list[str], explicit: bool = False
+) -> VfSource | None:
+    """The verifiers environment of a wheel unpacked into `folder` (`rlkit env doctor`)."""
+    infos = sorted(folder.glob("*.dist-info"))
+    if not infos:
+        raise UsageError(f"{folder} holds no *.dist-info: not an unpacked wheel")
+    dist = importlib.metadata.PathDistribution(infos[0])
+    return _dist_source(dist, folder, name, candidates, explicit)
 
 
 def find_verifiers_source(
