@@ -6,7 +6,8 @@ back with the engine's token ids and logprobs (`prompt_mode` "messages": verifie
 whole conversation each turn, so `training_sample` keeps the longest common prefix when a chat
 template re-renders history). Rows are fetched once at load (each keeps `info["bridge_row"]`,
 the worker's split and index). A worker failure never raises out of `rollout`/`score_group`: the
-rollouts are marked errored and the next request restarts the worker.
+rollouts are marked errored and the next request restarts the worker. A rollout whose server
+died under it (the orchestrator's pool client says so) runs again on another healthy server.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from rlkit.errors import UsageError
 from rlkit.inference import InferenceClient
 
 ROWS_PER_REQUEST = 500
+MAX_FAILOVERS = 3  # times one rollout moves to another server of the pool
 ROW_KEY = "bridge_row"
 
 
@@ -96,21 +98,29 @@ class BridgeEnv(Environment):
     ) -> Rollout:
         rollout = self.new_rollout(row)
         ref = rollout.info.get(ROW_KEY) or {}
-        try:
-            result = await self.worker.acall(
-                "rollout",
-                self.rollout_timeout_s,
-                split=ref.get("split", "eval"),
-                index=int(ref.get("index", 0)),
-                base_url=f"{client.base_url}/v1",
-                api_key=client.api_key or "",
-                model=model,
-                sampling=self.sampling_for(sampling),
-                request_timeout=client.timeout,
-            )
-        except (WorkerFailed, WorkerError) as exc:
-            rollout.error = f"bridge worker: {exc}"
-            return rollout
+        fail_over = getattr(client, "fail_over", None)  # a pool's client (the orchestrator's)
+        for _ in range(MAX_FAILOVERS + 1):
+            try:
+                result = await self.worker.acall(
+                    "rollout",
+                    self.rollout_timeout_s,
+                    split=ref.get("split", "eval"),
+                    index=int(ref.get("index", 0)),
+                    base_url=f"{client.base_url}/v1",
+                    api_key=client.api_key or "",
+                    model=model,
+                    sampling=self.sampling_for(sampling),
+                    request_timeout=client.timeout,
+                )
+            except (WorkerFailed, WorkerError) as exc:
+                rollout.error = f"bridge worker: {exc}"
+                return rollout
+            error = result.get("error") or ""
+            # the server died under the rollout: run it again from the start on a healthy one
+            if not error.startswith("generation failed") or fail_over is None:
+                break
+            if not await fail_over(error):
+                break
         usage = {"prompt_tokens": 0, "completion_tokens": 0}
         for turn in result.get("turns") or []:
             for key in usage:

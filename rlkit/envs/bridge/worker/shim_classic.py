@@ -24,6 +24,18 @@ def _role(message: Any) -> Any:
     return message.get("role") if isinstance(message, dict) else getattr(message, "role", None)
 
 
+def recorded_error(error: Any) -> RuntimeError:
+    """The error verifiers recorded in a rollout's state, raised with its cause chain kept (the
+    worker tells a dead server from an environment bug by it)."""
+    text = repr(error)
+    cause = getattr(error, "__cause__", None)
+    if cause is not None:
+        text += f", caused by {cause!r}"
+    exc = RuntimeError(f"verifiers recorded an error: {text}")
+    exc.__cause__ = error if isinstance(error, BaseException) else None
+    return exc
+
+
 def _info(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         return json.loads(value) if value else {}
@@ -150,7 +162,7 @@ class Shim:
             vf_input = {k: copy.deepcopy(row[k]) for k in fields if k in row}
             state = await self.env.rollout(vf_input, client, model, args)
             if state.get("error") is not None:
-                raise RuntimeError(f"verifiers recorded an error: {state['error']!r}")
+                raise recorded_error(state["error"])
             return list(state.get("completion") or []), state
         return await self.env.rollout(
             client,
