@@ -59,13 +59,18 @@ def _reference(version: str, url: str) -> list[dict] | str:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _rlkit_and_reference(monkeypatch, capsys, tmp_path: Path, version: str):
+    """The same replies through `rlkit eval` and through verifiers' own evaluation."""
+    with FakeOpenAIServer(responder=say_word) as server:
+        out = _rlkit_eval(monkeypatch, capsys, tmp_path, server.url, version)
+        return out, _reference(version, server.url)
+
+
 @pytest.mark.parametrize("version", ["0.2.0", "0.3.1"])
 def test_string_prompts_score_as_verifiers_scores_them(
     monkeypatch, capsys, tmp_path, version
 ) -> None:
-    with FakeOpenAIServer(responder=say_word) as server:
-        out = _rlkit_eval(monkeypatch, capsys, tmp_path, server.url, version)
-        reference = _reference(version, server.url)
+    out, reference = _rlkit_and_reference(monkeypatch, capsys, tmp_path, version)
     rollouts = sorted(clean_rollouts(out, expected=NUM_EXAMPLES), key=lambda r: r.example_id)
     assert [r.prompt for r in rollouts] == [
         [{"role": "user", "content": f"Say the word: {w}"}]
@@ -83,9 +88,7 @@ def test_string_prompts_under_0_1_error_naming_row_and_field(
 ) -> None:
     from rlkit.eval import load_run
 
-    with FakeOpenAIServer(responder=say_word) as server:
-        out = _rlkit_eval(monkeypatch, capsys, tmp_path, server.url, version)
-        reference = _reference(version, server.url)
+    out, reference = _rlkit_and_reference(monkeypatch, capsys, tmp_path, version)
     run = load_run(only_run_dir(out))
     errors = sorted((r.rollout.example_id, r.rollout.error) for r in run.results)
     assert len(errors) == NUM_EXAMPLES

@@ -47,34 +47,31 @@ def load_environment(num_examples: int = 4) -> vf.Environment:
     )
 
     def add(a: int, b: int) -> int:
-        """Add two integers.
+        """Return a + b.
 
         Args:
-            a: The first integer.
-            b: The second integer.
-
-        Returns:
-            The sum of a and b.
+            a: First addend.
+            b: Second addend.
         """
         return a + b
 
     class CalcEnv(vf.ToolEnv):
         async def setup_state(self, state: vf.State) -> vf.State:
-            state["budget"] = 3
+            state["turn_limit"] = 3  # read by the stop condition and the reward
             return await super().setup_state(state)
 
         @vf.stop
-        async def out_of_budget(self, state: vf.State) -> bool:
-            return len(state["trajectory"]) >= state["budget"]
+        async def turn_limit_reached(self, state: vf.State) -> bool:
+            return len(state["trajectory"]) >= state["turn_limit"]
 
         @vf.cleanup
         async def mark_cleaned(self, state: vf.State) -> None:
             state["cleaned"] = True
 
     async def correct(completion: vf.Messages, answer: str, state: vf.State) -> float:
-        """1.0 when the model's last message states the sum (and setup_state ran)."""
-        final = [m for m in completion if m.role == "assistant"][-1]
-        return float(answer in (final.content or "") and state["budget"] == 3)
+        """1.0 when the last assistant message holds the sum and setup_state ran."""
+        replies = [m.content or "" for m in completion if m.role == "assistant"]
+        return 1.0 if replies and answer in replies[-1] and state.get("turn_limit") else 0.0
 
     async def tool_calls_made(completion: vf.Messages) -> float:
         return float(sum(len(m.tool_calls or []) for m in completion if m.role == "assistant"))
