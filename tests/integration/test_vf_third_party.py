@@ -143,3 +143,22 @@ def test_doctor_fetches_from_the_index_into_a_scratch_folder(
         assert line in text, text
     with pytest.raises(importlib.metadata.PackageNotFoundError):
         importlib.metadata.version(NAME)
+
+
+def test_eval_installs_an_index_package_with_consent(wheels: Path, tmp_path: Path) -> None:
+    """`rlkit eval NAME` on a package found nowhere: an error that says how to install it;
+    with `--install` (the user's consent) it is installed from the index, then run."""
+    python = fresh_venv(tmp_path)
+    offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}  # the index, from the cache
+    out = tmp_path / "runs"
+    with FakeOpenAIServer(responder=advocate) as server:
+        args = ["eval", f"{NAME}@{VERSION}", "-m", "fake-model", "-b", server.url, "-n", "1"]
+        args += ["-r", "1", "-t", "1024", "-o", str(out)]
+        refused = run(args, python, env=offline, expect=2)
+        assert "--install" in refused.stderr + refused.stdout
+        assert installed(python, NAME) is None
+        run([*args, "--install"], python, env=offline)
+    assert installed(python, NAME) == VERSION
+    _no_verifiers_beside(python)
+    (rollout,) = clean_rollouts(out, expected=1)
+    assert rollout.reward == pytest.approx(1.0)
