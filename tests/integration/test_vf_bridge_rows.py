@@ -5,7 +5,8 @@ user message and score the replies; the same replies through `rlkit eval` must s
 what verifiers' own `env.evaluate` computes in the same bridge venv (tests/integration/
 vf_reference.py). verifiers 0.1.x chat environments reject a string prompt (an assertion in
 its rollout); there rlkit must not crash either: every rollout errors with a message naming the
-row and the field, as verifiers' own evaluation errors every rollout.
+row and the field, as verifiers' own evaluation errors every rollout. verifiers 0.4 tasksets
+(vf-calc-v04's tasks hold string prompts) are compared with 0.4's own `vf-eval`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 from rlkit.envs.bridge.venvs import ensure_venv
 from tests.cli import clean_rollouts, only_run_dir, run_cli
 from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.integration.test_vf_bridge import calculator
 
 ENVS = Path(__file__).parent / "envs"
 REFERENCE = Path(__file__).parent / "vf_reference.py"
@@ -101,3 +103,49 @@ def test_string_prompts_under_0_1_error_naming_row_and_field(
         assert "assert isinstance(prompt, list)" in reference, reference[-3000:]
     else:
         assert all(ref["reward"] == 0.0 and ref["error"] for ref in reference), reference
+
+
+def calculator_wrong_past_8(body: dict) -> str | dict:
+    """Calls `add` like `calculator`, then misstates every sum above 8 (so rewards differ)."""
+    last = body["messages"][-1]
+    if last["role"] == "tool" and int(last["content"]) > 8:
+        return "The sum is 0."
+    return calculator(body)
+
+
+def test_0_4_taskset_string_prompts_score_as_verifiers_scores_them(
+    monkeypatch, capsys, tmp_path
+) -> None:
+    """vf-calc-v04's tasks hold string prompts (and a system prompt); `rlkit eval` must score
+    them as verifiers 0.4's own `vf-eval` does (its chat agent, subprocess runtime)."""
+    monkeypatch.setenv("RLKIT_ENV_PATH", str(ENVS))
+    out = tmp_path / "runs"
+    with FakeOpenAIServer(responder=calculator_wrong_past_8) as server:
+        code, text = run_cli(
+            monkeypatch, capsys, "eval", "vf-calc-v04", "-m", "fake-model", "-b", server.url,
+            "-n", "4", "-r", "1", "-o", str(out),
+        )  # fmt: skip
+        assert code in (0, None), text
+        venv_bin = ensure_venv("vf-calc-v04", "0.4.0", ["uv"]).parent
+        done = subprocess.run(
+            [str(venv_bin / "vf-eval"), "vf_calc_v04", "-m", "fake-model", "--no-push",
+             "-o", str(tmp_path / "vf"), "--client.base-url", server.url,
+             "--client.api-key-var", "RLKIT_REFERENCE_KEY", "--env.agent.runtime.type",
+             "subprocess", "--env.agent.harness.id", "null"],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "PYTHONPATH": str(ENVS / "vf-calc-v04"), "TQDM_DISABLE": "1",
+                 "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}",
+                 "RLKIT_REFERENCE_KEY": "EMPTY"},
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (traces,) = (tmp_path / "vf").glob("*/traces.jsonl")
+    reference = {}
+    for line in traces.read_text().splitlines():
+        episode = json.loads(line)
+        assert episode["ok"], episode["errors"]
+        rewards = [r for t in episode["traces"] for r in t["rewards"].values()]
+        reference[episode["task"]["data"]["idx"]] = sum(r["score"] * r["weight"] for r in rewards)
+    rollouts = clean_rollouts(out, expected=4)
+    ours = {r.example_id: r.reward for r in rollouts}
+    assert ours == pytest.approx(reference) and sorted(ours.values()) == [0.0, 0.0, 1.0, 1.0]
+    assert rollouts[0].prompt[-1] == {"role": "user", "content": "What is 2 + 1?"}
