@@ -2,9 +2,9 @@
 
 `rlkit eval` on each era's fixture (no errored rollouts, engine token ids and logprobs in every
 turn), and `rlkit train` for two C3PO++ steps on a mix of rlkit-native reverse-text, the
-verifiers 0.1.3 vf-reverse-text and the verifiers 0.3.1 vf-calc-v03. The tiny random model writes no tool calls, so the tool
-environments end after one turn here; their multi-turn paths run against the fake server
-(test_vf_bridge.py).
+verifiers 0.1.3 vf-reverse-text and the verifiers 0.3.1 vf-calc-v03. The tiny random model
+writes no tool calls, so the tool environments end after one turn here; their multi-turn paths
+run against the fake server (test_vf_bridge.py).
 """
 
 from __future__ import annotations
