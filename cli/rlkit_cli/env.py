@@ -46,20 +46,73 @@ def check_cmd(
         False, "--gold", help="Also play each row's gold completion (expects the maximum reward)."
     ),
     split: Split = typer.Option(Split.EVAL, "--split", help="Which rows to check."),
+    verifiers_version: str | None = typer.Option(
+        None,
+        "--verifiers-version",
+        help="Run a verifiers environment with this exact verifiers version "
+        "[newest tested inside its declared range].",
+    ),
 ) -> None:
     """Check that empty and garbage replies score the minimum and gold answers the maximum.
 
-    Exit 0 when every case scores as expected, 1 otherwise (with a per-row report).
+    A verifiers environment runs in its bridge worker, the scripted replies served to it over
+    HTTP. Exit 0 when every case scores as expected, 1 otherwise (with a per-row report).
     """
     from rlkit.envs import load_environment
     from rlkit.envs.check import check_environment
     from rlkit_cli.eval import json_object
 
-    env = load_environment(env_id, **(json_object(env_args, "-a/--env-args") or {}))
+    kwargs = json_object(env_args, "-a/--env-args") or {}
+    env = load_environment(env_id, verifiers_version=verifiers_version, **kwargs)
     with console.status(f"checking {env_id}"):
         report = check_environment(env, num_rows=num_rows, gold=gold, split=split.value)
     _print_check(report)
     raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command("doctor")
+def doctor_cmd(
+    env_id: str = typer.Argument(
+        ...,
+        help="A verifiers environment: NAME[@VERSION][:MODULE] (installed, local, or else from "
+        "the package index into a scratch folder) or a package folder.",
+    ),
+    env_args: str | None = typer.Option(
+        None, "--env-args", "-a", help="Environment loader arguments as a JSON object."
+    ),
+    num_rows: int = typer.Option(3, "--num-rows", "-n", min=1, help="Rows to play replies on."),
+    verifiers_version: str | None = typer.Option(
+        None, "--verifiers-version", help="Try this exact verifiers version instead."
+    ),
+    find_links: Path | None = typer.Option(
+        None,
+        "--find-links",
+        help="Fetch the package from the wheels/sdists in this folder instead of the index.",
+        exists=True,
+        file_okay=False,
+    ),
+) -> None:
+    """Say whether a verifiers environment runs through rlkit's bridge: its verifiers
+    requirement, era and exact version, entry point, load, and scripted rollouts (empty,
+    garbage, gold). Nothing is installed beside rlkit. Exit 0 when every stage works, else 1."""
+    from rlkit.envs.bridge.doctor import Finding, doctor
+    from rlkit_cli.eval import json_object
+
+    def report(finding: Finding) -> None:
+        mark = "[green]ok  [/]" if finding.ok else "[red]FAIL[/]"
+        console.print(f"{mark} {finding.stage}: ", end="")
+        console.print(finding.detail, markup=False, highlight=False, soft_wrap=True)
+
+    ok = doctor(
+        env_id,
+        report,
+        verifiers_version=verifiers_version,
+        env_args=json_object(env_args, "-a/--env-args"),
+        num_rows=num_rows,
+        find_links=find_links,
+    )
+    console.print(f"{env_id}: " + ("runs through the bridge" if ok else "does not run as is"))
+    raise typer.Exit(0 if ok else 1)
 
 
 @app.command("init")

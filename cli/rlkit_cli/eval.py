@@ -102,6 +102,12 @@ def run_cmd(
         help="Run a verifiers environment with this exact verifiers version "
         "[newest tested inside its declared range].",
     ),
+    install: bool = typer.Option(
+        False,
+        "--install",
+        help="Install ENV_ID from the package index when it is found nowhere (NAME ids; "
+        "OWNER/NAME ids come from the hub).",
+    ),
     output_dir: Path | None = typer.Option(
         None, "--output-dir", "-o", help="Folder that receives the run folder [runs/eval]."
     ),
@@ -133,8 +139,9 @@ def run_cmd(
 ) -> None:
     """Run an eval (or resume one) and print its summary: `rlkit eval ENV_ID [OPTIONS]`.
 
-    ENV_ID is an environment id (reverse-text, owner/name@1.0). Any field of the eval config
-    can also be set after it, e.g. `--sandbox.backend local`.
+    ENV_ID is an environment id (reverse-text, owner/name@1.0), or DIST:package.module for a
+    package whose load_environment is not in the module named after it. Any field of the eval
+    config can also be set after it, e.g. `--sandbox.backend local`.
     """
     from rlkit.config import apply_override, dump_toml, parse_overrides, read_toml, validate
     from rlkit.eval import EvalConfig, EvalInterrupted, load_run, run_eval
@@ -155,6 +162,7 @@ def run_cmd(
         "sampling": json_object(sampling, "-S/--sampling-args"),
         "env_args": json_object(env_args, "-a/--env-args"),
         "verifiers_version": verifiers_version,
+        "install": install or None,
         "output_dir": output_dir,
         "timeout": timeout,
         "max_retries": max_retries,

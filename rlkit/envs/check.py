@@ -3,12 +3,14 @@
 Each case plays scripted assistant messages through the environment's real `rollout` (tools
 really execute) with `ScriptedClient` standing in for the model, then scores the rollout with
 the environment's rubric: the gold completion (`Environment.gold_completion`) must score the
-maximum reward, an empty and a garbage reply the minimum, and nothing may error.
+maximum reward, an empty and a garbage reply the minimum, and nothing may error. A bridged
+(verifiers) environment gets the same scripts over HTTP (`scripted_server`), through its worker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -18,12 +20,16 @@ from pydantic import BaseModel, Field
 from rlkit.envs.environment import Environment, Messages
 from rlkit.envs.group import EnvGroup
 from rlkit.envs.rollout import Rollout
-from rlkit.inference import Generation, InferenceError
+from rlkit.envs.scripted_server import ScriptedServer
+from rlkit.inference import Generation, InferenceClient, InferenceError
 
 CaseKind = Literal["gold", "empty", "garbage"]
 GARBAGE_REPLY = "◇◆◇ ¤¤ ⊥⊥ ∴∵ ◆◇◆"
 SCRIPTED_MODEL = "scripted"
 TOLERANCE = 1e-6
+# verifiers (0.2 and later) errors a rollout whose reply is empty as the model's fault; for a
+# bridged environment that is the empty case's expected outcome
+EMPTY_REPLY_REFUSED = "EmptyModelResponseError"
 
 
 class ScriptedClient:
@@ -44,13 +50,8 @@ class ScriptedClient:
         self.repeat = repeat
         self.calls = 0
 
-    async def chat(
-        self,
-        messages: Messages,
-        model: str,
-        sampling: dict[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> Generation:
+    def next_message(self) -> dict[str, Any]:
+        """The next scripted assistant message (raises `InferenceError` past the script)."""
         if self.calls >= len(self.script) and not self.repeat:
             raise InferenceError(
                 f"the script has {len(self.script)} assistant message(s) but the environment "
@@ -58,7 +59,16 @@ class ScriptedClient:
             )
         message = self.script[min(self.calls, len(self.script) - 1)]
         self.calls += 1
-        message = {"role": "assistant", **{k: v for k, v in message.items() if v is not None}}
+        return {"role": "assistant", **{k: v for k, v in message.items() if v is not None}}
+
+    async def chat(
+        self,
+        messages: Messages,
+        model: str,
+        sampling: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Generation:
+        message = self.next_message()
         return Generation(
             text=message.get("content") or "",
             prompt_token_ids=[],
@@ -121,24 +131,41 @@ def _short_info(info: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _bounds(env: Environment, row: dict[str, Any]) -> tuple[float, float]:
-    target = env.member(row.get("info") or {}) if isinstance(env, EnvGroup) else env
-    return target.reward_bounds()
+def _target(env: Environment, row: dict[str, Any]) -> Environment:
+    """The environment that runs `row` (a group's member)."""
+    return env.member(row.get("info") or {}) if isinstance(env, EnvGroup) else env
+
+
+def _remote(env: Environment) -> bool:
+    """Whether the environment's rollouts run in another process (the verifiers bridge) and so
+    need the scripted replies served over HTTP."""
+    return bool(getattr(env, "remote_rollouts", False))
 
 
 async def play(
-    env: Environment, row: dict[str, Any], script: Messages, repeat: bool = False
+    env: Environment,
+    row: dict[str, Any],
+    script: Messages,
+    repeat: bool = False,
+    server: ScriptedServer | None = None,
 ) -> tuple[Rollout, ScriptedClient]:
-    """Roll `row` out with scripted replies and score it alone (a group of one)."""
-    client = ScriptedClient(script, repeat=repeat)
-    rollout = await env.rollout(row, client, SCRIPTED_MODEL, {})  # type: ignore[arg-type]
+    """Roll `row` out with scripted replies and score it alone (a group of one); `server`
+    serves them to an environment whose rollouts run out of process."""
+    scripted = ScriptedClient(script, repeat=repeat)
+    client: Any = scripted
+    model = SCRIPTED_MODEL
+    if server is not None:
+        client, model = InferenceClient(server.url), server.register(scripted.next_message)
+    rollout = await env.rollout(row, client, model, {})
     await env.score_group([rollout])
-    return rollout, client
+    return rollout, scripted
 
 
-async def check_case(env: Environment, row: dict[str, Any], kind: CaseKind) -> CaseResult:
+async def check_case(
+    env: Environment, row: dict[str, Any], kind: CaseKind, server: ScriptedServer | None = None
+) -> CaseResult:
     """Run one case on one row and say whether it scored as expected."""
-    low, high = _bounds(env, row)
+    low, high = _target(env, row).reward_bounds()
     result = CaseResult(
         example_id=row.get("example_id", 0),
         kind=kind,
@@ -154,7 +181,7 @@ async def check_case(env: Environment, row: dict[str, Any], kind: CaseKind) -> C
         if not script:
             result.problem = "the environment provides no gold completion for this row"
             return result
-        rollout, client = await play(env, row, script)
+        rollout, client = await play(env, row, script, server=server)
         if rollout.error is None and client.calls < len(script):
             rollout.error = (
                 f"the rollout ended after {client.calls} model turn(s) but the gold completion "
@@ -162,10 +189,13 @@ async def check_case(env: Environment, row: dict[str, Any], kind: CaseKind) -> C
             )
     else:
         reply = "" if kind == "empty" else GARBAGE_REPLY
-        rollout, _ = await play(env, row, [{"role": "assistant", "content": reply}], repeat=True)
+        script = [{"role": "assistant", "content": reply}]
+        rollout, _ = await play(env, row, script, repeat=True, server=server)
     result.reward = rollout.reward
     result.metrics = dict(rollout.metrics)
-    if rollout.error is not None:
+    if kind == "empty" and EMPTY_REPLY_REFUSED in (rollout.error or ""):
+        result.reward = None  # verifiers refused the empty reply itself: as expected
+    elif rollout.error is not None:
         result.problem = f"errored: {rollout.error}"
     elif abs(rollout.reward - result.expected) > TOLERANCE:
         result.problem = f"reward {rollout.reward:.4g}, expected {result.expected:.4g}"
@@ -186,12 +216,16 @@ async def check_rows(
     kinds: list[CaseKind] = ["gold", "empty", "garbage"] if gold else ["empty", "garbage"]
     semaphore = asyncio.Semaphore(max_concurrent)
 
-    async def bounded(row: dict[str, Any], kind: CaseKind) -> CaseResult:
+    async def bounded(row: dict[str, Any], kind: CaseKind, server: Any) -> CaseResult:
         async with semaphore:
-            return await check_case(env, row, kind)
+            remote = _remote(_target(env, row))
+            return await check_case(env, row, kind, server if remote else None)
 
     rows = list(rows)
-    return list(await asyncio.gather(*(bounded(row, kind) for row in rows for kind in kinds)))
+    remote = any(_remote(_target(env, row)) for row in rows)
+    with ScriptedServer() if remote else contextlib.nullcontext() as server:
+        cases = (bounded(row, kind, server) for row in rows for kind in kinds)
+        return list(await asyncio.gather(*cases))
 
 
 def check_environment(env: Environment, **options: Any) -> CheckReport:

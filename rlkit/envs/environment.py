@@ -1,8 +1,9 @@
 """The `Environment` base class: a dataset of tasks, a rollout procedure and a rubric.
 
 Rows have `prompt` (chat messages), `answer`, `info` (dict) and `example_id`; datasets given with
-`question` (+ an optional system prompt) instead of `prompt` are converted on first use, so
-every consumer (eval, orchestrator) sees one shape and an eval never formats the training rows.
+`question` (+ an optional system prompt) instead of `prompt`, or with string prompts, are
+converted on first use (`rlkit.envs.rows`), so every consumer (eval, orchestrator) sees one shape
+and an eval never formats the training rows.
 Subclasses implement `rollout`; scoring and running a group of rollouts for one example are
 shared.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 from typing import Any
 
 from datasets import Dataset
@@ -19,16 +19,10 @@ from datasets import Dataset
 from rlkit.envs.data import quiet_datasets
 from rlkit.envs.parsers import Parser
 from rlkit.envs.rollout import Rollout
+from rlkit.envs.rows import Messages, clean_messages, format_row
 from rlkit.envs.rubric import Rubric
 from rlkit.envs.turns import group_first_turn
 from rlkit.inference import InferenceClient
-
-Messages = list[dict[str, Any]]
-
-
-def clean_messages(messages: list[dict[str, Any]]) -> Messages:
-    """Drop the None keys Arrow adds when messages of different shapes share a column."""
-    return [{k: v for k, v in m.items() if v is not None} for m in messages]
 
 
 def check_columns(dataset: Dataset) -> None:
@@ -39,25 +33,12 @@ def check_columns(dataset: Dataset) -> None:
 
 
 def format_dataset(dataset: Dataset, system_prompt: str | None = None) -> Dataset:
-    """Give a dataset the `prompt`, `answer`, `info`, `example_id` columns (keeping the rest)."""
+    """Give a dataset the `prompt`, `answer`, `info`, `example_id` columns (keeping the rest),
+    each row normalised by `rlkit.envs.rows.format_row` (a bad row raises `RowError`)."""
     check_columns(dataset)
-    columns = set(dataset.column_names)
 
     def to_row(row: dict[str, Any], index: int) -> dict[str, Any]:
-        if "prompt" in columns:
-            prompt = clean_messages(row["prompt"])
-        else:
-            prompt = [{"role": "user", "content": row["question"]}]
-            if system_prompt:
-                prompt.insert(0, {"role": "system", "content": system_prompt})
-        answer = row.get("answer")
-        info = row.get("info") or {}
-        return {
-            "prompt": prompt,
-            "answer": "" if answer is None else str(answer),
-            "info": json.loads(info) if isinstance(info, str) else dict(info),
-            "example_id": row["example_id"] if "example_id" in columns else index,
-        }
+        return format_row(row, index, system_prompt)
 
     with quiet_datasets():
         return dataset.map(to_row, with_indices=True)

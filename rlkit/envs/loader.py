@@ -28,7 +28,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from rlkit.envs.environment import Environment
 from rlkit.errors import UsageError
-from rlkit.hub.install import ensure_installed
+from rlkit.hub.install import ensure_installed, install_from_index
 from rlkit.hub.names import parse_env_id
 
 ENV_PATH_VAR = "RLKIT_ENV_PATH"
@@ -51,9 +51,9 @@ def env_folders() -> list[Path]:
     return unique
 
 
-def _import_env_module(name: str) -> ModuleType | None:
-    """The module that provides `load_environment` for `name`, or None."""
-    for module_name in module_names(name):
+def _import_env_module(name: str, candidates: list[str]) -> ModuleType | None:
+    """The first of the candidate modules that provides `load_environment`, or None."""
+    for module_name in candidates:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -67,7 +67,7 @@ def _import_env_module(name: str) -> ModuleType | None:
     return None
 
 
-def _find_local(name: str) -> ModuleType | None:
+def _find_local(name: str, candidates: list[str]) -> ModuleType | None:
     """Import the environment from a local folder `<env folder>/<name>/` if there is one."""
     for folder in env_folders():
         for candidate in {name, name.replace("_", "-"), name.replace("-", "_")}:
@@ -77,7 +77,7 @@ def _find_local(name: str) -> ModuleType | None:
             if str(env_dir) not in sys.path:
                 sys.path.insert(0, str(env_dir))
             importlib.invalidate_caches()
-            module = _import_env_module(name)
+            module = _import_env_module(name, candidates)
             if module is not None:
                 return module
     return None
@@ -143,26 +143,37 @@ def _packages_distributions() -> Mapping[str, list[str]]:
     return importlib.metadata.packages_distributions()
 
 
-def _unknown(env_id: str, name: str) -> UsageError:
+def _unknown(env_id: str, name: str, candidates: list[str]) -> UsageError:
     known = list_environments()
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     listing = f" Known environments: {', '.join(known)}." if known and not close else ""
-    return UsageError(f"unknown environment {env_id!r}{hint}{listing}")
+    folders = ", ".join(str(f / name) for f in env_folders()) or "none"
+    looked = (
+        f" Looked for: an installed distribution {name!r}; importable module(s) "
+        f"{', '.join(candidates)} defining load_environment; environment folders {folders} "
+        f"(add folders with ${ENV_PATH_VAR}). A package whose load_environment lives elsewhere: "
+        f"{name}:package.module. One from the package index: rlkit env install {name}, or "
+        "rlkit eval --install."
+    )
+    return UsageError(f"unknown environment {env_id!r}{hint}{listing}{looked}")
 
 
 def load_environment(
-    env_id: str, *, verifiers_version: str | None = None, **kwargs: Any
+    env_id: str, *, verifiers_version: str | None = None, install: bool = False, **kwargs: Any
 ) -> Environment:
     """Import the environment named by `env_id` and call its `load_environment(**kwargs)`.
 
-    A package that requires `verifiers` is never imported here: it runs in a bridge worker
-    (`rlkit.envs.bridge`) with the newest tested verifiers version its range allows, or
-    `verifiers_version`.
+    `env_id` is `[OWNER/]NAME[@VERSION][:MODULE]`; MODULE names the module that has
+    `load_environment` when it is not named after the package. A package that requires
+    `verifiers` is never imported here: it runs in a bridge worker (`rlkit.envs.bridge`) with
+    the newest tested verifiers version its range allows, or `verifiers_version`. A NAME found
+    nowhere is installed from the package index when `install` (the user's consent) is set.
     """
     ref = parse_env_id(env_id, require_owner=False)
     name = ref.name
-    bridged = _load_bridged(name, kwargs, verifiers_version)
+    candidates = [ref.module] if ref.module else module_names(name)
+    bridged = _load_bridged(name, candidates, ref.module is not None, kwargs, verifiers_version)
     if bridged is not None:
         return bridged
     if verifiers_version:
@@ -170,18 +181,21 @@ def load_environment(
             f"environment {name!r} does not declare a verifiers requirement; "
             "--verifiers-version applies only to verifiers environments"
         )
-    module = _import_env_module(name)
+    module = _import_env_module(name, candidates)
     local = module is None
-    module = module or _find_local(name)
-    if module is None and ref.owner:
-        ensure_installed(env_id)
+    module = module or _find_local(name, candidates)
+    if module is None and (ref.owner or install):
+        if ref.owner:
+            ensure_installed(env_id)
+        else:
+            install_from_index(name, ref.version)
         importlib.invalidate_caches()
-        bridged = _load_bridged(name, kwargs, verifiers_version)
+        bridged = _load_bridged(name, candidates, ref.module is not None, kwargs, verifiers_version)
         if bridged is not None:
             return bridged
-        module, local = _import_env_module(name), False
+        module, local = _import_env_module(name, candidates), False
     if module is None:
-        raise _unknown(env_id, name)
+        raise _unknown(env_id, name, candidates)
     try:
         env = module.load_environment(**kwargs)
     except (TypeError, ValueError) as exc:  # unknown kwarg or a value the environment rejects
@@ -206,12 +220,16 @@ def load_environment_at(path: Path, name: str, **kwargs: Any) -> Environment:
 
 
 def _load_bridged(
-    name: str, kwargs: dict[str, Any], verifiers_version: str | None
+    name: str,
+    candidates: list[str],
+    explicit: bool,
+    kwargs: dict[str, Any],
+    verifiers_version: str | None,
 ) -> Environment | None:
     """A `BridgeEnv` when `name` is a verifiers environment (found without importing it)."""
     from rlkit.envs.bridge import BridgeEnv, find_verifiers_source
 
-    source = find_verifiers_source(name, env_folders(), module_names(name))
+    source = find_verifiers_source(name, env_folders(), candidates, explicit)
     return None if source is None else BridgeEnv(source, kwargs, verifiers_version)
 
 

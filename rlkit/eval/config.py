@@ -29,7 +29,11 @@ RESULT_FIELDS = (
 class EvalConfig(Config):
     """One evaluation of a model on an environment through an OpenAI-compatible API."""
 
-    env_id: str = Field("", description="Environment id, e.g. reverse-text or owner/name@1.0.")
+    env_id: str = Field(
+        "",
+        description="Environment id, e.g. reverse-text, owner/name@1.0, or dist:package.module "
+        "(the module that has load_environment).",
+    )
     env_args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for the environment's loader."
     )
@@ -37,6 +41,11 @@ class EvalConfig(Config):
         None,
         description="Exact verifiers version for a verifiers environment (None: the newest "
         "tested version its declared range allows).",
+    )
+    install: bool = Field(
+        False,
+        description="Install a NAME found nowhere from the package index (the user's consent; "
+        "OWNER/NAME hub ids are always installed).",
     )
     model: str = Field("", description="Model name sent to the API.")
     base_url: str = Field(

@@ -216,7 +216,10 @@ async def run_eval_async(
 
     config.sandbox.apply()
     env = load_environment(
-        config.env_id, verifiers_version=config.verifiers_version, **config.env_args
+        config.env_id,
+        verifiers_version=config.verifiers_version,
+        install=config.install,
+        **config.env_args,
     )
     config, package_sampling = apply_package_defaults(config, *package_eval_defaults(config.env_id))
     rows = [dict(row) for row in env.get_eval_dataset(config.num_examples)]

@@ -221,6 +221,25 @@ def ensure_installed(env_id: str, hub: str | None = None) -> None:
     install(env_id, open_hub(hub))
 
 
+def download_from_index(
+    name: str, version: str | None, dest: Path, find_links: Path | None = None
+) -> Path:
+    """The wheel (or sdist) of package-index project `name` (==`version`), without its
+    dependencies, downloaded into the empty folder `dest`; `find_links`: from that folder."""
+    source = ["--no-index", "--find-links", str(find_links)] if find_links else []
+    wanted = f"{name}=={version}" if version else name
+    try:
+        _pip(
+            sys.executable,
+            ["download", "--no-deps", "--prefer-binary", "-d", str(dest), *source, wanted],
+        )
+    except HubError as exc:
+        where = f"in {find_links}" if find_links else "on the package index"
+        raise HubError(f"could not fetch {wanted} {where}: {exc}", 404) from exc
+    (path,) = dest.iterdir()
+    return path
+
+
 def install_from_index(
     name: str, version: str | None = None, python: str | None = None, find_links: Path | None = None
 ) -> str:
@@ -230,14 +249,8 @@ def install_from_index(
     index (offline). Returns the installed version."""
     python = python or sys.executable
     source = ["--no-index", "--find-links", str(find_links)] if find_links else []
-    wanted = f"{name}=={version}" if version else name
     with tempfile.TemporaryDirectory(prefix="rlkit-install-") as tmp:
-        try:
-            _pip(python, ["download", "--no-deps", "--prefer-binary", "-d", tmp, *source, wanted])
-        except HubError as exc:
-            where = f"in {find_links}" if find_links else "on the package index"
-            raise HubError(f"could not fetch {wanted} {where}: {exc}", 404) from exc
-        (path,) = Path(tmp).iterdir()
+        path = download_from_index(name, version, Path(tmp), find_links)
         if is_verifiers_env(_requirements(path)):
             _install_verifiers_env(python, path, None)
         else:

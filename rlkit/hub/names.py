@@ -67,24 +67,37 @@ class EnvRef:
     owner: str
     name: str
     version: str | None = None
+    module: str | None = None  # `NAME:pkg.mod`: the module that has load_environment
 
     def __str__(self) -> str:
         base = f"{self.owner}/{self.name}"
         return f"{base}@{self.version}" if self.version else base
 
 
+_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
 def parse_env_id(env_id: str, *, require_owner: bool = True) -> EnvRef:
-    """Parse ``OWNER/NAME[@VERSION]``; raises UsageError for anything else."""
+    """Parse ``OWNER/NAME[@VERSION][:MODULE]``; raises UsageError for anything else. MODULE (a
+    dotted module path) names where a package that does not follow the template keeps its
+    `load_environment`."""
     text = env_id.strip()
-    version = None
+    version = module = None
+    if ":" in text:
+        text, module = text.split(":", 1)
+        if not _MODULE_RE.match(module):
+            raise UsageError(
+                f"environment id {env_id!r}: {module!r} after ':' is not a dotted module path "
+                "(NAME:package.module)"
+            )
     if "@" in text:
         text, version = text.rsplit("@", 1)
         version = validate_version(version)
     if "/" not in text:
         if require_owner:
             raise UsageError(f"environment id {env_id!r} must look like OWNER/NAME[@VERSION]")
-        return EnvRef(owner="", name=validate_name(text), version=version)
+        return EnvRef(owner="", name=validate_name(text), version=version, module=module)
     owner, _, name = text.partition("/")
     if "/" in name:
         raise UsageError(f"environment id {env_id!r} must look like OWNER/NAME[@VERSION]")
-    return EnvRef(owner=validate_owner(owner), name=validate_name(name), version=version)
+    return EnvRef(validate_owner(owner), validate_name(name), version, module)

@@ -216,6 +216,17 @@ class PooledClient:
             self.index = await self.pool.wait_any()
             self.pool.counters["failovers"] += 1
 
+    async def fail_over(self, reason: str) -> bool:
+        """A request sent by someone else (a verifiers bridge worker) to this group's server
+        failed: when the server is down, drop it and move the group to a healthy one (True);
+        False when it is up (the failure was the request's own)."""
+        if await self.client.health():
+            return False
+        self.pool.mark_down(self.index, reason)
+        self.index = await self.pool.wait_any()
+        self.pool.counters["failovers"] += 1
+        return True
+
     async def chat(self, *args: Any, **kwargs: Any) -> Generation:
         return await self._call("chat", *args, **kwargs)
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 Responder = Callable[[dict[str, Any]], str | dict[str, Any]]
 
@@ -48,6 +48,22 @@ def _text_of(content: Any) -> str:
     if isinstance(content, list):
         return "".join(part.get("text", "") for part in content if isinstance(part, dict))
     return content or ""
+
+
+def _sse(reply: dict[str, Any]) -> Iterable[str]:
+    """A chat completion as the server-sent events of a stream (`stream: true`): the whole
+    message in one delta (tool calls indexed), then the finish reason, then `[DONE]`."""
+    choice = reply["choices"][0]
+    delta = dict(choice["message"])
+    if delta.get("tool_calls"):
+        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(delta["tool_calls"])]
+    head = {k: v for k, v in reply.items() if k not in ("choices", "usage")}
+    chunk = {**head, "object": "chat.completion.chunk"}
+    yield f"data: {json.dumps({**chunk, 'choices': [{'index': 0, 'delta': delta}]})}\n\n"
+    done = {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}
+    last = {**chunk, "choices": [done], "usage": reply.get("usage")}
+    yield f"data: {json.dumps(last)}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 def reverse_last_user(body: dict[str, Any]) -> str:
@@ -239,7 +255,10 @@ class FakeOpenAIServer:
             prompt_ids = self._chat_prompt_ids(body)
             if too_long := self._too_long(prompt_ids):
                 return too_long
-            return JSONResponse(self._chat_reply(body, prompt_ids))
+            reply = self._chat_reply(body, prompt_ids)
+            if body.get("stream"):
+                return StreamingResponse(_sse(reply), media_type="text/event-stream")
+            return JSONResponse(reply)
 
         @app.post("/v1/completions")
         async def completions(request: Request) -> Any:

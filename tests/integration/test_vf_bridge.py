@@ -4,7 +4,8 @@ Each environment runs in a worker inside a cached venv with its own verifiers ve
 (`RLKIT_BRIDGE_VENVS`, built once per checkout by the first test that needs it). The fixtures
 are written from each version's own API: vf-reverse-text (0.1.3 single-turn), vf-calc-classic
 (0.1.3 tool env, `setup_state`), vf-calc-state (0.1.9 state loop, `@vf.stop`), vf-calc-v02
-(0.2.0 client layer), vf-calc-v04 (0.4.0 taskset package, MCP tool server, local chat agent).
+(0.2.0 client layer), vf-calc-v03 (0.3.1, `verifiers.legacy`), vf-calc-v04 (0.4.0 taskset
+package, MCP tool server, local chat agent).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def _assert_token_turns(rollouts: list, turns: int) -> None:
         ("vf-calc-classic", "{}", 2, 1.5, {"correct": 1.0, "used_tool": 1.0}),
         ("vf-calc-state", "{}", 2, 1.0, {"correct": 1.0, "turns": 2.0, "add_calls": 1.0}),
         ("vf-calc-v02", "{}", 2, 1.0, {"correct": 1.0, "add_calls": 1.0}),
+        ("vf-calc-v03", "{}", 2, 1.0, {"correct": 1.0, "add_calls": 1.0, "tool_calls_made": 1.0}),
         ("vf-calc-v04", "{}", 2, 1.0, {"correct": 1.0, "add_calls": 1.0}),
     ],
 )
@@ -127,9 +129,9 @@ def test_verifiers_version_override_and_no_fit(monkeypatch, capsys, tmp_path) ->
             server.url,
             "vf-reverse-text",
             "--verifiers-version",
-            "0.3.0",
+            "0.5.0",
         )
-    assert code == 2 and "0.3.0 is in no supported era" in text
+    assert code == 2 and "0.5.0 is in no supported era" in text
     assert "0.1.3.post0" in text  # the tested versions are named
 
 

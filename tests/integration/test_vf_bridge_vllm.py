@@ -1,10 +1,10 @@
 """verifiers environments through the bridge against the real vLLM CPU server (tiny model).
 
 `rlkit eval` on each era's fixture (no errored rollouts, engine token ids and logprobs in every
-turn), and `rlkit train` for two C3PO++ steps on a mix of rlkit-native reverse-text and the
-verifiers vf-reverse-text. The tiny random model writes no tool calls, so the tool
-environments end after one turn here; their multi-turn paths run against the fake server
-(test_vf_bridge.py).
+turn), and `rlkit train` for two C3PO++ steps on a mix of rlkit-native reverse-text, the
+verifiers 0.1.3 vf-reverse-text and the verifiers 0.3.1 vf-calc-v03. The tiny random model
+writes no tool calls, so the tool environments end after one turn here; their multi-turn paths
+run against the fake server (test_vf_bridge.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize(
     "env_id",
-    ["vf-reverse-text", "vf-calc-classic", "vf-calc-state", "vf-calc-v02", "vf-calc-v04"],
+    [
+        "vf-reverse-text",
+        "vf-calc-classic",
+        "vf-calc-state",
+        "vf-calc-v02",
+        "vf-calc-v03",
+        "vf-calc-v04",
+    ],
 )
 def test_verifiers_envs_eval_on_vllm(
     env_id, vllm_server, tiny_model_dir, tmp_path, monkeypatch, capsys
@@ -61,6 +68,10 @@ args = {{ min_len = 3, max_len = 6, num_train_examples = 64, num_eval_examples =
 id = "vf-reverse-text"
 args = {{ num_train_examples = 64, num_eval_examples = 4 }}
 
+[[env]]
+id = "vf-calc-v03"
+args = {{ num_examples = 16 }}
+
 [inference]
 extra_args = ["--max-num-seqs", "32", "--max-model-len", "512"]
 
@@ -69,7 +80,7 @@ scheduler = "c3po"
 max_steps = 2
 group_size = 4
 capacity = 16
-token_budget = 128
+token_budget = 256
 drop_zero_advantage = false
 sampling = {{ temperature = 1.0, max_tokens = 16 }}
 
@@ -101,4 +112,5 @@ plot = false
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["rollouts_errored"] == 0 for r in records), records
     seen = {key for r in records for key in r if key.startswith("reward_mean/")}
-    assert {"reward_mean/reverse-text", "reward_mean/vf-reverse-text"} <= seen, seen
+    wanted = {"reward_mean/reverse-text", "reward_mean/vf-reverse-text", "reward_mean/vf-calc-v03"}
+    assert wanted <= seen, seen

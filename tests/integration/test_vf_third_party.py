@@ -10,6 +10,7 @@ fetches the pinned wheel (sha256 checked) once into `.cache/wheels`, then works 
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,45 @@ def test_index_install_usage_errors(monkeypatch, capsys, tmp_path: Path) -> None
     assert code == 2 and "--find-links is for NAME from the package index" in text
     code, text = run_cli(monkeypatch, capsys, "env", "install", f"{NAME}@9.9.9", *offline)
     assert code == 2 and f"could not fetch {NAME}==9.9.9 in {empty}" in text
+
+
+def test_doctor_fetches_from_the_index_into_a_scratch_folder(
+    wheels: Path, monkeypatch, capsys
+) -> None:
+    """`rlkit env doctor NAME` on the package (not installed here): fetched without its
+    dependencies into a scratch folder, run in its bridge venv, nothing installed beside rlkit."""
+    args = ["env", "doctor", f"{NAME}@{VERSION}", "--find-links", str(wheels), "-n", "2"]
+    code, text = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, text
+    chosen = select_version(NAME, ">=0.1.14", api="load_environment")
+    for line in (
+        "ok   package: wheel from the folder",
+        "ok   verifiers requirement: verifiers>=0.1.14",
+        f"runs with verifiers {chosen}",
+        f"ok   entry point: module {NAME.replace('-', '_')}: load_environment",
+        "ok   load: SingleTurnEnv (single-turn); rows: train 100",
+        "ok   scripted empty replies: 2/2 ran",
+        f"{NAME}@{VERSION}: runs through the bridge",
+    ):
+        assert line in text, text
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.version(NAME)
+
+
+def test_eval_installs_an_index_package_with_consent(wheels: Path, tmp_path: Path) -> None:
+    """`rlkit eval NAME` on a package found nowhere: an error that says how to install it;
+    with `--install` (the user's consent) it is installed from the index, then run."""
+    python = fresh_venv(tmp_path)
+    offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}  # the index, from the cache
+    out = tmp_path / "runs"
+    with FakeOpenAIServer(responder=advocate) as server:
+        args = ["eval", f"{NAME}@{VERSION}", "-m", "fake-model", "-b", server.url, "-n", "1"]
+        args += ["-r", "1", "-t", "1024", "-o", str(out)]
+        refused = run(args, python, env=offline, expect=2)
+        assert "--install" in refused.stderr + refused.stdout
+        assert installed(python, NAME) is None
+        run([*args, "--install"], python, env=offline)
+    assert installed(python, NAME) == VERSION
+    _no_verifiers_beside(python)
+    (rollout,) = clean_rollouts(out, expected=1)
+    assert rollout.reward == pytest.approx(1.0)

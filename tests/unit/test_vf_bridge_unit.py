@@ -31,7 +31,8 @@ def test_what_an_environment_exports_picks_the_era() -> None:
     """0.4 packages export a Taskset; older ones define load_environment: neither runs on the
     other's versions, whatever the declared range allows."""
     assert select_version("e", None, api="taskset") == "0.4.0"
-    assert select_version("e", None, api="load_environment") == "0.2.0"
+    assert select_version("e", None, api="load_environment") == "0.3.1"
+    assert select_version("e", "<0.3", api="load_environment") == "0.2.0"
     with pytest.raises(UsageError, match="no tested verifiers version fits"):
         select_version("e", ">=0.4", api="load_environment")
     with pytest.raises(UsageError, match=r"0.2.0 \(0.1.10-0.2.x client layer\) cannot load"):
@@ -44,12 +45,12 @@ def test_what_an_environment_exports_picks_the_era() -> None:
 
 def test_no_fitting_version_names_required_tested_and_installed() -> None:
     with pytest.raises(UsageError) as info:
-        select_version("catapult", ">=0.3,<0.4")
+        select_version("catapult", ">=0.5,<0.6")
     message = str(info.value)
-    assert "requires verifiers >=0.3,<0.4" in message and "0.1.3.post0" in message
+    assert "requires verifiers >=0.5,<0.6" in message and "0.1.3.post0" in message
     assert "installed beside rlkit" in message and "--verifiers-version" in message
     with pytest.raises(UsageError, match="no supported era"):
-        select_version("e", None, override="0.3.0")
+        select_version("e", None, override="0.5.0")
     with pytest.raises(UsageError, match="not a version"):
         select_version("e", None, override="latest")
 

@@ -6,11 +6,13 @@ back with the engine's token ids and logprobs (`prompt_mode` "messages": verifie
 whole conversation each turn, so `training_sample` keeps the longest common prefix when a chat
 template re-renders history). Rows are fetched once at load (each keeps `info["bridge_row"]`,
 the worker's split and index). A worker failure never raises out of `rollout`/`score_group`: the
-rollouts are marked errored and the next request restarts the worker.
+rollouts are marked errored and the next request restarts the worker. A rollout whose server
+died under it (the orchestrator's pool client says so) runs again on another healthy server.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -26,6 +28,7 @@ from rlkit.errors import UsageError
 from rlkit.inference import InferenceClient
 
 ROWS_PER_REQUEST = 500
+MAX_FAILOVERS = 3  # times one rollout moves to another server of the pool
 ROW_KEY = "bridge_row"
 
 
@@ -35,6 +38,8 @@ def _seconds(var: str, default: float) -> float:
 
 class BridgeEnv(Environment):
     """A verifiers environment served by a worker process (see the module docstring)."""
+
+    remote_rollouts = True  # rollouts run in the worker: scripted checks serve it over HTTP
 
     def __init__(
         self, source: VfSource, env_args: dict[str, Any], verifiers_version: str | None = None
@@ -93,21 +98,29 @@ class BridgeEnv(Environment):
     ) -> Rollout:
         rollout = self.new_rollout(row)
         ref = rollout.info.get(ROW_KEY) or {}
-        try:
-            result = await self.worker.acall(
-                "rollout",
-                self.rollout_timeout_s,
-                split=ref.get("split", "eval"),
-                index=int(ref.get("index", 0)),
-                base_url=f"{client.base_url}/v1",
-                api_key=client.api_key or "",
-                model=model,
-                sampling=self.sampling_for(sampling),
-                request_timeout=client.timeout,
-            )
-        except (WorkerFailed, WorkerError) as exc:
-            rollout.error = f"bridge worker: {exc}"
-            return rollout
+        fail_over = getattr(client, "fail_over", None)  # a pool's client (the orchestrator's)
+        for _ in range(MAX_FAILOVERS + 1):
+            try:
+                result = await self.worker.acall(
+                    "rollout",
+                    self.rollout_timeout_s,
+                    split=ref.get("split", "eval"),
+                    index=int(ref.get("index", 0)),
+                    base_url=f"{client.base_url}/v1",
+                    api_key=client.api_key or "",
+                    model=model,
+                    sampling=self.sampling_for(sampling),
+                    request_timeout=client.timeout,
+                )
+            except (WorkerFailed, WorkerError) as exc:
+                rollout.error = f"bridge worker: {exc}"
+                return rollout
+            error = result.get("error") or ""
+            # the server died under the rollout: run it again from the start on a healthy one
+            if not error.startswith("generation failed") or fail_over is None:
+                break
+            if not await fail_over(error):
+                break
         usage = {"prompt_tokens": 0, "completion_tokens": 0}
         for turn in result.get("turns") or []:
             for key in usage:
@@ -146,6 +159,27 @@ class BridgeEnv(Environment):
                 continue
             r.reward = float(score["reward"])
             r.metrics = {k: float(v) for k, v in (score.get("metrics") or {}).items()}
+
+    def gold_completion(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """`info["gold_completion"]` when the package gives one: the assistant messages (a
+        list, or its JSON text) or the reply's text. verifiers has no gold-answer hook, so
+        without it there is none (a row's `answer` is not a reply the parser accepts)."""
+        gold = (row.get("info") or {}).get("gold_completion")
+        if isinstance(gold, str):
+            try:
+                parsed = json.loads(gold)
+            except json.JSONDecodeError:
+                parsed = None
+            gold = parsed if isinstance(parsed, list) else [{"role": "assistant", "content": gold}]
+        return list(gold) if gold else None
+
+    def reward_bounds(self) -> tuple[float, float]:
+        """From the rubric's weights the worker reports (each function scoring in [0, 1]);
+        (0, 1) when the era does not report them (0.4 tasksets)."""
+        weights = self.description.get("reward_weights")
+        if weights is None:
+            return 0.0, 1.0
+        return sum(w for w in weights if w < 0), sum(w for w in weights if w > 0)
 
     def close(self) -> None:
         self.worker.close()

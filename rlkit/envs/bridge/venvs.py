@@ -3,9 +3,9 @@
 `$RLKIT_BRIDGE_VENVS` (default `$RLKIT_HOME/bridge/venvs`, `~/.rlkit/bridge/venvs`) holds
 `<env>-vf<version>-<hash>/`; the hash covers the requirement list, so an environment that changes
 its dependencies gets a new venv and one that only changes its code reuses the old one (local
-environments are imported from their folder). Built with `uv` when it is on PATH, else `venv` +
-pip; a file lock makes concurrent runs build it once, and a marker written last means a venv
-whose build was interrupted is rebuilt.
+environments are imported from their folder). Built with `uv` (from PATH, else the one beside
+rlkit's interpreter), else `venv` + pip; a file lock makes concurrent runs build it once, and a
+marker written last means a venv whose build was interrupted is rebuilt.
 """
 
 from __future__ import annotations
@@ -37,6 +37,13 @@ def venv_dir(env_name: str, verifiers_version: str, requirements: list[str]) -> 
     return venvs_root() / f"vf{verifiers_version}-{digest}"
 
 
+def find_uv() -> str | None:
+    """`uv` from PATH, else the one installed beside rlkit's interpreter (rlkit's venv ships it
+    but its bin folder need not be on PATH), else None (venv + pip)."""
+    beside = Path(sys.executable).parent / "uv"
+    return shutil.which("uv") or (str(beside) if os.access(beside, os.X_OK) else None)
+
+
 def _run(cmd: list[str], what: str) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
@@ -61,7 +68,7 @@ def ensure_venv(
             log(f"creating venv for {env_name} with verifiers=={verifiers_version} in {path}")
         t0 = time.monotonic()
         wanted = [f"verifiers=={verifiers_version}", *requirements]
-        uv = shutil.which("uv")
+        uv = find_uv()
         if uv:
             _run([uv, "venv", "-q", "--python", sys.executable, str(path)], "creating the venv")
             install = [uv, "pip", "install", "-q", "--python", str(python), *wanted]

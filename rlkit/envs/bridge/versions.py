@@ -32,6 +32,7 @@ class Era:
 ERAS = (
     Era("0.1.x classic", "shim_classic", "0.1.3", "0.1.10", ("0.1.3.post0", "0.1.9.post3")),
     Era("0.1.10-0.2.x client layer", "shim_v02", "0.1.10", "0.3", ("0.2.0",)),
+    Era("0.3.x legacy", "shim_v03", "0.3", "0.4", ("0.3.1",)),
     # verifiers prepares its local chat agent (a PEP 723 script) with uv
     Era("0.4.x tasksets", "shim_v04", "0.4", "0.5", ("0.4.0",), "taskset", ("uv",)),
 )

@@ -20,6 +20,22 @@ import verifiers as vf
 SPLITS = {"train": "dataset", "eval": "eval_dataset"}
 
 
+def _role(message: Any) -> Any:
+    return message.get("role") if isinstance(message, dict) else getattr(message, "role", None)
+
+
+def recorded_error(error: Any) -> RuntimeError:
+    """The error verifiers recorded in a rollout's state, raised with its cause chain kept (the
+    worker tells a dead server from an environment bug by it)."""
+    text = repr(error)
+    cause = getattr(error, "__cause__", None)
+    if cause is not None:
+        text += f", caused by {cause!r}"
+    exc = RuntimeError(f"verifiers recorded an error: {text}")
+    exc.__cause__ = error if isinstance(error, BaseException) else None
+    return exc
+
+
 def _info(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         return json.loads(value) if value else {}
@@ -28,6 +44,32 @@ def _info(value: Any) -> dict[str, Any]:
 
 class Shim:
     era = "classic"
+    string_prompts = False  # 0.1.x chat environments assert a list of messages
+
+    def prompt_problem(self, prompt: Any) -> str | None:
+        """Why verifiers of this era would reject the prompt (None: it takes it)."""
+        if isinstance(prompt, str):
+            if self.string_prompts:
+                return None
+            return (
+                f"is text; verifiers {vf.__version__} chat environments take a list of "
+                "messages (verifiers 0.2 and later turn text into one user message)"
+            )
+        if not isinstance(prompt, (list, tuple)):
+            return f"must be a list of chat messages, got {type(prompt).__name__}"
+        for position, message in enumerate(prompt):
+            if not isinstance(_role(message), str):
+                return f"[{position}] is not a chat message with a role: {str(message)[:80]!r}"
+        return None if prompt else "is an empty list of messages"
+
+    @staticmethod
+    def prompt_view(prompt: Any) -> list[Any]:
+        """The prompt as rlkit shows it: text becomes one user message, so a row verifiers
+        rejects still lists (its rollout carries the error)."""
+        if isinstance(prompt, (list, tuple)) and all(isinstance(_role(m), str) for m in prompt):
+            return list(prompt)
+        text = prompt if isinstance(prompt, str) else json.dumps(prompt, default=str)
+        return [{"role": "user", "content": text}]
 
     def __init__(self, env: Any) -> None:
         if not isinstance(env, vf.Environment):
@@ -57,13 +99,26 @@ class Shim:
             "max_turns": getattr(self.env, "max_turns", 1),
             "sampling_defaults": sampling,
             "splits": {s: (len(d) if d is not None else None) for s, d in self.datasets.items()},
+            "reward_weights": self.reward_weights(),
         }
+
+    def reward_weights(self) -> list[float] | None:
+        """The rubric's reward weights (`get_reward_weights` up to 0.1.7, then private)."""
+        rubric = self.env.rubric
+        weights = getattr(rubric, "get_reward_weights", None) or getattr(
+            rubric, "_get_reward_weights", None
+        )
+        return [float(w) for w in weights()] if callable(weights) else None
 
     def row(self, split: str, index: int) -> dict[str, Any]:
         dataset = self.datasets[split]
         if dataset is None:
             raise ValueError(f"the environment has no {split} split")
         row = dict(dataset[index])
+        problem = self.prompt_problem(row.get("prompt"))
+        if problem is not None:
+            where = f"{split} row {index} (example_id {row.get('example_id', index)})"
+            raise ValueError(f"{where}: field 'prompt' {problem}")
         info = _info(row.get("info"))
         old_api_tools = not self.state_api and getattr(self.env, "oai_tools", None)
         if old_api_tools and "oai_tools" not in info:  # where <0.1.8 rollouts read the tools
@@ -82,7 +137,7 @@ class Shim:
             info.setdefault("task", row.get("task") or "default")
             out.append(
                 {
-                    "prompt": row["prompt"],
+                    "prompt": self.prompt_view(row.get("prompt")),
                     "answer": row.get("answer") or "",
                     "info": info,
                     "example_id": row.get("example_id", index),
@@ -107,7 +162,7 @@ class Shim:
             vf_input = {k: copy.deepcopy(row[k]) for k in fields if k in row}
             state = await self.env.rollout(vf_input, client, model, args)
             if state.get("error") is not None:
-                raise RuntimeError(f"verifiers recorded an error: {state['error']!r}")
+                raise recorded_error(state["error"])
             return list(state.get("completion") or []), state
         return await self.env.rollout(
             client,

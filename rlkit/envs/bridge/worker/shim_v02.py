@@ -14,6 +14,7 @@ import copy
 from typing import Any
 
 from shim_classic import Shim as ClassicShim
+from shim_classic import recorded_error
 from verifiers.clients import OpenAIChatCompletionsClient
 
 
@@ -38,6 +39,7 @@ def _openai_message(message: Any) -> dict[str, Any]:
 
 class Shim(ClassicShim):
     era = "0.1.10-0.2.x"
+    string_prompts = True  # verifiers' `normalize_messages` makes text one user message
 
     def __init__(self, env: Any) -> None:
         super().__init__(env)
@@ -58,7 +60,7 @@ class Shim(ClassicShim):
             vf_input.pop("task", None)
         state = await self.env.rollout(vf_input, self.clients[id(client)], model, args)
         if state.get("error") is not None:
-            raise RuntimeError(f"verifiers recorded an error: {state['error']!r}")
+            raise recorded_error(state["error"])
         return [_openai_message(m) for m in state.get("completion") or []], state
 
     async def score(self, items: list[tuple[dict, Any, Any]]) -> list[tuple[float, dict]]:

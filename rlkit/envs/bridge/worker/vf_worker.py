@@ -97,7 +97,6 @@ class Worker:
         return self.clients[key]
 
     async def rollout(self, req: dict[str, Any]) -> dict[str, Any]:
-        row = self.shim.row(req["split"], int(req["index"]))
         client = self.client(
             req["base_url"], req.get("api_key") or "", float(req["request_timeout"])
         )
@@ -107,7 +106,9 @@ class Worker:
         error = None
         completion: Any = []
         state: Any = None
-        try:
+        row: Any = None
+        try:  # a row verifiers would reject fails here, naming the row and field
+            row = self.shim.row(req["split"], int(req["index"]))
             completion, state = await self.shim.rollout(
                 row, client, req["model"], dict(req.get("sampling") or {})
             )

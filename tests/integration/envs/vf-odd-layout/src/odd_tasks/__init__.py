@@ -1,0 +1,1 @@
+"""Word tasks (a package named unlike its distribution, vf-odd-layout)."""
