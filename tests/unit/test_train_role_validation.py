@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
 from tests.cli import run_cli
 
 CONFIG = """
