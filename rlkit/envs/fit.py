@@ -62,9 +62,9 @@ class FitReport:
             "schemas included)"
         )
 
-    def fix(self) -> str:
+    def fix(self, where: str = "inference.extra_args") -> str:
         return (
-            f"raise the context (inference.extra_args: {MAX_MODEL_LEN_FLAG} "
+            f"raise the context ({where}: {MAX_MODEL_LEN_FLAG} "
             f"{self.longest + self.max_tokens} or more), lower max_tokens, or shorten the prompts"
         )
 
@@ -163,3 +163,20 @@ def fit_training_sets(
         env.dataset = dataset.select(report.fitting)  # the cached property, replaced
         log(f"{env_id}: dropped {report.describe()}")
     return reports
+
+
+async def served_fit(
+    env: Environment,
+    rows: Sequence[dict[str, Any]],
+    client: Any,
+    model: str,
+    sampling: dict[str, Any],
+) -> FitReport | None:
+    """The fit of `rows` on a served model, for `rlkit eval`: the context and the tokenizer
+    come from the server's model card (vLLM reports both); None for other servers."""
+    card = await client.model_card(model) or {}
+    context = card.get("max_model_len")
+    if context is None:
+        return None
+    renderer = renderer_for(str(card.get("root") or model))
+    return None if renderer is None else measure(env, rows, renderer, int(context), sampling)

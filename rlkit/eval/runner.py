@@ -35,6 +35,7 @@ from rich.progress import (
 
 import rlkit
 from rlkit.envs import Environment, Rollout, load_environment
+from rlkit.envs.fit import served_fit
 from rlkit.errors import UsageError
 from rlkit.eval.config import RESULT_FIELDS, EvalConfig
 from rlkit.eval.metrics import summarize
@@ -42,6 +43,7 @@ from rlkit.eval.package_defaults import apply_package_defaults, package_eval_def
 from rlkit.eval.store import EvalResult, RunMetadata, RunStore, pending_keys
 from rlkit.inference import InferenceClient, InferenceError
 from rlkit.inference.client import RETRY_STATUS
+from rlkit.progress import print_line
 
 
 class EvalInterrupted(Exception):
@@ -200,6 +202,26 @@ async def _run_pending(
             tasks.create_task(group(index, rollout_indexes))
 
 
+async def warn_overlong(
+    env: Environment,
+    rows: list[dict[str, Any]],
+    client: InferenceClient,
+    model: str,
+    sampling: dict[str, Any],
+    console: Console,
+) -> None:
+    """One warning line when prompts do not fit the served context: their rollouts will
+    record error `context` (the eval still runs them, so its numbers stay comparable)."""
+    report = await served_fit(env, rows, client, model, sampling)
+    if report is not None and report.overlong:
+        print_line(
+            console,
+            f"warning: {report.describe()}; their rollouts will end with error `context`: "
+            f"{report.fix('the server')}",
+            style="yellow",
+        )
+
+
 async def run_eval_async(
     config: EvalConfig, resume: Path | None = None, console: Console | None = None
 ) -> Path:
@@ -265,6 +287,8 @@ async def run_eval_async(
         max_connections=config.max_concurrent,
     )
     try:
+        if console is not None:
+            await warn_overlong(env, rows, client, config.model, sampling, console)
         with _progress(console) as progress:
             await _run_pending(
                 env, config, rows, sampling, pending, store, client, _Tally(results), progress

@@ -78,3 +78,48 @@ def test_all_or_too_many_overlong_rows_are_refused(tiny_model_dir: Path, lengths
     assert f"--max-model-len {longest + 16} or more" in message
     assert "orchestrator.max_overlong_fraction = 0.5" in message
     assert len(env.get_dataset()) == len(lengths)  # nothing dropped when refusing
+
+
+def test_eval_warns_once_when_prompts_do_not_fit_the_served_context(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    import io
+
+    from rich.console import Console
+    from transformers import AutoTokenizer
+
+    from rlkit.eval import EvalConfig, load_run
+    from rlkit.eval.runner import run_eval
+    from tests.fakes.fake_openai import FakeOpenAIServer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    out = io.StringIO()
+    with FakeOpenAIServer(tokenizer=tok, model_root=str(tiny_model_dir), max_model_len=30) as srv:
+        config = EvalConfig(
+            env_id="reverse-text",
+            model="fake-model",
+            base_url=srv.url,
+            num_examples=3,
+            rollouts_per_example=1,
+            max_tokens=8,
+            output_dir=tmp_path,
+        )
+        run_dir = run_eval(config, console=Console(file=out, width=80))
+    warnings = [line for line in out.getvalue().splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, out.getvalue()
+    assert "3 of 3 prompts of reverse-text are longer than max_model_len 30" in warnings[0]
+    assert "(the server: --max-model-len" in warnings[0]
+    errors = [r.rollout.error for r in load_run(run_dir).results]
+    assert errors and all(e and e.startswith("context: ") for e in errors)
+
+
+def test_env_check_with_a_model_checks_that_the_prompts_fit(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from tests.cli import run_cli
+
+    check = ["env", "check", "reverse-text", "-n", "1", "--model", str(tiny_model_dir)]
+    code, output = run_cli(monkeypatch, capsys, *check, "--max-model-len", "30")
+    assert code == 1 and "FAIL " in output and "max_model_len 30 - max_tokens" in output
+    code, output = run_cli(monkeypatch, capsys, *check, "--max-model-len", "512")
+    assert code == 0 and "prompts fit: the longest of" in output, output
