@@ -230,7 +230,7 @@ class LogConfig(Config):
     )
     mlflow: bool = Field(False, description="Also log to MLflow.")
     mlflow_tracking_uri: str = Field(
-        "", description="MLflow tracking URI (empty: a file store at run_dir/mlruns)."
+        "", description="MLflow tracking URI (empty: SQLite at run_dir/mlflow.db)."
     )
     mlflow_experiment: str = Field("rlkit", description="MLflow experiment name.")
     samples_every: int = Field(

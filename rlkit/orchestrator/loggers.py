@@ -122,20 +122,29 @@ class WandbSink:
         self.run.finish()
 
 
+def mlflow_store(run_dir: Path) -> str:
+    """The default tracking store: an SQLite file in the run directory (no server). MLflow's
+    `./mlruns` file store cannot hold our names: it keeps `reward_mean` as a file and
+    `reward_mean/<env>` as a file inside a directory of the same name."""
+    return f"sqlite:///{run_dir / 'mlflow.db'}"
+
+
 class MlflowSink:
-    """An MLflow run (tracking URI from `log.mlflow_tracking_uri`, else a file store in
-    `run_dir/mlruns`); the resolved config is stored as the run's `config.json` artifact."""
+    """An MLflow run (tracking URI from `log.mlflow_tracking_uri`, else `mlflow_store`); the
+    resolved config is stored as the run's `config.json` artifact."""
 
     def __init__(self, cfg: LogConfig, config: dict[str, Any]) -> None:
         from mlflow.tracking import MlflowClient
 
-        uri = cfg.mlflow_tracking_uri or (Path(cfg.run_dir).resolve() / "mlruns").as_uri()
-        self.client = MlflowClient(tracking_uri=uri)
+        root = Path(cfg.run_dir).resolve()
+        self.client = MlflowClient(tracking_uri=cfg.mlflow_tracking_uri or mlflow_store(root))
         experiment = self.client.get_experiment_by_name(cfg.mlflow_experiment)
         experiment_id = (
             experiment.experiment_id
             if experiment is not None
-            else self.client.create_experiment(cfg.mlflow_experiment)
+            else self.client.create_experiment(
+                cfg.mlflow_experiment, artifact_location=(root / "mlartifacts").as_uri()
+            )
         )
         self.run_id = self.client.create_run(
             experiment_id, run_name=Path(cfg.run_dir).name

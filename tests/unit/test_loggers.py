@@ -1,0 +1,99 @@
+"""The `[log]` sinks write what their own readers read back: TensorBoard event files (read with
+tensorboard's EventAccumulator), a W&B offline run directory and an MLflow store (an SQLite
+file), each with the same metric names, and the sample-rollout table where the backend has one."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+from rlkit.orchestrator.config import LogConfig
+from rlkit.orchestrator.loggers import mlflow_store, open_sinks, scalars
+
+BLOCK, FULL, LAST = 32768, 1, 4
+
+
+def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
+
+
+def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
+    """The history rows of the W&B offline run under `run_dir/wandb`, read from its
+    `run-ID.wandb` file: a LevelDB-style log (7-byte file header, 32 KiB blocks, records with
+    a crc32/length/type header, split across blocks) of wandb's protobuf `Record`s."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    data, pos, chunk, rows = path.read_bytes(), 7, b"", []
+    while pos + 7 <= len(data):
+        if BLOCK - pos % BLOCK < 7:  # the block's tail is padding
+            pos += BLOCK - pos % BLOCK
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (FULL, LAST):
+            record = pb.Record()
+            record.ParseFromString(chunk)
+            chunk = b""
+            if record.WhichOneof("record_type") == "history":
+                items = record.history.item
+                rows.append(
+                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items}
+                )
+    return rows
+
+
+def mlflow_run(run_dir: Path) -> tuple[Any, Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_store(run_dir.resolve()))
+    experiment = client.get_experiment_by_name("rlkit")
+    (run,) = client.search_runs([experiment.experiment_id])
+    return client, run
+
+
+def test_every_sink_gets_the_same_names_and_the_samples(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = LogConfig(
+        run_dir=str(tmp_path),
+        tensorboard=True,
+        wandb=True,
+        wandb_mode="offline",
+        mlflow=True,
+    )
+    records = [
+        {"step": s, "reward_mean": 0.1 * s, "reward_mean/reverse-text": 0.2 * s, "recovered": True}
+        for s in (1, 2)
+    ]
+    samples = [{"step": 2, "env_id": "e", "prompt": "abc", "completion": "cba", "reward": 1.0}]
+    sinks = open_sinks(cfg, {"model": {"path": "m"}})
+    for record in records:
+        for sink in sinks:
+            sink.log(scalars(record), record["step"])
+    for sink in sinks:
+        sink.log_samples(samples, 2)
+        sink.close()
+    names = {"reward_mean", "reward_mean/reverse-text"}  # `recovered` (a flag) is JSONL-only
+
+    tb = tensorboard_scalars(tmp_path / "tensorboard")
+    assert set(tb) == names and [s for s, _ in tb["reward_mean"]] == [1, 2]
+    history = wandb_history(tmp_path)
+    assert [r["_step"] for r in history] == [1, 2]
+    assert {k for r in history for k in r if not k.startswith(("_", "samples/"))} == names
+    assert history[1]["reward_mean"] == 0.2 and history[1]["samples/_type"] == "table-file"
+    assert history[1]["samples/nrows"] == 1
+    client, mlrun = mlflow_run(tmp_path)
+    assert set(mlrun.data.metrics) == names
+    history = client.get_metric_history(mlrun.info.run_id, "reward_mean")
+    assert [(m.step, m.value) for m in history] == [(1, 0.1), (2, 0.2)]
+    table = client.download_artifacts(mlrun.info.run_id, "samples/step_000002.json", str(tmp_path))
+    assert json.loads(Path(table).read_text())["data"] == [[2, "e", "abc", "cba", 1.0]]
