@@ -202,26 +202,6 @@ async def _run_pending(
             tasks.create_task(group(index, rollout_indexes))
 
 
-async def warn_overlong(
-    env: Environment,
-    rows: list[dict[str, Any]],
-    client: InferenceClient,
-    model: str,
-    sampling: dict[str, Any],
-    console: Console,
-) -> None:
-    """One warning line when prompts do not fit the served context: their rollouts will
-    record error `context` (the eval still runs them, so its numbers stay comparable)."""
-    report = await served_fit(env, rows, client, model, sampling)
-    if report is not None and report.overlong:
-        print_line(
-            console,
-            f"warning: {report.describe()}; their rollouts will end with error `context`: "
-            f"{report.fix('the server')}",
-            style="yellow",
-        )
-
-
 async def run_eval_async(
     config: EvalConfig, resume: Path | None = None, console: Console | None = None
 ) -> Path:
@@ -287,8 +267,16 @@ async def run_eval_async(
         max_connections=config.max_concurrent,
     )
     try:
-        if console is not None:
-            await warn_overlong(env, rows, client, config.model, sampling, console)
+        fit = (
+            None if console is None else await served_fit(env, rows, client, config.model, sampling)
+        )
+        if fit is not None and fit.overlong:  # they still run, so runs stay comparable
+            print_line(
+                console,
+                f"warning: {fit.describe()}; their rollouts will end with error `context`: "
+                f"{fit.fix('the server')}",
+                style="yellow",
+            )
         with _progress(console) as progress:
             await _run_pending(
                 env, config, rows, sampling, pending, store, client, _Tally(results), progress

@@ -14,40 +14,28 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.cli import RLKIT, ROOT
+from rlkit.config import load_config
+from rlkit.orchestrator.config import EnvSpec
+from rlkit.train.config import TrainConfig
+from tests.cli import DEMO_CONFIG, RLKIT, ROOT
 
 GSM8K = ROOT / "environments/math/math_env/data/gsm8k_test.jsonl"
 ROWS = 200
 
 
 def write_config(model: Path, tmp_path: Path) -> Path:
+    """The CPU demo's config (its `--max-model-len 512`) on math-python with GSM8K questions."""
     data = tmp_path / "gsm8k.jsonl"
     rows = [json.loads(line) for line in GSM8K.read_text().splitlines()[:ROWS]]
     data.write_text(
         "".join(json.dumps({k: r[k] for k in ("question", "answer")}) + "\n" for r in rows)
     )
+    cfg = load_config(TrainConfig, DEMO_CONFIG, [f"--model.path={model}"])
+    cfg.env = [EnvSpec(id="math-python", args={"dataset": str(data), "verify_workers": 1})]
+    cfg.orchestrator.sampling = {"temperature": 1.0, "max_tokens": 64}
+    cfg.log.run_dir = str(tmp_path / "run")
     config = tmp_path / "train.toml"
-    config.write_text(
-        f"""
-[model]
-path = "{model}"
-
-[[env]]
-id = "math-python"
-args = {{ dataset = "{data}", verify_workers = 1 }}
-
-[inference]
-extra_args = ["--max-num-seqs", "64", "--max-model-len", "512"]
-
-[orchestrator]
-sampling = {{ temperature = 1.0, max_tokens = 64 }}
-token_budget = 512
-capacity = 16
-
-[log]
-run_dir = "{tmp_path / "run"}"
-"""
-    )
+    config.write_text(cfg.to_toml())
     return config
 
 
