@@ -39,7 +39,7 @@ def test_summary_of_a_run_directory(tmp_path: Path) -> None:
     assert "reward 0.250 -> 0.750 (min 0.250, max 0.750)  ▁▄█" in lines
     assert "eval e: reward 0.100 (step 0) -> 0.600 (step 3)" in lines
     assert any(line.startswith("throughput 100 completion tok/s") for line in lines)
-    assert "rollouts errored 2, purged 0 (counters: 0 finished)" in lines
+    assert "rollouts 0 finished, 2 errored, 0 purged" in lines
     assert "stopped: 3 consecutive groups without learning signal" in lines
     assert f"checkpoints {tmp_path / 'checkpoints' / 'step_000002'}" in lines
     page = render_html(load_run(tmp_path))
