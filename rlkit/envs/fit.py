@@ -53,13 +53,18 @@ class FitReport:
     def longest(self) -> int:
         return max(self.lengths, default=0)
 
-    def describe(self) -> str:
-        """`K of N prompts ... (longest L tokens) ...`: the numbers a user needs to act."""
+    def over(self) -> str:
+        """`longer than ... (longest prompt L tokens, ...)`: the numbers a user needs to act."""
         return (
-            f"{len(self.overlong)} of {len(self.lengths)} prompts of {self.env_id} are longer "
-            f"than max_model_len {self.max_model_len} - max_tokens {self.max_tokens} = "
+            f"longer than max_model_len {self.max_model_len} - max_tokens {self.max_tokens} = "
             f"{self.limit} tokens (longest prompt {self.longest} tokens, chat template and tool "
             "schemas included)"
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{len(self.overlong)} of {len(self.lengths)} prompts of {self.env_id} are "
+            f"{self.over()}"
         )
 
     def fix(self, where: str = "inference.extra_args") -> str:
@@ -161,7 +166,7 @@ def fit_training_sets(
                 f"{max_fraction:g} of them may be dropped: {report.fix()}"
             )
         env.dataset = dataset.select(report.fitting)  # the cached property, replaced
-        log(f"{env_id}: dropped {report.describe()}")
+        log(f"{env_id}: dropped {len(overlong)} of {len(dataset)} training prompts {report.over()}")
     return reports
 
 

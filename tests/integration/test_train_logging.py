@@ -75,7 +75,7 @@ def test_every_logger_has_the_same_metric_names(run: tuple[Path, str]) -> None:
     assert {"reward_mean", "mismatch_kl", "tokens_per_s", "reward_mean/reverse-text"} <= names
 
     tb = tensorboard_scalars(run_dir / "tensorboard")
-    assert set(tb) == names and [s for s, _ in tb["reward_mean"]] == [1, 2, 3]
+    assert set(tb) == names and [s for s, _ in tb["batch_samples"]] == [1, 2, 3]
     history = wandb_history(run_dir)
     assert [r["_step"] for r in history] == [1, 2, 3]
     assert {k for r in history for k in r if not k.startswith(("_", "samples/"))} == names

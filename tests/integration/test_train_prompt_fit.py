@@ -70,6 +70,8 @@ def test_a_higher_threshold_drops_them_with_the_count(tiny_model_dir: Path, tmp_
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     dropped = re.findall(
-        rf"math-python: dropped (\d+) of {ROWS} prompts of math-python", proc.stderr
+        rf"^math-python: dropped (\d+) of {ROWS} training prompts longer than max_model_len 512",
+        proc.stderr,
+        flags=re.M,
     )
     assert len(dropped) == 1 and 0 < int(dropped[0]) < ROWS, proc.stderr

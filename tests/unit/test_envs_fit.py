@@ -60,7 +60,7 @@ def test_overlong_rows_are_dropped_with_one_line(tiny_model_dir: Path) -> None:
     )
     assert len(env.get_dataset()) == 3 and reports["mixed"].overlong == [2]
     (line,) = lines
-    assert line.startswith("mixed: dropped 1 of 4 prompts of mixed are longer than")
+    assert line.startswith("mixed: dropped 1 of 4 training prompts longer than")
     assert "max_model_len 200 - max_tokens 16 = 184 tokens (longest prompt " in line
     assert str(reports["mixed"].longest) in line
 
