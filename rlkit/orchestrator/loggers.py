@@ -19,6 +19,7 @@ from rlkit.errors import UsageError
 from rlkit.orchestrator.config import LogConfig
 
 SAMPLE_COLUMNS = ("step", "env_id", "prompt", "completion", "reward")
+SAMPLES = "sample_rollouts"  # the tables' name; `samples` is a trainer metric (batch size)
 
 
 class Sink(Protocol):
@@ -87,7 +88,7 @@ class TensorBoardSink:
         header = "| " + " | ".join(SAMPLE_COLUMNS[1:]) + " |"
         rule = "|" + "---|" * (len(SAMPLE_COLUMNS) - 1)
         body = ["| " + " | ".join(cell(r[c]) for c in SAMPLE_COLUMNS[1:]) + " |" for r in rows]
-        self.writer.add_text("samples", "\n".join([header, rule, *body]), step)
+        self.writer.add_text(SAMPLES, "\n".join([header, rule, *body]), step)
         self.writer.flush()
 
     def close(self) -> None:
@@ -116,7 +117,7 @@ class WandbSink:
         table = self.wandb.Table(
             columns=list(SAMPLE_COLUMNS), data=[[r[c] for c in SAMPLE_COLUMNS] for r in rows]
         )
-        self.run.log({"samples": table}, step=step)
+        self.run.log({SAMPLES: table}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -161,7 +162,7 @@ class MlflowSink:
 
     def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
         columns = {c: [r[c] for r in rows] for c in SAMPLE_COLUMNS}
-        self.client.log_table(self.run_id, columns, f"samples/step_{step:06d}.json")
+        self.client.log_table(self.run_id, columns, f"{SAMPLES}/step_{step:06d}.json")
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
 from rlkit.orchestrator.config import LogConfig
 from rlkit.orchestrator.loggers import mlflow_store, open_sinks, scalars
 from tests.logger_files import tensorboard_scalars, wandb_history
@@ -46,15 +48,21 @@ def test_every_sink_gets_the_same_names_and_the_samples(tmp_path: Path, monkeypa
     names = {"reward_mean", "reward_mean/reverse-text"}  # `recovered` (a flag) is JSONL-only
 
     tb = tensorboard_scalars(tmp_path / "tensorboard")
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    (text,) = events.Tensors("sample_rollouts/text_summary")
+    assert text.step == 2 and b"| abc | cba | 1.0 |" in text.tensor_proto.string_val[0]
     assert set(tb) == names and [s for s, _ in tb["reward_mean"]] == [1, 2]
     history = wandb_history(tmp_path)
     assert [r["_step"] for r in history] == [1, 2]
-    assert {k for r in history for k in r if not k.startswith(("_", "samples/"))} == names
-    assert history[1]["reward_mean"] == 0.2 and history[1]["samples/_type"] == "table-file"
-    assert history[1]["samples/nrows"] == 1
+    assert {k for r in history for k in r if not k.startswith(("_", "sample_rollouts/"))} == names
+    assert history[1]["reward_mean"] == 0.2 and history[1]["sample_rollouts/_type"] == "table-file"
+    assert history[1]["sample_rollouts/nrows"] == 1
     client, mlrun = mlflow_run(tmp_path)
     assert set(mlrun.data.metrics) == names
     history = client.get_metric_history(mlrun.info.run_id, "reward_mean")
     assert [(m.step, m.value) for m in history] == [(1, 0.1), (2, 0.2)]
-    table = client.download_artifacts(mlrun.info.run_id, "samples/step_000002.json", str(tmp_path))
+    table = client.download_artifacts(
+        mlrun.info.run_id, "sample_rollouts/step_000002.json", str(tmp_path)
+    )
     assert json.loads(Path(table).read_text())["data"] == [[2, "e", "abc", "cba", 1.0]]
