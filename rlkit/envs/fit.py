@@ -12,6 +12,7 @@ warns; `rlkit env check --model` reports them as a failure.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from rlkit.envs.environment import Environment
 from rlkit.envs.group import EnvGroup
 from rlkit.envs.rendering import ChatRenderer, load_renderer
 from rlkit.errors import UsageError
+from rlkit.inference import InferenceClient
 
 MAX_MODEL_LEN_FLAG = "--max-model-len"
 
@@ -95,6 +97,21 @@ def max_model_len(extra_args: Sequence[str], model_path: str) -> int | None:
     if config.is_file():
         value = json.loads(config.read_text()).get("max_position_embeddings")
         return int(value) if isinstance(value, int) else None
+    return None
+
+
+def served_context(urls: Sequence[str], model: str) -> int | None:
+    """The `max_model_len` that the first answering server reports for `model` (vLLM's model
+    card): what running servers (`--role orchestrator`) really use, whatever the config says."""
+
+    async def ask(url: str) -> Any:
+        async with InferenceClient(url, timeout=5.0, max_retries=0) as client:
+            return ((await client.model_card(model)) or {}).get("max_model_len")
+
+    for url in urls:
+        value = asyncio.run(ask(url))
+        if isinstance(value, int):
+            return value
     return None
 
 

@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 from rich.console import Console
 
 from rlkit.config import dump_toml
-from rlkit.envs.fit import fit_training_sets, max_model_len, renderer_for
+from rlkit.envs.fit import fit_training_sets, max_model_len, renderer_for, served_context
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list
 from rlkit.orchestrator.loggers import check_sinks
 from rlkit.orchestrator.source import load_environments
@@ -168,8 +168,12 @@ def check_environments(config: TrainConfig, console: Console | None = None) -> d
 
 
 def fit_prompts(config: TrainConfig, envs: dict[str, Any], console: Console) -> None:
-    """`rlkit.envs.fit.fit_training_sets` with the servers' context and the model's template."""
-    context = max_model_len(config.inference.extra_args, config.model.path)
+    """`rlkit.envs.fit.fit_training_sets` with the servers' context (asked from running servers in
+    `inference.urls`, else the launch flags or the model's) and the model's chat template."""
+    urls, model = config.inference.urls, config.model.path
+    context = (urls and served_context(urls, model)) or max_model_len(
+        config.inference.extra_args, model
+    )
     renderer = renderer_for(config.model.path)
     if context is None or renderer is None:
         print_line(

@@ -123,3 +123,25 @@ def test_env_check_with_a_model_checks_that_the_prompts_fit(
     assert code == 1 and "FAIL " in output and "max_model_len 30 - max_tokens" in output
     code, output = run_cli(monkeypatch, capsys, *check, "--max-model-len", "512")
     assert code == 0 and "prompts fit: the longest of" in output, output
+
+
+def test_running_servers_context_wins_over_the_launch_flags(tiny_model_dir: Path) -> None:
+    """`--role orchestrator` with `inference.urls`: the servers' own max_model_len counts."""
+    from transformers import AutoTokenizer
+
+    from rlkit.config import load_config
+    from rlkit.train.config import TrainConfig, check_environments
+    from tests.cli import DEMO_CONFIG
+    from tests.fakes.fake_openai import FakeOpenAIServer
+
+    model = str(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(model)
+    with FakeOpenAIServer(models=[model], tokenizer=tok, model_root=model, max_model_len=40) as srv:
+        cfg = load_config(
+            TrainConfig, DEMO_CONFIG, [f"--model.path={model}", f"--inference.urls=[{srv.url!r}]"]
+        )
+        assert "512" in cfg.inference.extra_args  # the launch flags would say 512
+        with pytest.raises(
+            UsageError, match="prompts of reverse-text are longer than max_model_len 40"
+        ):
+            check_environments(cfg)
