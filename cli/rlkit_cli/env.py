@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from rlkit.envs import Environment
     from rlkit.envs.check import CheckReport
 
 app = typer.Typer(help="Create, publish and install environment packages.", no_args_is_help=True)
@@ -52,11 +53,25 @@ def check_cmd(
         help="Run a verifiers environment with this exact verifiers version "
         "[newest tested inside its declared range].",
     ),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Local model (tokenizer) directory: also check that every prompt of the split fits "
+        "its context with room for --max-tokens.",
+    ),
+    max_model_len: int | None = typer.Option(
+        None, "--max-model-len", min=1, help="Context length (default: the model's)."
+    ),
+    max_tokens: int | None = typer.Option(
+        None, "--max-tokens", min=0, help="Completion tokens (default: the env's sampling)."
+    ),
 ) -> None:
     """Check that empty and garbage replies score the minimum and gold answers the maximum.
 
     A verifiers environment runs in its bridge worker, the scripted replies served to it over
-    HTTP. Exit 0 when every case scores as expected, 1 otherwise (with a per-row report).
+    HTTP. Exit 0 when every case scores as expected (and with --model every prompt fits), 1
+    otherwise (with a per-row report).
     """
     from rlkit.envs import load_environment
     from rlkit.envs.check import check_environment
@@ -67,7 +82,38 @@ def check_cmd(
     with console.status(f"checking {env_id}"):
         report = check_environment(env, num_rows=num_rows, gold=gold, split=split.value)
     _print_check(report)
-    raise typer.Exit(0 if report.ok else 1)
+    fits = True
+    if model is not None:
+        fits = _check_fit(env, report.split, model, max_model_len, max_tokens)
+    raise typer.Exit(0 if report.ok and fits else 1)
+
+
+def _check_fit(
+    env: Environment, split: str, model: str, context: int | None, max_tokens: int | None
+) -> bool:
+    """Print whether the split's prompts fit `model`'s context; True when all do."""
+    from rlkit.envs.fit import max_model_len, measure, renderer_for
+    from rlkit.errors import UsageError
+
+    renderer = renderer_for(model)
+    context = context or max_model_len([], model)
+    if renderer is None or context is None:
+        raise UsageError(f"--model {model}: no local tokenizer with a chat template and context")
+    rows = env.get_eval_dataset() if split == "eval" else env.get_dataset()
+    sampling = {} if max_tokens is None else {"max_tokens": max_tokens}
+    fit = measure(env, rows, renderer, context, sampling)
+    if fit.overlong:
+        console.print(
+            f"FAIL {fit.describe()}: {fit.fix('serve with')}", markup=False, soft_wrap=True
+        )
+        return False
+    console.print(
+        f"prompts fit: the longest of {len(rows)} has {fit.longest} tokens, "
+        f"{fit.limit} fit in max_model_len {context} - max_tokens {fit.max_tokens}",
+        markup=False,
+        soft_wrap=True,
+    )
+    return True
 
 
 @app.command("doctor")

@@ -11,7 +11,9 @@ from rlkit.train.roles import Role
 def train(
     ctx: typer.Context,
     config: str = typer.Argument(..., help="TOML config (see examples/tiny-cpu/train.toml)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Check what --role needs, print the resolved config and exit."
+    ),
     role: Role = typer.Option(Role.ALL, "--role", help="What this process runs."),
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in log.run_dir from its latest checkpoint."
@@ -29,7 +31,7 @@ def train(
     `rlkit train cfg.toml --orchestrator.max_steps 20 --loss.name grpo`.
     """
     from rlkit.config import dump_toml, load_config
-    from rlkit.train.config import TrainConfig, check_environments
+    from rlkit.train.config import TrainConfig, check_role
 
     cfg = load_config(TrainConfig, config, list(ctx.args))
     if slurm:
@@ -42,7 +44,7 @@ def train(
         typer.echo(launch(cfg, resume=resume, dry_run=dry_run))
         return
     if dry_run:
-        check_environments(cfg)
+        check_role(cfg, role)  # what this role loads and checks before it starts
         typer.echo(dump_toml(cfg), nl=False)
         return
     from rlkit.train import run_train

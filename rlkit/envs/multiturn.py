@@ -72,8 +72,10 @@ class MultiTurnEnv(Environment):
             while True:
                 try:
                     generation = await turns.generate(messages)
-                except ContextOverflow:
+                except ContextOverflow as exc:
                     rollout.finish_reason = "context"
+                    if not rollout.turns:  # nothing to train on: say why, with the lengths
+                        rollout.error = f"context: {exc}"
                     break
                 generation_s += generation.latency_s
                 prompt_tokens += generation.usage.get(

@@ -35,6 +35,7 @@ from rich.progress import (
 
 import rlkit
 from rlkit.envs import Environment, Rollout, load_environment
+from rlkit.envs.fit import served_fit
 from rlkit.errors import UsageError
 from rlkit.eval.config import RESULT_FIELDS, EvalConfig
 from rlkit.eval.metrics import summarize
@@ -42,6 +43,7 @@ from rlkit.eval.package_defaults import apply_package_defaults, package_eval_def
 from rlkit.eval.store import EvalResult, RunMetadata, RunStore, pending_keys
 from rlkit.inference import InferenceClient, InferenceError
 from rlkit.inference.client import RETRY_STATUS
+from rlkit.progress import print_line
 
 
 class EvalInterrupted(Exception):
@@ -268,6 +270,16 @@ async def run_eval_async(
         max_connections=config.max_concurrent,
     )
     try:
+        fit = (
+            None if console is None else await served_fit(env, rows, client, config.model, sampling)
+        )
+        if fit is not None and fit.overlong:  # they still run, so runs stay comparable
+            print_line(
+                console,
+                f"warning: {fit.describe()}; their rollouts will end with error `context`: "
+                f"{fit.fix('the server')}",
+                style="yellow",
+            )
         with _progress(console) as progress:
             await _run_pending(
                 env, config, rows, sampling, pending, store, client, _Tally(results), progress

@@ -167,6 +167,13 @@ class OrchestratorConfig(Config):
         "on when trainer.routing_replay = 'r3'.",
     )
     seed: int = Field(0, description="Seed of the prompt sampler.")
+    max_overlong_fraction: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Drop training prompts longer than the context leaves room for, unless more "
+        "than this fraction of an environment's are (then refuse to start).",
+    )
     sampling: dict[str, Any] = Field(
         default_factory=lambda: {"temperature": 1.0, "max_tokens": 256},
         description="Sampling parameters sent with every request (max_tokens required).",
@@ -213,8 +220,23 @@ class OrchestratorConfig(Config):
 
 class LogConfig(Config):
     run_dir: str = Field("runs/train", description="Run directory: batches, weights, metrics.")
-    wandb: bool = Field(False, description="Also log to Weights & Biases (when installed).")
+    tensorboard: bool = Field(
+        False, description="Also write TensorBoard event files to run_dir/tensorboard."
+    )
+    wandb: bool = Field(False, description="Also log to Weights & Biases.")
     wandb_project: str = Field("rlkit", description="W&B project.")
+    wandb_mode: Literal["online", "offline"] = Field(
+        "online", description="W&B mode: offline writes the run under run_dir/wandb only."
+    )
+    mlflow: bool = Field(False, description="Also log to MLflow.")
+    mlflow_tracking_uri: str = Field(
+        "", description="MLflow tracking URI (empty: SQLite at run_dir/mlflow.db)."
+    )
+    mlflow_experiment: str = Field("rlkit", description="MLflow experiment name.")
+    samples_every: int = Field(
+        10, ge=0, description="Log sample rollouts (prompt, completion, reward) every N steps."
+    )
+    samples_per_step: int = Field(4, ge=1, description="Sample rollouts logged each time.")
     plot: bool = Field(True, description="Draw run_dir/metrics.png during and after the run.")
     plot_every_s: float = Field(
         30.0,

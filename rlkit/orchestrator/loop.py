@@ -28,6 +28,7 @@ from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.orchestrator.batching import GroupProcessor, make_batch, sampling_temperature
 from rlkit.orchestrator.config import RolloutJobConfig
 from rlkit.orchestrator.evaluation import evaluate
+from rlkit.orchestrator.loggers import open_sinks, sample_rows
 from rlkit.orchestrator.metrics import MetricsLogger, read_trainer_record, step_record
 from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import C3POScheduler, Group, SyncScheduler
@@ -132,22 +133,6 @@ def merge_records(ours: dict[str, Any], trainer: dict[str, Any]) -> dict[str, An
     return merged
 
 
-def _wandb_run(cfg: RolloutJobConfig, console: Console) -> Any:
-    if not cfg.log.wandb:
-        return None
-    try:
-        import wandb
-    except ImportError:
-        console.print("[yellow]log.wandb = true but wandb is not installed; skipping W&B[/]")
-        return None
-    return wandb.init(
-        project=cfg.log.wandb_project,
-        dir=cfg.log.run_dir,
-        config=cfg.model_dump(mode="json"),
-        resume="allow",
-    )
-
-
 async def require_routing(pool: ClientPool) -> None:
     """R3: every server must return routed experts; ask each for them or refuse to start."""
     for client in pool.clients:
@@ -222,7 +207,8 @@ async def run_orchestrator(
         console,
         plot=cfg.log.plot,
         plot_every_s=cfg.log.plot_every_s,
-        wandb_run=_wandb_run(cfg, console),
+        sinks=open_sinks(cfg.log, cfg.model_dump(mode="json")),
+        samples_every=cfg.log.samples_every,
     )
     evals: dict[int, dict[str, Any]] = {}
 
@@ -287,7 +273,10 @@ async def run_orchestrator(
                 idle_s=scheduler.take_idle_s(),
             )
             ours.update(pool.metrics())
-            logger.log(merge_records(ours, read_trainer_record(run_dir, step) or {}))
+            logger.log(
+                merge_records(ours, read_trainer_record(run_dir, step) or {}),
+                sample_rows(groups, cfg.log.samples_per_step, step),
+            )
             done = step
             if o.eval.every and step % o.eval.every == 0 and step != o.max_steps:
                 await run_eval(step)
@@ -309,6 +298,5 @@ async def run_orchestrator(
         if monitor is not None:
             monitor.cancel()
         await pool.aclose()
-        if logger.wandb_run is not None:
-            logger.wandb_run.finish()
+        logger.close()
     return {"eval": evals}

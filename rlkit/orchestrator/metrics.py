@@ -1,4 +1,5 @@
-"""Per-step metrics: `run_dir/metrics.jsonl`, one console line, W&B, and the PNG plot.
+"""Per-step metrics: `run_dir/metrics.jsonl`, one console line, the `[log]` sinks (TensorBoard,
+W&B, MLflow: `rlkit.orchestrator.loggers`) and the PNG plot.
 
 The orchestrator's own numbers (rewards, phase times, idle fraction, staleness, purges) are
 merged with the trainer's record for the same step from `trainer_metrics.jsonl` (mismatch KL,
@@ -18,7 +19,9 @@ from rich.console import Console
 
 from rlkit.atomic import atomic_path, atomic_write
 from rlkit.orchestrator.batching import GroupStats
+from rlkit.orchestrator.loggers import Sink, append_samples, scalars
 from rlkit.orchestrator.scheduler import Counters
+from rlkit.progress import print_line
 from rlkit.trainer.batch import TrainBatch, batch_path, read_batch
 
 PLOT_PANELS = (
@@ -178,11 +181,30 @@ def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def step_line(r: dict[str, Any]) -> str:
+    """The step's console line (one line: logs are grepped by it)."""
+    masked = None
+    if r.get("icepop_masked_low_frac") is not None:
+        masked = r["icepop_masked_low_frac"] + r.get("icepop_masked_high_frac", 0.0)
+    router = r.get("router_disagreement")
+    return (
+        f"step {r['step']:>4} | reward {_fmt(r.get('reward_mean'), '.3f')} | "
+        f"kl {_fmt(r.get('mismatch_kl'), '.2e')} | masked {_fmt(masked, '.3f')} | "
+        f"rollout {r['rollout_time_s']:.1f}s train {r['train_time_s']:.1f}s | "
+        f"idle {r['inference_idle_frac']:.2f} | {r['tokens_per_s']:.0f} tok/s | "
+        f"stale {r['staleness_mean']:.2f} | turns {_fmt(r.get('turns_per_rollout'), '.1f')} "
+        f"exact {_fmt(r.get('exact_continuation_frac'), '.2f')} | "
+        f"purged {r['rollouts_purged']} | errored {r['rollouts_errored']}"
+        + (f" | router disagree {router:.3f}" if router is not None else "")
+    )
+
+
 class MetricsLogger:
-    """Appends step records to metrics.jsonl, prints a line, redraws the plot, feeds W&B.
+    """Appends step records to metrics.jsonl, prints a line, redraws the plot, feeds the sinks.
 
     The plot is drawn after the first step, then at most every `plot_every_s`; call
-    `draw_plot()` at the end of a run for the final curves.
+    `draw_plot()` at the end of a run for the final curves. Sample rollouts given to `log` are
+    kept every `samples_every` steps (samples.jsonl and each sink).
     """
 
     def __init__(
@@ -192,16 +214,19 @@ class MetricsLogger:
         *,
         plot: bool,
         plot_every_s: float = 0.0,
-        wandb_run: Any = None,
+        sinks: list[Sink] | None = None,
+        samples_every: int = 0,
     ) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.plot_path = run_dir / "metrics.png"
+        self.samples_path = run_dir / "samples.jsonl"
         self.console = console
         self.plot = plot
         self.plot_every_s = plot_every_s
         self._plotted_at: float | None = None  # monotonic time of the last draw
         self._unplotted = False
-        self.wandb_run = wandb_run
+        self.sinks = sinks or []
+        self.samples_every = samples_every
 
     def draw_plot(self) -> None:
         """Redraw metrics.png now if any step was logged since the last draw."""
@@ -210,31 +235,24 @@ class MetricsLogger:
             self._plotted_at = time.monotonic()
             self._unplotted = False
 
-    def log(self, record: dict[str, Any]) -> None:
+    def log(self, record: dict[str, Any], samples: list[dict[str, Any]] | None = None) -> None:
+        step = record["step"]
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        r = record
-        masked = None
-        if r.get("icepop_masked_low_frac") is not None:
-            masked = r["icepop_masked_low_frac"] + r.get("icepop_masked_high_frac", 0.0)
-        self.console.print(
-            f"step {r['step']:>4} | reward {_fmt(r.get('reward_mean'), '.3f')} | "
-            f"kl {_fmt(r.get('mismatch_kl'), '.2e')} | masked {_fmt(masked, '.3f')} | "
-            f"rollout {r['rollout_time_s']:.1f}s train {r['train_time_s']:.1f}s | "
-            f"idle {r['inference_idle_frac']:.2f} | {r['tokens_per_s']:.0f} tok/s | "
-            f"stale {r['staleness_mean']:.2f} | turns {_fmt(r.get('turns_per_rollout'), '.1f')} "
-            f"exact {_fmt(r.get('exact_continuation_frac'), '.2f')} | "
-            f"purged {r['rollouts_purged']} | "
-            f"errored {r['rollouts_errored']}"
-            + (
-                f" | router disagree {r['router_disagreement']:.3f}"
-                if r.get("router_disagreement") is not None
-                else ""
-            )
-        )
+        print_line(self.console, step_line(record))
         self._unplotted = True
         due = self._plotted_at is None or time.monotonic() - self._plotted_at >= self.plot_every_s
         if due:  # drawing blocks the event loop (and a core): rate-limited, see LogConfig
             self.draw_plot()
-        if self.wandb_run is not None:
-            self.wandb_run.log({k: v for k, v in r.items() if v is not None}, step=r["step"])
+        numbers = scalars(record)
+        for sink in self.sinks:
+            sink.log(numbers, step)
+        if samples and self.samples_every and step % self.samples_every == 0:
+            append_samples(self.samples_path, samples)
+            for sink in self.sinks:
+                sink.log_samples(samples, step)
+
+    def close(self) -> None:
+        """Finish every sink's run (W&B, MLflow) and close its files."""
+        for sink in self.sinks:
+            sink.close()

@@ -15,10 +15,15 @@ import warnings
 from typing import Any
 
 from pydantic import Field, model_validator
+from rich.console import Console
 
 from rlkit.config import dump_toml
+from rlkit.envs.fit import fit_training_sets, max_model_len, renderer_for, served_context
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list
+from rlkit.orchestrator.loggers import check_sinks
 from rlkit.orchestrator.source import load_environments
+from rlkit.progress import phase, print_line
+from rlkit.train.roles import Role
 from rlkit.train.slurm_config import SlurmConfig
 from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig
 from rlkit.trainer.routing import RoutingReplay
@@ -153,7 +158,47 @@ class TrainConfig(RolloutJobConfig):
         return TrainerConfig.model_validate(data)
 
 
-def check_environments(config: TrainConfig) -> dict[str, Any]:
-    """Load every `[[env]]` up front; an unknown id is a UsageError naming `env.N.id`."""
+def check_environments(config: TrainConfig, console: Console | None = None) -> dict[str, Any]:
+    """Load every `[[env]]` up front (an unknown id is a UsageError naming `env.N.id`) and drop
+    the training prompts that do not fit the context, or refuse when too many do not."""
     config.sandbox.apply()
-    return load_environments(config.env)
+    envs = load_environments(config.env)
+    fit_prompts(config, envs, console or Console(stderr=True))
+    return envs
+
+
+def fit_prompts(config: TrainConfig, envs: dict[str, Any], console: Console) -> None:
+    """`rlkit.envs.fit.fit_training_sets` with the servers' context (asked from running servers in
+    `inference.urls`, else the launch flags or the model's) and the model's chat template."""
+    urls, model = config.inference.urls, config.model.path
+    context = (urls and served_context(urls, model)) or max_model_len(
+        config.inference.extra_args, model
+    )
+    renderer = renderer_for(config.model.path)
+    if context is None or renderer is None:
+        print_line(
+            console,
+            f"prompt lengths not checked: no local tokenizer or context length for "
+            f"{config.model.path}",
+        )
+        return
+    rows = sum(len(env.get_dataset()) for env in envs.values())
+    with phase(console, f"tokenising {rows} training prompts to check they fit {context} tokens"):
+        fit_training_sets(
+            envs,
+            renderer,
+            context,
+            config.orchestrator.sampling,
+            config.orchestrator.max_overlong_fraction,
+            lambda message: print_line(console, message),
+        )
+
+
+def check_role(config: TrainConfig, role: Role | str) -> dict[str, Any]:
+    """Validate and load what `role` needs before anything starts: the environments (and their
+    prompts' fit) for the roles that run the orchestrator; a trainer or inference node never
+    reads them (their datasets may not even be reachable from it)."""
+    if Role(role) in (Role.ALL, Role.ORCHESTRATOR):
+        check_sinks(config.log)
+        return check_environments(config)
+    return {}

@@ -37,8 +37,9 @@ from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.lifetime import die_with_parent_preexec
 from rlkit.orchestrator.loop import run_orchestrator
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
+from rlkit.progress import phase, print_line
 from rlkit.train import gpus
-from rlkit.train.config import TrainConfig, check_environments
+from rlkit.train.config import TrainConfig, check_role
 from rlkit.train.roles import Role
 from rlkit.trainer.main import Launch, trainer_command
 
@@ -121,11 +122,16 @@ class ServerFleet:
         for i in range(inf.num_servers):
             self.servers.append(self._launch(i, inf.base_port + i if inf.base_port else None))
         write_pids(self.run_dir, "inference", [srv.pid for srv in self.servers])
-        self.console.print(f"starting {len(self.servers)} inference server(s): {self.urls}")
+        print_line(self.console, f"starting {len(self.servers)} inference server(s): {self.urls}")
 
     def wait_ready(self) -> None:
-        for server in self.servers:
-            server.wait_ready(self.cfg.inference.startup_timeout_s)
+        waiting_for = (
+            f"waiting for {len(self.servers)} inference server(s) to load {self.cfg.model.path} "
+            f"(vLLM engine start; logs in {self.log_dir})"
+        )
+        with phase(self.console, waiting_for):
+            for server in self.servers:
+                server.wait_ready(self.cfg.inference.startup_timeout_s)
         if self.cfg.inference.restart_dead_servers:
             self._watchdog = threading.Thread(target=self._watch, daemon=True)
             self._watchdog.start()
@@ -246,9 +252,7 @@ def run_train(
     run_dir = Path(cfg.log.run_dir)
     if role == "orchestrator" and not cfg.inference.urls:
         raise UsageError("inference.urls: --role orchestrator needs the servers' URLs")
-    envs: dict[str, Any] = {}
-    if role in ("all", "orchestrator"):
-        envs = check_environments(cfg)  # an unknown env id fails here, before anything starts
+    envs = check_role(cfg, role)  # an unknown env id fails here, before anything starts
     if threading.current_thread() is threading.main_thread():
         # SIGTERM (a process manager, `kill`) unwinds like Ctrl-C so that every role stops its
         # children: they run in their own sessions and would otherwise outlive the launcher.
@@ -321,7 +325,7 @@ def _run_all(
             fleet.start()
         trainer = TrainerProcess(cfg, run_dir, resume and start_step > 0, devices.trainer)
         write_pids(run_dir, "trainer", [trainer.proc.pid])
-        console.print(f"trainer pid {trainer.proc.pid}, log {trainer.log_path}")
+        print_line(console, f"trainer pid {trainer.proc.pid}, log {trainer.log_path}")
         prepare_token_turns(cfg.model.path)  # while the servers and the trainer start
         fleet.wait_ready()
         urls = list(cfg.inference.urls) or fleet.urls

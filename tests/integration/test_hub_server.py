@@ -19,6 +19,7 @@ from rlkit.hub import EvalRecord, HubError, RemoteHub
 from rlkit.hub.names import EnvRef
 from rlkit.hub.server.app import create_app
 from rlkit.hub.server.db import create_token
+from tests.browser import CHROMIUM_ARGS
 from tests.hub_dists import make_sdist, make_wheel
 from tests.hub_http import serve_app, upload
 from tests.system import require_system
@@ -230,18 +231,6 @@ def test_eval_results_attach_to_a_version(hub: RunningHub) -> None:
     assert bad.status_code == 422
     card = RemoteHub(hub.url).card(EnvRef("alice", "board-env"))
     assert card.evals[0].model == "m-1" and card.evals[0].version == "0.1.0"
-
-
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def test_web_pages_in_headless_chromium(hub: RunningHub, tmp_path: Path) -> None:

@@ -201,6 +201,20 @@ async def test_context_overflow_ends_the_rollout_without_an_engine_error(
         assert rejected == (0 if token_prompts is None else 1)
 
 
+async def test_a_first_prompt_over_the_context_errors_with_the_lengths(
+    tokenizer: Any, qwen_like_dir: Path
+) -> None:
+    """Nothing was generated, so nothing can be trained on: the error says `context` and the
+    lengths (the batch would otherwise only report "rollout has no model tokens")."""
+    env = AgainEnv(dataset=QUESTIONS, max_turns=5)
+    with fake(tokenizer, qwen_like_dir, max_model_len=4) as server:
+        async with InferenceClient(server.url) as client:
+            rollout = await env.rollout(env.get_dataset()[0], client, "fake-model", {})
+    assert rollout.finish_reason == "context" and rollout.turns == []
+    assert rollout.error is not None and rollout.error.startswith("context: the next prompt has")
+    assert "max_model_len is 4" in rollout.error
+
+
 async def test_clients_without_token_prompts_use_messages() -> None:
     env = AgainEnv(dataset=QUESTIONS, max_turns=2)
     with FakeOpenAIServer() as server:  # a remote API: no max_model_len in its model list

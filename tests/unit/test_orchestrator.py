@@ -282,7 +282,7 @@ def test_dry_run_prints_resolved_config(tmp_path: Path) -> None:
     path.write_text(BASE)
     result = CliRunner().invoke(app, ["train", str(path), "--dry-run", "--loss.name", "grpo"])
     assert result.exit_code == 0, result.output
-    resolved = tomllib.loads(result.output)
+    resolved = tomllib.loads(result.stdout)
     assert resolved["loss"]["name"] == "grpo"
     assert resolved["orchestrator"]["scheduler"] == "c3po"
     assert not (tmp_path / "runs").exists()

@@ -188,4 +188,6 @@ class BridgeEnv(Environment):
 def _note(message: str) -> None:
     from rich.console import Console
 
-    Console(stderr=True).print(f"[dim]{message}[/]")
+    from rlkit.progress import print_line
+
+    print_line(Console(stderr=True), message, style="dim")

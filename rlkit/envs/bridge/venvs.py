@@ -65,7 +65,10 @@ def ensure_venv(
             return python
         shutil.rmtree(path, ignore_errors=True)
         if callable(log):
-            log(f"creating venv for {env_name} with verifiers=={verifiers_version} in {path}")
+            log(
+                f"building a venv for {env_name} with verifiers=={verifiers_version} in {path} "
+                "(installing its packages; once per version)..."
+            )
         t0 = time.monotonic()
         wanted = [f"verifiers=={verifiers_version}", *requirements]
         uv = find_uv()
@@ -77,5 +80,8 @@ def ensure_venv(
             pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
             install = [*pip, *wanted]
         _run(install, f"installing verifiers=={verifiers_version} for {env_name}")
-        (path / COMPLETE).write_text(json.dumps({"seconds": time.monotonic() - t0}))
+        seconds = time.monotonic() - t0
+        (path / COMPLETE).write_text(json.dumps({"seconds": seconds}))
+        if callable(log):
+            log(f"venv for {env_name} built in {seconds:.0f}s")
     return python

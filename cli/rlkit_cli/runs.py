@@ -1,0 +1,29 @@
+"""`rlkit runs ...`: look at training runs from their run directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(help="Look at training runs.", no_args_is_help=True)
+
+
+@app.command("show")
+def show_cmd(
+    run_dir: Path = typer.Argument(..., help="A training run's directory (its log.run_dir)."),
+    html: Path | None = typer.Option(
+        None, "--html", help="Also write a self-contained HTML report with the plots here."
+    ),
+) -> None:
+    """Summarise a run: steps, reward sparkline, eval before/after, throughput, mismatch,
+    errors and where the checkpoints are."""
+    from rlkit.runs.show import load_run, summary_lines, write_html
+
+    run = load_run(run_dir)
+    console = Console()
+    for line in summary_lines(run):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if html is not None:
+        console.print(f"report: {write_html(run, html)}", markup=False, soft_wrap=True)

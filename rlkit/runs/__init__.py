@@ -1,0 +1,1 @@
+"""Browsing finished and running training runs (`rlkit runs ...`)."""

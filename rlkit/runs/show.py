@@ -1,0 +1,294 @@
+"""`rlkit runs show RUN_DIR`: what a training run did, from the files it left.
+
+Read-only over the run directory: `metrics.jsonl` (one record per step), `eval.jsonl` (the
+interleaved evaluations), `samples.jsonl` (sample rollouts), `checkpoints/step_N`,
+`weights/step_N`, `config.toml`, and the `STOP` / `TRAINER_FAILED` notes of a run that stopped
+itself. `summary_lines` is the terminal summary (reward as a sparkline); `write_html` writes one
+self-contained page (inline SVG plots, no scripts, no external files) to open or attach anywhere.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import statistics
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlkit.atomic import atomic_write
+from rlkit.errors import UsageError
+from rlkit.handoff import STOP_FILE, TRAINER_FAILED_FILE
+from rlkit.trainer.checkpoint import checkpoints_dir
+
+SPARKS = "▁▂▃▄▅▆▇█"
+# (title, keys) of the HTML plots: the curves people look at
+PLOTS = (
+    ("reward", ("reward_mean",)),
+    ("mismatch KL (k3)", ("mismatch_kl",)),
+    ("IcePop masked fraction", ("icepop_masked_low_frac", "icepop_masked_high_frac")),
+    ("step time (s)", ("rollout_time_s", "train_time_s")),
+    ("throughput (completion tokens/s)", ("tokens_per_s",)),
+    ("errored rollouts", ("rollouts_errored",)),
+)
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written by a live run
+            continue
+    return records
+
+
+def _steps(root: Path) -> list[Path]:
+    return sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
+
+
+@dataclass
+class RunView:
+    """Everything `runs show` reports about one run directory."""
+
+    run_dir: Path
+    config: dict[str, Any]
+    steps: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+    samples: list[dict[str, Any]]
+    checkpoints: list[Path]
+    weights: list[Path]
+    stopped: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        return [
+            (r["step"], float(r[key]))
+            for r in self.steps
+            if isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)
+        ]
+
+    def mean(self, key: str) -> float | None:
+        values = [v for _, v in self.series(key)]
+        return statistics.fmean(values) if values else None
+
+    def eval_before_after(self) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+        """env_id -> (first evaluation, last evaluation)."""
+        by_env: dict[str, list[dict[str, Any]]] = {}
+        for record in self.evals:
+            by_env.setdefault(record.get("env_id", "?"), []).append(record)
+        return {
+            env: (min(rs, key=lambda r: r["step"]), max(rs, key=lambda r: r["step"]))
+            for env, rs in by_env.items()
+        }
+
+
+def load_run(run_dir: str | Path) -> RunView:
+    """Read a training run directory; a UsageError when it is not one."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such run directory")
+    if not (root / "metrics.jsonl").exists() and not (root / "config.toml").exists():
+        raise UsageError(
+            f"{root} is not a training run directory (no metrics.jsonl or config.toml): "
+            "pass the log.run_dir of an `rlkit train` run"
+        )
+    config: dict[str, Any] = {}
+    if (root / "config.toml").exists():
+        config = tomllib.loads((root / "config.toml").read_text())
+    stopped = None
+    for name in (STOP_FILE, TRAINER_FAILED_FILE):
+        if (root / name).exists():
+            stopped = (root / name).read_text().strip()
+    return RunView(
+        run_dir=root,
+        config=config,
+        steps=sorted(_jsonl(root / "metrics.jsonl"), key=lambda r: r.get("step", 0)),
+        evals=_jsonl(root / "eval.jsonl"),
+        samples=_jsonl(root / "samples.jsonl"),
+        checkpoints=_steps(checkpoints_dir(root)),
+        weights=_steps(root / "weights"),
+        stopped=stopped,
+    )
+
+
+def sparkline(values: list[float], width: int = 60) -> str:
+    """Values as block characters, averaged into at most `width` buckets."""
+    if not values:
+        return ""
+    if len(values) > width:
+        size = len(values) / width
+        values = [
+            statistics.fmean(values[int(i * size) : max(int((i + 1) * size), int(i * size) + 1)])
+            for i in range(width)
+        ]
+    low, high = min(values), max(values)
+    span = high - low
+    return "".join(
+        SPARKS[int((v - low) / span * (len(SPARKS) - 1)) if span else 0] for v in values
+    )
+
+
+def _num(value: Any, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def summary_lines(run: RunView) -> list[str]:
+    """The terminal summary: one fact per line, plain text."""
+    model = run.config.get("model", {}).get("path", "?")
+    envs = ", ".join(e.get("id", "?") for e in run.config.get("env", [])) or "?"
+    planned = run.config.get("orchestrator", {}).get("max_steps")
+    last = run.steps[-1]["step"] if run.steps else 0
+    lines = [
+        f"run {run.run_dir}",
+        f"model {model} on {envs}",
+        f"steps {last}" + (f" of {planned}" if planned else ""),
+    ]
+    rewards = [v for _, v in run.series("reward_mean")]
+    if rewards:
+        lines.append(
+            f"reward {rewards[0]:.3f} -> {rewards[-1]:.3f} (min {min(rewards):.3f}, "
+            f"max {max(rewards):.3f})  {sparkline(rewards)}"
+        )
+    for env, (first, final) in sorted(run.eval_before_after().items()):
+        lines.append(
+            f"eval {env}: reward {_num(first.get('reward_mean'))} (step {first['step']}) -> "
+            f"{_num(final.get('reward_mean'))} (step {final['step']})"
+        )
+    lines.append(
+        f"throughput {_num(run.mean('tokens_per_s'), '.0f')} completion tok/s, "
+        f"step {_num(run.mean('step_time_s'), '.1f')}s (rollout "
+        f"{_num(run.mean('rollout_time_s'), '.1f')}s, train {_num(run.mean('train_time_s'), '.1f')}s)"
+        f", inference idle {_num(run.mean('inference_idle_frac'), '.2f')}"
+    )
+    kl = run.series("mismatch_kl")
+    if kl:
+        lines.append(
+            f"mismatch KL mean {_num(run.mean('mismatch_kl'), '.2e')}, "
+            f"last {kl[-1][1]:.2e}; masked low {_num(run.mean('icepop_masked_low_frac'))} "
+            f"high {_num(run.mean('icepop_masked_high_frac'))}"
+        )
+    errored = sum(int(v) for _, v in run.series("rollouts_errored"))
+    finished = sum(int(v) for _, v in run.series("rollouts_finished"))
+    purged = sum(int(v) for _, v in run.series("rollouts_purged"))
+    lines.append(f"rollouts {finished} finished, {errored} errored, {purged} purged")
+    if run.stopped:
+        lines.append(f"stopped: {run.stopped}")
+    lines.append(
+        "checkpoints "
+        + (", ".join(str(p) for p in run.checkpoints) if run.checkpoints else "none")
+    )
+    if run.weights:
+        lines.append(f"latest weights {run.weights[-1]}")
+    return lines
+
+
+def _svg(run: RunView, title: str, keys: tuple[str, ...], w: int = 460, h: int = 220) -> str:
+    """One line plot as inline SVG: axes with min/max labels, a polyline per key, a legend."""
+    left, right, top, bottom = 66, 10, 28, 30
+    series = [(key, run.series(key)) for key in keys]
+    points = [p for _, s in series for p in s]
+    parts = [
+        f'<svg class="plot" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
+        'xmlns="http://www.w3.org/2000/svg" role="img">',
+        f'<text x="{w / 2}" y="16" text-anchor="middle" class="title">{html.escape(title)}</text>',
+        f'<rect x="{left}" y="{top}" width="{w - left - right}" height="{h - top - bottom}" '
+        'class="frame"/>',
+    ]
+    if not points:
+        parts.append(f'<text x="{w / 2}" y="{h / 2}" text-anchor="middle">no data</text></svg>')
+        return "".join(parts)
+    x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
+    y0, y1 = min(p[1] for p in points), max(p[1] for p in points)
+    if y0 == y1:
+        y0, y1 = y0 - 0.5, y1 + 0.5
+
+    def xy(step: float, value: float) -> str:
+        x = left + (step - x0) / ((x1 - x0) or 1) * (w - left - right)
+        y = top + (1 - (value - y0) / (y1 - y0)) * (h - top - bottom)
+        return f"{x:.1f},{y:.1f}"
+
+    parts += [
+        f'<text x="{left - 4}" y="{top + 10}" text-anchor="end">{y1:.3g}</text>',
+        f'<text x="{left - 4}" y="{h - bottom}" text-anchor="end">{y0:.3g}</text>',
+        f'<text x="{left}" y="{h - 10}">step {x0}</text>',
+        f'<text x="{w - right}" y="{h - 10}" text-anchor="end">step {x1}</text>',
+    ]
+    for i, (key, s) in enumerate(series):
+        if not s:
+            continue
+        color = COLORS[i % len(COLORS)]
+        path = " ".join(xy(step, value) for step, value in s)
+        parts.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
+        if len(s) == 1:
+            cx, cy = xy(*s[0]).split(",")
+            parts.append(f'<circle cx="{cx}" cy="{cy}" r="3" fill="{color}"/>')
+        if len(series) > 1:
+            parts.append(
+                f'<text x="{left + 6}" y="{top + 14 + 13 * i}" fill="{color}">'
+                f"{html.escape(key)}</text>"
+            )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 24px; color: #222; background: #fff; }
+h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 24px; }
+.summary { background: #f5f5f7; padding: 12px; border-radius: 6px; font-size: 13px;
+  white-space: pre-wrap; }
+.plots { display: flex; flex-wrap: wrap; gap: 12px; }
+.plot { border: 1px solid #ddd; border-radius: 6px; background: #fff; font-size: 11px; }
+.plot .title { font-size: 13px; font-weight: 600; }
+.plot .frame { fill: none; stroke: #bbb; }
+table { border-collapse: collapse; font-size: 12px; }
+td, th { border: 1px solid #ddd; padding: 4px 8px; vertical-align: top; text-align: left; }
+td.text { white-space: pre-wrap; max-width: 480px; font-family: monospace; }
+"""
+
+
+def render_html(run: RunView) -> str:
+    """The report as one HTML document (no scripts, no external resources)."""
+    esc = html.escape
+    plots = "".join(_svg(run, title, keys) for title, keys in PLOTS)
+    evals = "".join(
+        f"<tr><td>{esc(env)}</td><td>{first['step']}</td><td>{_num(first.get('reward_mean'))}"
+        f"</td><td>{final['step']}</td><td>{_num(final.get('reward_mean'))}</td></tr>"
+        for env, (first, final) in sorted(run.eval_before_after().items())
+    )
+    samples = "".join(
+        f"<tr><td>{s.get('step')}</td><td>{esc(str(s.get('env_id')))}</td>"
+        f'<td class="text">{esc(str(s.get("prompt")))}</td>'
+        f'<td class="text">{esc(str(s.get("completion")))}</td>'
+        f"<td>{_num(s.get('reward'))}</td></tr>"
+        for s in run.samples[-20:]
+    )
+    sections = [
+        f"<h1>rlkit run {esc(str(run.run_dir))}</h1>",
+        f'<div class="summary" id="summary">{esc(chr(10).join(summary_lines(run)))}</div>',
+        f'<h2>Curves</h2><div class="plots" id="plots">{plots}</div>',
+    ]
+    if evals:
+        sections.append(
+            '<h2>Evaluation</h2><table id="evals"><tr><th>environment</th><th>first step</th>'
+            f"<th>reward</th><th>last step</th><th>reward</th></tr>{evals}</table>"
+        )
+    if samples:
+        sections.append(
+            '<h2>Sample rollouts</h2><table id="samples"><tr><th>step</th><th>environment</th>'
+            f"<th>prompt</th><th>completion</th><th>reward</th></tr>{samples}</table>"
+        )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>rlkit run {esc(run.run_dir.name)}</title><style>{STYLE}</style></head>"
+        f"<body>{''.join(sections)}</body></html>\n"
+    )
+
+
+def write_html(run: RunView, path: str | Path) -> Path:
+    """Write the report atomically to `path`."""
+    return atomic_write(Path(path), render_html(run), durable=False)
