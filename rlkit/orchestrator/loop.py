@@ -35,7 +35,7 @@ from rlkit.orchestrator.source import EnvRolloutSource, ServersLost, load_enviro
 from rlkit.orchestrator.state import save_state
 from rlkit.orchestrator.watchdog import NoSignalError, NoSignalWatchdog
 from rlkit.trainer.batch import write_batch
-from rlkit.trainer.export import STABLE_MARKER, weights_dir
+from rlkit.trainer.export import STABLE_MARKER, published_bytes, weights_dir
 
 
 class TrainerFailed(RuntimeError):
@@ -148,6 +148,13 @@ def _wandb_run(cfg: RolloutJobConfig, console: Console) -> Any:
     )
 
 
+def served_model(cfg: RolloutJobConfig) -> str:
+    """The `model` requests name: the run's LoRA adapter, or the served model path."""
+    if cfg.model.lora.enabled:
+        return cfg.model.lora.served_name(cfg.log.run_dir)
+    return cfg.model.path
+
+
 async def require_routing(pool: ClientPool) -> None:
     """R3: every server must return routed experts; ask each for them or refuse to start."""
     for client in pool.clients:
@@ -194,6 +201,7 @@ async def run_orchestrator(
         log=lambda message: console.print(f"[yellow]{message}[/]"),
         timeout=cfg.inference.request_timeout_s,
         max_retries=cfg.inference.max_retries,
+        adapter=served_model(cfg) if cfg.model.lora.enabled else None,
     )
     if o.return_routing:
         await require_routing(pool)
@@ -201,7 +209,7 @@ async def run_orchestrator(
         envs,
         sampler,
         pool,
-        cfg.model.path,
+        served_model(cfg),
         o.sampling,
         o.group_size,
     )
@@ -230,7 +238,7 @@ async def run_orchestrator(
         evals[step] = await evaluate(
             envs,
             pool,
-            cfg.model.path,
+            served_model(cfg),
             o.sampling,
             o.eval,
             step=step,
@@ -248,6 +256,9 @@ async def run_orchestrator(
         if start_step:
             await source.update_weights(str(weights_dir(run_dir, start_step)), start_step)
             console.print(f"resuming at step {start_step + 1} (policy version {start_step})")
+        elif cfg.model.lora.enabled:  # the trainer publishes the initial adapter as step 0
+            path = await wait_for_weights(doorbell, run_dir, 0, o.weights_timeout_s, trainer_exit)
+            await source.update_weights(str(path), 0)
         elif o.eval.at_start:
             await run_eval(0)
         scheduler.take_idle_s()
@@ -287,6 +298,7 @@ async def run_orchestrator(
                 idle_s=scheduler.take_idle_s(),
             )
             ours.update(pool.metrics())
+            ours["weight_update_bytes"] = float(published_bytes(path))
             logger.log(merge_records(ours, read_trainer_record(run_dir, step) or {}))
             done = step
             if o.eval.every and step % o.eval.every == 0 and step != o.max_steps:
@@ -306,6 +318,8 @@ async def run_orchestrator(
         logger.draw_plot()
         doorbell.close()
         await scheduler.close()
+        if cfg.model.lora.enabled:  # a shared server keeps serving other runs: free our slot
+            await pool.unload_adapter()
         if monitor is not None:
             monitor.cancel()
         await pool.aclose()
