@@ -132,3 +132,25 @@ def test_unknown_target_module_is_a_usage_error(tiny_model_dir: Path, tmp_path: 
             Trainer(cfg, total_steps=1)
     finally:
         dist.close_distributed()
+
+
+def test_sft_with_lora_writes_an_adapter(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from rlkit.trainer.config import SFTConfig, SFTDataConfig
+    from rlkit.trainer.sft import run_sft
+
+    rows = [
+        {"messages": [{"role": "user", "content": w}, {"role": "assistant", "content": w[::-1]}]}
+        for w in ("abc", "hello", "lora", "peft")
+    ]
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = SFTConfig(
+        run_dir=str(tmp_path / "sft"),
+        max_steps=2,
+        model=ModelConfig(path=str(tiny_model_dir), lora=LoraConfig(rank=4)),
+        data=SFTDataConfig(path=str(data), batch_tokens=64),
+    )
+    final = run_sft(cfg)
+    config = json.loads((final / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["base_model_name_or_path"] == str(tiny_model_dir)
+    assert (final / "adapter_model.safetensors").is_file()
