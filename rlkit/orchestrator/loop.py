@@ -256,11 +256,14 @@ async def run_orchestrator(
         if start_step:
             await source.update_weights(str(weights_dir(run_dir, start_step)), start_step)
             console.print(f"resuming at step {start_step + 1} (policy version {start_step})")
-        elif cfg.model.lora.enabled:  # the trainer publishes the initial adapter as step 0
-            path = await wait_for_weights(doorbell, run_dir, 0, o.weights_timeout_s, trainer_exit)
-            await source.update_weights(str(path), 0)
-        elif o.eval.at_start:
-            await run_eval(0)
+        else:
+            if cfg.model.lora.enabled:  # the trainer publishes the initial adapter as step 0
+                path = await wait_for_weights(
+                    doorbell, run_dir, 0, o.weights_timeout_s, trainer_exit
+                )
+                await source.update_weights(str(path), 0)
+            if o.eval.at_start:
+                await run_eval(0)
         scheduler.take_idle_s()
         # what is loaded by now lives for the whole run: frozen out of the collector's sight,
         # full collections scan only the steps' objects (in `rlkit eval`, scanning the start-up
