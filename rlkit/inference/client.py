@@ -344,7 +344,7 @@ class InferenceClient:
             message=message,
             usage=data.get("usage") or {},
             policy_version_start=start_version,
-            policy_version_end=_response_version(resp),
+            policy_version_end=_response_version(resp, self.adapter),
             latency_s=loop.time() - t0,
             routed_experts=await self.routed_experts(data, choice),
         )
@@ -391,7 +391,7 @@ class InferenceClient:
         choices = sorted(data["choices"], key=lambda choice: choice.get("index", 0))
         if len(choices) != n:
             raise InferenceError(f"asked for {n} completion(s), the server returned {len(choices)}")
-        end_version, latency_s = _response_version(resp), loop.time() - t0
+        end_version, latency_s = _response_version(resp, self.adapter), loop.time() - t0
         usage = data.get("usage") or {}
         generations = []
         for choice in choices:

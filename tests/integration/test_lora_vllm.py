@@ -2,9 +2,10 @@
 
 One server (LoRA on) and one LoRA trainer: the trained adapter, loaded as policy version 3
 without a restart, reproduces the trainer's (base + adapter) logprobs within the dense test's
-tolerance; a second adapter on the same server keeps its own version and policy; the update
-moves only adapter bytes; the merged model (`rlkit model merge`) matches base + adapter in
-transformers and, loaded into the same server's base weights, in vLLM.
+tolerance; a second adapter on the same server keeps its own version and policy; `rlkit eval`
+evaluates an adapter by name; the update moves only adapter bytes; the merged model
+(`rlkit model merge`) matches base + adapter in transformers and, loaded into the same server's
+base weights, in vLLM.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rlkit.trainer.config import LoraConfig, ModelConfig, OptimConfig, TrainerCo
 from rlkit.trainer.engine import Trainer
 from rlkit.trainer.export import published_bytes, weights_dir
 from tests.cli import RLKIT, TEST_SERVER_ARGS
+from tests.integration.test_eval_vllm import check_engine_results
 from tests.integration.test_trainer_vllm import train_a_little, trainer_logprobs
 
 SAMPLING = {"max_tokens": 24, "temperature": 1.0, "seed": 0, "ignore_eos": True}
@@ -94,6 +96,13 @@ async def test_adapter_served_by_name_matches_trainer_and_merge(
             close(other.completion_logprobs, base, "adapter v0 vs base")
             stale = trainer_logprobs(trainer, prompt, base_gen.completion_token_ids)
             assert (torch.tensor(base_gen.completion_logprobs) - stale).abs().mean() > 5 * fit
+
+            # `rlkit eval` against the served adapter by name (its card completed from the base's)
+            out = tmp_path / "eval"
+            cmd = [RLKIT, "eval", "reverse-text", "-m", "run-a", "-b", f"{server.url}/v1"]
+            cmd += ["-t", "8", "-n", "2", "-r", "1", "-o", str(out)]
+            subprocess.run(cmd, check=True, timeout=300)
+            check_engine_results(out, n=2, r=1)
 
             merged = tmp_path / "merged"
             cmd = [RLKIT, "model", "merge", str(trained), "--out", str(merged)]

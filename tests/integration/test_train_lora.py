@@ -92,6 +92,7 @@ def test_two_runs_share_one_lora_server(tiny_model_dir: Path, tmp_path: Path) ->
     runs = {name: tmp_path / name for name in ("a", "b")}
     common = [
         "--orchestrator.max_steps=3",
+        "--orchestrator.scheduler=sync",  # batch N is all policy version N - 1
         "--orchestrator.eval.at_end=false",
         "--trainer.optim.lr=5e-2",  # the two adapters drift apart within three steps
         "--trainer.weights.keep_last=4",
