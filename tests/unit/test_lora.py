@@ -154,3 +154,16 @@ def test_sft_with_lora_writes_an_adapter(tiny_model_dir: Path, tmp_path: Path) -
     config = json.loads((final / "adapter_config.json").read_text())
     assert config["r"] == 4 and config["base_model_name_or_path"] == str(tiny_model_dir)
     assert (final / "adapter_model.safetensors").is_file()
+
+
+def test_a_bad_adapter_dir_is_refused_before_the_engine(tmp_path: Path) -> None:
+    from rlkit.inference.weights import check_adapter_dir
+
+    with pytest.raises(UsageError, match="adapter_config.json"):
+        check_adapter_dir(tmp_path)
+    (tmp_path / "adapter_config.json").write_text("{}")
+    with pytest.raises(UsageError, match="no adapter_model.safetensors"):
+        check_adapter_dir(tmp_path)
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"\x01")
+    with pytest.raises(UsageError, match="not a safetensors file"):
+        check_adapter_dir(tmp_path)
