@@ -13,8 +13,8 @@ import torch
 from rlkit.errors import UsageError
 from rlkit.inference.client import Response, _response_version, _with_parent
 from rlkit.inference.lifecycle import lora_server_args
-from rlkit.trainer.config import LoraConfig, ModelConfig, OptimConfig, TrainerConfig
 from rlkit.trainer import dist
+from rlkit.trainer.config import LoraConfig, ModelConfig, OptimConfig, TrainerConfig
 from rlkit.trainer.engine import Trainer
 from rlkit.trainer.export import published_bytes
 from rlkit.trainer.lora import to_peft_state
