@@ -42,8 +42,11 @@ def warm_start(root: Path) -> Path:
 def run(model: Path, run_dir: Path, steps: int, extra: list[str]) -> dict[str, float]:
     cmd = [RLKIT, "train", str(ROOT / "examples/tiny-cpu/train.toml"), f"--model.path={model}"]
     cmd += [f"--log.run_dir={run_dir}", f"--orchestrator.max_steps={steps}", *extra]
-    with open(run_dir.with_suffix(".log"), "w") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    log = run_dir.with_suffix(".log")
+    with open(log, "w") as out:
+        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode:
+        sys.exit(f"rlkit train failed ({done.returncode}):\n{log.read_text()[-3000:]}")
     recs = read_jsonl(run_dir / "metrics.jsonl")[1:]
     evals = sorted(read_jsonl(run_dir / "eval.jsonl"), key=lambda e: e["step"])
     before, after = evals[0]["reward_mean"], evals[-1]["reward_mean"]
