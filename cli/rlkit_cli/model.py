@@ -1,4 +1,4 @@
-"""`rlkit model ...`: build local models."""
+"""`rlkit model ...`: build local models, merge a LoRA adapter into its base."""
 
 from __future__ import annotations
 
@@ -40,3 +40,19 @@ def init_tiny_cmd(
 
     meta = json.loads((path / "rlkit_model.json").read_text())
     Console().print(f"wrote {arch}/{size} model ({meta['parameters']:,} parameters) to {path}")
+
+
+@app.command("merge")
+def merge_cmd(
+    adapter: Path = typer.Argument(..., help="PEFT LoRA adapter directory (adapter_config.json)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory to write the merged HF model."),
+    base: str = typer.Option(
+        "", help="Base model directory; default: the adapter's base_model_name_or_path."
+    ),
+) -> None:
+    """Fold a LoRA adapter into its base model (peft merge_and_unload): a plain HF model that
+    transformers and vLLM load without LoRA support."""
+    from rlkit.trainer.lora import adapter_base, merge_adapter
+
+    path = merge_adapter(base or adapter_base(adapter), adapter, out)
+    Console().print(f"wrote merged model to {path}")

@@ -87,8 +87,12 @@ class Generation:
     routed_experts: str | None = None
 
 
-def _response_version(resp: Response) -> int | None:
-    """The policy version the server reported when this response started."""
+def _response_version(resp: Response, adapter: str | None = None) -> int | None:
+    """The policy version the server reported when this response started: the server's, or
+    with `adapter` that LoRA adapter's (from `X-Adapter-Versions`)."""
+    if adapter is not None:
+        versions = json.loads(resp.headers.get("x-adapter-versions") or "{}")
+        return int(versions[adapter]) if adapter in versions else None
     version = resp.headers.get("x-policy-version")
     return int(version) if version is not None else None
 
@@ -101,6 +105,15 @@ def _logprobs_from_chat(choice: dict[str, Any]) -> list[float]:
 def _logprobs_from_completion(choice: dict[str, Any]) -> list[float]:
     lp = choice.get("logprobs") or {}
     return [float(x) for x in lp.get("token_logprobs") or []]
+
+
+def _with_parent(card: dict[str, Any] | None, cards: list[dict[str, Any]]) -> dict | None:
+    """A LoRA adapter's card completed from its base model's (vLLM lists adapters without
+    `max_model_len`, and with the adapter directory as `root`, where no tokenizer lives)."""
+    if card is None or card.get("max_model_len") is not None or not card.get("parent"):
+        return card
+    parent = next((c for c in cards if c.get("id") == card["parent"]), None)
+    return card if parent is None else {**parent, "id": card["id"], "parent": card["parent"]}
 
 
 class InferenceClient:
@@ -116,6 +129,7 @@ class InferenceClient:
         backoff_s: float = 0.5,
         max_connections: int = 1024,
         token_prompts: bool | None = None,
+        adapter: str | None = None,
     ) -> None:
         self.api_key, self.timeout = api_key, timeout  # the bridge hands both to its workers
         self.base_url = base_url.rstrip("/")
@@ -128,6 +142,8 @@ class InferenceClient:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.policy_version: int | None = None  # last version this client saw
+        # a LoRA run's adapter name: policy versions are that adapter's, weights load as it
+        self.adapter = adapter
         self.token_prompts = token_prompts  # None: probe the server (see supports_token_prompts)
         self.routing = False  # attach each completion's routed experts (R3; see `routed_experts`)
         # one lookup per model, awaited by every rollout that asks (all wake together when it
@@ -171,7 +187,7 @@ class InferenceClient:
         for attempt in range(self.max_retries + 1):
             try:
                 resp = await self._send(method, path, **kwargs)
-                version = _response_version(resp)
+                version = _response_version(resp, self.adapter)
                 if version is not None:
                     self.policy_version = version
                 if resp.status_code < 400:
@@ -199,8 +215,15 @@ class InferenceClient:
     async def status(self) -> dict[str, Any]:
         resp = await self.request("GET", "/rlkit/status")
         data = resp.json()
-        self.policy_version = int(data["policy_version"])
+        self.policy_version = self.loaded_version(data)
         return data
+
+    def loaded_version(self, status: dict[str, Any]) -> int | None:
+        """The version of this client's policy (its adapter's, or the weights') in `status`."""
+        if self.adapter is None:
+            return int(status["policy_version"])
+        version = (status.get("adapters") or {}).get(self.adapter)
+        return None if version is None else int(version)
 
     async def pause(self, mode: str = "keep") -> None:
         """Pause generation; with `keep` in-flight requests freeze and continue on resume."""
@@ -218,6 +241,26 @@ class InferenceClient:
         self.policy_version = int(resp.json()["policy_version"])
         return self.policy_version
 
+    async def load_adapter(self, path: str, version: int) -> int:
+        """Load the PEFT adapter at `path` as this client's `adapter` (in place); its version."""
+        if self.adapter is None:
+            raise ValueError("load_adapter needs a client created with adapter=NAME")
+        body = {"name": self.adapter, "path": str(path), "version": version}
+        resp = await self.request("POST", "/rlkit/load_adapter", json=body)
+        self.policy_version = int(resp.json()["policy_version"])
+        return self.policy_version
+
+    async def unload_adapter(self) -> None:
+        """Unload this client's adapter from the server (a run that ends frees its slot)."""
+        await self.request("POST", "/rlkit/unload_adapter", json={"name": self.adapter})
+
+    async def load_policy(self, path: str, version: int) -> int:
+        """Bring the server to this policy version: the adapter at `path` for a LoRA client,
+        else the full weights at `path`."""
+        if self.adapter is not None:
+            return await self.load_adapter(path, version)
+        return await self.update_weights(path, version)
+
     async def models(self) -> list[str]:
         resp = await self.request("GET", "/v1/models")
         return [m["id"] for m in resp.json().get("data", [])]
@@ -233,7 +276,8 @@ class InferenceClient:
             resp = await self._send("GET", "/v1/models", timeout=10.0)
             if resp.status_code == 200:
                 cards = resp.json().get("data") or []
-                return next((c for c in cards if c.get("id") == model), None)
+                card = next((c for c in cards if c.get("id") == model), None)
+                return _with_parent(card, cards)
         except (*TRANSPORT_ERRORS, ValueError):
             pass
         return None
@@ -300,7 +344,7 @@ class InferenceClient:
             message=message,
             usage=data.get("usage") or {},
             policy_version_start=start_version,
-            policy_version_end=_response_version(resp),
+            policy_version_end=_response_version(resp, self.adapter),
             latency_s=loop.time() - t0,
             routed_experts=await self.routed_experts(data, choice),
         )
@@ -347,7 +391,7 @@ class InferenceClient:
         choices = sorted(data["choices"], key=lambda choice: choice.get("index", 0))
         if len(choices) != n:
             raise InferenceError(f"asked for {n} completion(s), the server returned {len(choices)}")
-        end_version, latency_s = _response_version(resp), loop.time() - t0
+        end_version, latency_s = _response_version(resp, self.adapter), loop.time() - t0
         usage = data.get("usage") or {}
         generations = []
         for choice in choices:

@@ -77,6 +77,20 @@ def default_engine_args(model: str) -> list[str]:
     return args
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's --max-lora-rank choices
+
+
+def lora_server_args(rank: int, max_loras: int) -> list[str]:
+    """vLLM flags serving LoRA adapters up to `rank` (rounded up to a rank vLLM accepts),
+    `max_loras` of them in one batch; [] when `rank` is 0."""
+    if rank <= 0:
+        return []
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fits:
+        raise UsageError(f"LoRA rank {rank} is above vLLM's largest ({VLLM_LORA_RANKS[-1]})")
+    return ["--enable-lora", "--max-loras", str(max_loras), "--max-lora-rank", str(fits[0])]
+
+
 def has_cuda() -> bool:
     try:
         import torch

@@ -127,14 +127,15 @@ class ClientPool:
         self.healthy = health
 
     async def update_weights(self, path: str, version: int) -> None:
-        """Load new weights on every healthy server; one that fails is dropped until it rejoins.
+        """Load new weights (a LoRA run: its adapter) on every healthy server; one that fails
+        is dropped until it rejoins.
 
         Waits for a server to come back (`wait_any`) when none took the update."""
         async with self._weights_lock:
             self.weights = (path, version)
             live = [i for i, ok in enumerate(self.healthy) if ok]
             results = await asyncio.gather(
-                *(self.clients[i].update_weights(path, version) for i in live),
+                *(self.clients[i].load_policy(path, version) for i in live),
                 return_exceptions=True,
             )
             for i, result in zip(live, results, strict=True):
@@ -145,14 +146,22 @@ class ClientPool:
         if not any(self.healthy):
             await self.wait_any()  # the monitor brings a returning server to these weights
 
+    async def unload_adapter(self) -> None:
+        """A LoRA run that ends: unload its adapter from every healthy server (best effort)."""
+        live = [c for c, ok in zip(self.clients, self.healthy, strict=True) if ok]
+        results = await asyncio.gather(*(c.unload_adapter() for c in live), return_exceptions=True)
+        for client, result in zip(live, results, strict=True):
+            if isinstance(result, InferenceError):
+                self.log(f"could not unload the adapter from {client.base_url}: {result}")
+
     async def _rejoin(self, i: int) -> None:
         """Bring a server that answers again to the current weights, then use it again."""
         client = self.clients[i]
         async with self._weights_lock:
             if self.weights is not None:
                 path, version = self.weights
-                if (await client.status())["policy_version"] != version:
-                    await client.update_weights(path, version)
+                if client.loaded_version(await client.status()) != version:
+                    await client.load_policy(path, version)
             self.healthy[i] = True
         self.counters["servers_rejoined"] += 1
         self.log(

@@ -8,19 +8,26 @@ launches). On top of vLLM's API (chat, completions, ``/pause?mode=keep``, ``/res
   validates the directory against the served checkpoint (names, shapes), pauses generation in
   ``keep`` mode (in-flight requests are frozen, not aborted), loads the weights in place on every
   worker, bumps the policy version and resumes. A bad directory is a 400 and changes nothing.
+- ``POST /rlkit/load_adapter``    {"name", "path", "version"} -> {"name", "policy_version"}
+  (servers started with ``--enable-lora``) loads a PEFT LoRA adapter under `name`, replacing
+  the adapter of that name in place (vLLM's ``load_inplace``) without pausing anything else:
+  requests name the adapter as their ``model``, and each run on a shared server has its own.
+- ``POST /rlkit/unload_adapter``  {"name"} -> {"name"} forgets the adapter and frees its slot.
 - ``GET  /rlkit/routing/{response_id}`` -> {"routed_experts": base64 .npy} (then forgotten)
   with ``--rlkit-capture-routing``: the experts each MoE layer chose for that completion's
   tokens, [tokens, moe_layers, top_k], recorded by the worker extension
   (`rlkit.inference.routing_capture`) for engines without vLLM's own
   ``--enable-return-routed-experts`` (the CPU build). Needs eager mode, which the flag sets.
 - every response carries an ``X-Policy-Version`` header with the version at response time, so a
-  client can tell which policy finished each request.
+  client can tell which policy finished each request, and with adapters loaded an
+  ``X-Adapter-Versions`` header (JSON {name: version}) with each adapter's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import os
 import sys
@@ -33,7 +40,7 @@ from pydantic import BaseModel
 
 from rlkit.errors import UsageError
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
-from rlkit.inference.weights import check_compatible, weight_signature
+from rlkit.inference.weights import check_adapter_dir, check_compatible, weight_signature
 from rlkit.lifetime import SERVER_PID_ENV
 
 log = logging.getLogger("rlkit.inference.server")
@@ -44,6 +51,16 @@ WORKER_EXTENSION = "rlkit.inference.worker_ext.WeightSyncExtension"
 class UpdateWeightsRequest(BaseModel):
     path: str
     version: int | None = None
+
+
+class LoadAdapterRequest(BaseModel):
+    name: str
+    path: str
+    version: int
+
+
+class UnloadAdapterRequest(BaseModel):
+    name: str
 
 
 class PolicyState:
@@ -59,6 +76,7 @@ class PolicyState:
         self.updating = False
         self.routing = routing  # "vllm" (in responses), "capture" (/rlkit/routing) or None
         self.capture_on = False
+        self.adapters: dict[str, int] = {}  # LoRA adapter name -> its policy version
 
 
 async def ensure_capture(state: PolicyState, engine: Any) -> None:
@@ -116,6 +134,9 @@ class PolicyVersionHeader:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 headers.append((b"x-policy-version", str(self.state.version).encode()))
+                if self.state.adapters:
+                    versions = json.dumps(self.state.adapters, separators=(",", ":"))
+                    headers.append((b"x-adapter-versions", versions.encode()))
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -135,6 +156,7 @@ def build_router() -> APIRouter:
             "paused": await engine.is_paused(),
             "updating": state.updating,
             "routing": state.routing,
+            "adapters": dict(state.adapters),
         }
 
     @router.get("/routing/{response_id}")
@@ -181,6 +203,44 @@ def build_router() -> APIRouter:
                     await engine.resume_generation()
                 state.updating = False
         return JSONResponse({"policy_version": state.version})
+
+    @router.post("/load_adapter")
+    async def load_adapter(body: LoadAdapterRequest, request: Request) -> JSONResponse:
+        state: PolicyState = request.app.state.rlkit
+        models = getattr(request.app.state, "openai_serving_models", None)
+        if models is None or request.app.state.engine_client.vllm_config.lora_config is None:
+            return JSONResponse(
+                {"error": "LoRA is off on this server: start it with --enable-lora"},
+                status_code=400,
+            )
+        try:
+            check_adapter_dir(body.path)
+        except UsageError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
+
+        load = LoadLoRAAdapterRequest(lora_name=body.name, lora_path=body.path, load_inplace=True)
+        result = await models.load_lora_adapter(load)
+        if not isinstance(result, str):  # vLLM's ErrorResponse
+            return JSONResponse({"error": result.error.message}, status_code=result.error.code)
+        state.adapters[body.name] = body.version
+        return JSONResponse({"name": body.name, "policy_version": body.version})
+
+    @router.post("/unload_adapter")
+    async def unload_adapter(body: UnloadAdapterRequest, request: Request) -> JSONResponse:
+        state: PolicyState = request.app.state.rlkit
+        models = getattr(request.app.state, "openai_serving_models", None)
+        loaded = None if models is None else models.lora_requests.get(body.name)
+        if loaded is None:
+            return JSONResponse({"error": f"no adapter {body.name!r}"}, status_code=404)
+        from vllm.entrypoints.serve.lora.protocol import UnloadLoRAAdapterRequest
+
+        await models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name=body.name))
+        # vLLM's unload forgets the name only; the engine keeps the weights in a slot until
+        # evicted, so free it now for the next run's adapter
+        await request.app.state.engine_client.remove_lora(loaded.lora_int_id)
+        state.adapters.pop(body.name, None)
+        return JSONResponse({"name": body.name})
 
     return router
 

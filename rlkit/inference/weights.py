@@ -1,4 +1,4 @@
-"""Checks on a directory of HF safetensors before it reaches a running engine.
+"""Checks on a directory of HF safetensors (or a LoRA adapter) before it reaches a running engine.
 
 A weight update must never leave the server half-updated, so the directory is validated
 up front against the served checkpoint's tensor names, shapes and dtypes (read from the
@@ -51,6 +51,17 @@ def weight_signature(directory: str | Path) -> dict[str, tuple[str, tuple[int, .
     for file in files:
         sig.update(read_safetensors_header(file))
     return sig
+
+
+def check_adapter_dir(directory: str | Path) -> None:
+    """Raise UsageError unless `directory` is a PEFT adapter (config + safetensors weights)."""
+    directory = Path(directory)
+    if not (directory / "adapter_config.json").is_file():
+        raise UsageError(f"{directory}: no adapter_config.json (not a PEFT adapter directory)")
+    weights = directory / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise UsageError(f"{directory}: no adapter_model.safetensors")
+    read_safetensors_header(weights)
 
 
 def check_compatible(

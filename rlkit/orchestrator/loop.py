@@ -36,7 +36,7 @@ from rlkit.orchestrator.source import EnvRolloutSource, ServersLost, load_enviro
 from rlkit.orchestrator.state import save_state
 from rlkit.orchestrator.watchdog import NoSignalError, NoSignalWatchdog
 from rlkit.trainer.batch import write_batch
-from rlkit.trainer.export import STABLE_MARKER, weights_dir
+from rlkit.trainer.export import STABLE_MARKER, published_bytes, weights_dir
 
 
 class TrainerFailed(RuntimeError):
@@ -133,6 +133,13 @@ def merge_records(ours: dict[str, Any], trainer: dict[str, Any]) -> dict[str, An
     return merged
 
 
+def served_model(cfg: RolloutJobConfig) -> str:
+    """The `model` requests name: the run's LoRA adapter, or the served model path."""
+    if cfg.model.lora.enabled:
+        return cfg.model.lora.served_name(cfg.log.run_dir)
+    return cfg.model.path
+
+
 async def require_routing(pool: ClientPool) -> None:
     """R3: every server must return routed experts; ask each for them or refuse to start."""
     for client in pool.clients:
@@ -179,6 +186,7 @@ async def run_orchestrator(
         log=lambda message: console.print(f"[yellow]{message}[/]"),
         timeout=cfg.inference.request_timeout_s,
         max_retries=cfg.inference.max_retries,
+        adapter=served_model(cfg) if cfg.model.lora.enabled else None,
     )
     if o.return_routing:
         await require_routing(pool)
@@ -186,7 +194,7 @@ async def run_orchestrator(
         envs,
         sampler,
         pool,
-        cfg.model.path,
+        served_model(cfg),
         o.sampling,
         o.group_size,
     )
@@ -216,7 +224,7 @@ async def run_orchestrator(
         evals[step] = await evaluate(
             envs,
             pool,
-            cfg.model.path,
+            served_model(cfg),
             o.sampling,
             o.eval,
             step=step,
@@ -234,8 +242,14 @@ async def run_orchestrator(
         if start_step:
             await source.update_weights(str(weights_dir(run_dir, start_step)), start_step)
             console.print(f"resuming at step {start_step + 1} (policy version {start_step})")
-        elif o.eval.at_start:
-            await run_eval(0)
+        else:
+            if cfg.model.lora.enabled:  # the trainer publishes the initial adapter as step 0
+                path = await wait_for_weights(
+                    doorbell, run_dir, 0, o.weights_timeout_s, trainer_exit
+                )
+                await source.update_weights(str(path), 0)
+            if o.eval.at_start:
+                await run_eval(0)
         scheduler.take_idle_s()
         # what is loaded by now lives for the whole run: frozen out of the collector's sight,
         # full collections scan only the steps' objects (in `rlkit eval`, scanning the start-up
@@ -273,6 +287,7 @@ async def run_orchestrator(
                 idle_s=scheduler.take_idle_s(),
             )
             ours.update(pool.metrics())
+            ours["weight_update_bytes"] = float(published_bytes(path))
             logger.log(
                 merge_records(ours, read_trainer_record(run_dir, step) or {}),
                 sample_rows(groups, cfg.log.samples_per_step, step),
@@ -295,6 +310,8 @@ async def run_orchestrator(
         logger.draw_plot()
         doorbell.close()
         await scheduler.close()
+        if cfg.model.lora.enabled:  # a shared server keeps serving other runs: free our slot
+            await pool.unload_adapter()
         if monitor is not None:
             monitor.cancel()
         await pool.aclose()

@@ -31,7 +31,7 @@ from rlkit.config import dump_toml
 from rlkit.envs.turns import prepare_token_turns
 from rlkit.errors import UsageError
 from rlkit.inference import ServerProcess, start_server
-from rlkit.inference.lifecycle import has_cuda
+from rlkit.inference.lifecycle import has_cuda, lora_server_args
 from rlkit.inference.polling import busy_loop_env
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.lifetime import die_with_parent_preexec
@@ -102,7 +102,8 @@ class ServerFleet:
         inf = self.cfg.inference
         routing, routing_env = routing_server_options(self.cfg.orchestrator.return_routing)
         env = {**busy_loop_env(inf.busy_loop_s, on_gpu=has_cuda()), **routing_env}
-        extra_args = [*routing, *inf.extra_args]  # the user's flags come last and win
+        lora = lora_server_args(self.cfg.model.lora.rank, max_loras=1)  # this run's adapter
+        extra_args = [*routing, *lora, *inf.extra_args]  # the user's flags come last and win
         if self.devices[i] is not None:
             env[gpus.VISIBLE] = self.devices[i]
         if has_cuda():

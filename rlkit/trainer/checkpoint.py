@@ -19,11 +19,21 @@ import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 from rlkit.atomic import atomic_write, replace
 from rlkit.errors import UsageError
 from rlkit.trainer import dist
+
+# Frozen parameters (a LoRA run's base weights) are left out: they never change, and the run
+# reloads them from model.path. Without frozen parameters this is the whole model. Loading is
+# not strict about the frozen ones only: DCP itself fails on any trainable tensor it lacks.
+TRAINABLE = StateDictOptions(ignore_frozen_params=True)
+TRAINABLE_LOAD = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
@@ -67,7 +77,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINABLE)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
     extra = {
         "step": step,
@@ -115,11 +125,15 @@ def load_checkpoint(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
 ) -> dict[str, Any]:
     """Collective: restore model, optimiser, scheduler and RNG; returns {step, data}."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINABLE)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=TRAINABLE_LOAD,
     )
     extra_file = path / f"extra_rank{dist.rank()}.pt"
     if not extra_file.is_file():

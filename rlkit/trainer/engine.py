@@ -306,6 +306,12 @@ class Trainer:
         return state["step"], state["data"]
 
     def export(self, out: Path, extra: dict | None = None) -> Path | None:
+        """Publish the policy: an HF model directory, or a PEFT adapter directory with LoRA."""
+        lora = self.cfg.model.lora
+        if lora.enabled:
+            return export.export_adapter(
+                self.policy, out, lora, self.cfg.model.path, self.export_dtype, extra
+            )
         return export.export_hf(self.policy, out, self.tokenizer, self.export_dtype, extra)
 
     def close(self, wait_for_peers: bool = False) -> None:

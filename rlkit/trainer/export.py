@@ -1,4 +1,5 @@
-"""Publish the policy as an HF model directory that vLLM (and `from_pretrained`) can load.
+"""Publish the policy as an HF model directory that vLLM (and `from_pretrained`) can load, or,
+when it trains a LoRA adapter, as a PEFT adapter directory (`export_adapter`).
 
 The sharded parameters are gathered to rank 0 on CPU, cast to the checkpoint's original dtype
 and written with `save_pretrained` (which also reverts transformers' in-memory fused layouts,
@@ -19,6 +20,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from rlkit.atomic import atomic_dir
 from rlkit.trainer import dist
+from rlkit.trainer.config import LoraConfig
+from rlkit.trainer.lora import to_peft_state, write_adapter
 from rlkit.trainer.model import PolicyModel
 
 STABLE_MARKER = "STABLE"
@@ -53,6 +56,37 @@ def export_hf(
     (out / STABLE_MARKER).write_text("")
     dist.barrier()
     return out
+
+
+def export_adapter(
+    policy: PolicyModel,
+    out: Path,
+    cfg: LoraConfig,
+    base_model: str,
+    dtype: torch.dtype,
+    extra: dict | None = None,
+) -> Path | None:
+    """Collective. Like `export_hf` for a LoRA policy: only the adapter's (trainable) tensors
+    are gathered, and rank 0 writes them as a PEFT adapter directory (`rlkit.trainer.lora`)."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    full = get_model_state_dict(policy, options=options)
+    if not dist.is_main():
+        dist.barrier()
+        return None
+    tensors = to_peft_state({k.removeprefix("lm."): v.to(dtype) for k, v in full.items()})
+    with atomic_dir(out, durable=False) as tmp:
+        write_adapter(tmp, tensors, cfg, base_model)
+        if extra:
+            (tmp / "rlkit_export.json").write_text(json.dumps(extra, indent=2) + "\n")
+    (out / STABLE_MARKER).write_text("")
+    dist.barrier()
+    return out
+
+
+def published_bytes(path: str | Path) -> int:
+    """Bytes of tensors a published version holds (all weights, or just the adapter): what
+    one policy update moves to every server."""
+    return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
 
 
 def prune_weights(run_dir: str | Path, keep_last: int) -> None:

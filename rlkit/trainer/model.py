@@ -21,6 +21,7 @@ from rlkit.errors import UsageError
 from rlkit.trainer.config import ModelConfig
 from rlkit.trainer.dist import is_main, world_size
 from rlkit.trainer.logprobs import chunked_logprobs
+from rlkit.trainer.lora import add_lora
 from rlkit.trainer.routing import RouterControl
 
 
@@ -128,6 +129,8 @@ def load_policy(
 ) -> PolicyModel:
     """Build the model on the meta device, shard it with FSDP2, then fill each rank's shards.
 
+    With `model.lora`, peft's LoRA layers are injected first (base frozen, see
+    `rlkit.trainer.lora`), so FSDP2 shards base and adapter together.
     Only rank 0 reads the checkpoint (in its stored dtype); the full state dict is broadcast and
     every rank keeps just its fp32 shards, so no rank but 0 ever holds the whole model, and
     rank 0 only in the checkpoint's dtype. Buffers (rotary tables) come from rank 0 as well.
@@ -146,6 +149,10 @@ def load_policy(
         lm = AutoModelForCausalLM.from_config(
             hf_config, dtype=torch.float32, attn_implementation=attn
         )
+        if cfg.lora.enabled:
+            add_lora(lm, cfg.lora)
+    if cfg.lora.enabled and source is not None:  # rank 0 draws the initial A (B = 0) for all
+        add_lora(source, cfg.lora)
     lm.config.use_cache = False
     if cfg.activation_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

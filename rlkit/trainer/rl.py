@@ -146,6 +146,15 @@ def batch_stats(batch: TrainBatch, step: int) -> dict[str, float]:
     }
 
 
+def publish(trainer: Trainer, run_dir: Path, step: int) -> None:
+    """Collective: export policy version `step` (weights, or the LoRA adapter), tell the
+    orchestrator, and drop the oldest published versions."""
+    trainer.export(weights_dir(run_dir, step), extra={"step": step})
+    if dist.is_main():
+        handoff.ring(run_dir, handoff.ORCHESTRATOR)
+        prune_weights(run_dir, trainer.cfg.weights.keep_last)
+
+
 def run_rl(cfg: TrainerConfig) -> None:
     """Train until `max_steps` (or forever), one orchestrator batch per step."""
     if cfg.optim.schedule == "cosine" and not cfg.max_steps:
@@ -158,6 +167,8 @@ def run_rl(cfg: TrainerConfig) -> None:
         step, _ = trainer.maybe_resume()
         if step and dist.is_main():
             console.print(f"resumed from step {step}")
+        if not step and cfg.model.lora.enabled and cfg.weights.publish:
+            publish(trainer, run_dir, 0)  # the initial adapter (B = 0: the base's policy)
         metrics = MetricsLog(run_dir / "trainer_metrics.jsonl", step, enabled=dist.is_main())
         doorbell = handoff.Doorbell(run_dir, f"{handoff.TRAINER}{dist.rank()}")
         while not cfg.max_steps or step < cfg.max_steps:
@@ -182,10 +193,7 @@ def run_rl(cfg: TrainerConfig) -> None:
             if dist.is_main():  # before the weights: the orchestrator reads both at once
                 metrics.append(record)
             if cfg.weights.publish:
-                trainer.export(weights_dir(run_dir, step), extra={"step": step})
-                if dist.is_main():
-                    handoff.ring(run_dir, handoff.ORCHESTRATOR)
-                    prune_weights(run_dir, cfg.weights.keep_last)
+                publish(trainer, run_dir, step)
             if cfg.ckpt.interval and step % cfg.ckpt.interval == 0:
                 trainer.save_checkpoint(step, {"next_batch": step + 1})
             if dist.is_main():

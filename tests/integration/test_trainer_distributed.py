@@ -38,29 +38,32 @@ def synthetic_batch(vocab: int, seed: int = 0) -> list:
     return seqs
 
 
-def probe(out: str, model_dir: str, sharding: str = "full") -> None:
+def probe(out: str, model_dir: str, sharding: str = "full", lora_rank: str = "0") -> None:
     from rlkit.trainer import dist
-    from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
+    from rlkit.trainer.config import LoraConfig, LossConfig, ModelConfig, TrainerConfig
     from rlkit.trainer.engine import Trainer
     from rlkit.trainer.rl import batch_normalizer, make_rl_loss
 
     cfg = TrainerConfig(
         run_dir=str(Path(out).parent / "run"),
-        model=ModelConfig(path=model_dir),
+        model=ModelConfig(path=model_dir, lora=LoraConfig(rank=int(lora_rank))),
         micro_batch_tokens=40,  # several micro-batches: uneven split across the two ranks
         loss=LossConfig(name="grpo"),
         sharding=sharding,
         collective_timeout_s=120,
     )
     trainer = Trainer(cfg, total_steps=1)
+    for name, param in trainer.policy.named_parameters():
+        if "lora_B" in name:  # B starts at 0, which leaves A without a gradient
+            param.detach().fill_(0.01)
     seqs = synthetic_batch(trainer.policy.lm.config.vocab_size)
     metrics, nonfinite, n_mbs = trainer.compute_gradients(
         seqs, make_rl_loss(cfg.loss), batch_normalizer(seqs, "token-mean")
     )
     grads = {}
     for name, param in trainer.policy.named_parameters():
-        grad = param.grad
-        grads[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).clone()
+        if (grad := param.grad) is not None:  # frozen (LoRA base) parameters have none
+            grads[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).clone()
     mesh = next(trainer.policy.parameters()).device_mesh
     if dist.is_main():
         torch.save(
@@ -100,25 +103,29 @@ def _compare(one: dict, two: dict) -> None:
     assert nonzero == len(one["grads"])
 
 
-def one_process(model_dir: Path, tmp_path: Path) -> dict:
+def one_process(model_dir: Path, tmp_path: Path, *args: str) -> dict:
     single = tmp_path / "one.pt"
-    _run([sys.executable, __file__, str(single), str(model_dir)])
+    _run([sys.executable, __file__, str(single), str(model_dir), *args])
     return torch.load(single)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["dense", "moe"])
+@pytest.mark.parametrize("arch", ["dense", "moe", "lora"])
 def test_two_ranks_match_one_process(
     arch: str, tiny_model_dir: Path, tiny_moe_model_dir: Path, tmp_path: Path
 ) -> None:
-    """The MoE's experts are 3-D parameters sharded with their decoder layer."""
-    model_dir = tiny_model_dir if arch == "dense" else tiny_moe_model_dir
+    """The MoE's experts are 3-D parameters sharded with their decoder layer; a LoRA model's
+    FSDP groups mix frozen base weights with the trainable adapter (only it has gradients)."""
+    model_dir = tiny_moe_model_dir if arch == "moe" else tiny_model_dir
+    args = ["full", "8"] if arch == "lora" else []
     double = tmp_path / "two.pt"
     torchrun = [sys.executable, *Launch(nproc=2).torchrun_args()]
-    _run([*torchrun, __file__, str(double), str(model_dir)])
+    _run([*torchrun, __file__, str(double), str(model_dir), *args])
     two = torch.load(double)
     assert two["mesh"] == ((2,), None)
-    _compare(one_process(model_dir, tmp_path), two)
+    if arch == "lora":
+        assert two["grads"] and all(".lora_" in name for name in two["grads"])
+    _compare(one_process(model_dir, tmp_path, *args), two)
 
 
 @pytest.mark.slow
