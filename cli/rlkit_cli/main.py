@@ -48,6 +48,9 @@ def _register() -> None:
     from rlkit_cli import sandbox as sandbox_cli
 
     app.add_typer(sandbox_cli.app, name="sandbox")
+    from rlkit_cli import runs as runs_cli
+
+    app.add_typer(runs_cli.app, name="runs")
     from rlkit_cli import sft
 
     app.command(

@@ -226,8 +226,8 @@ async def run_orchestrator(
     scheduler = make_scheduler(cfg, source, processor, prompts, version=start_step)
 
     def save(step: int) -> None:
-        state = {"sampler": sampler.state_dict(), "prompts": prompts.state_dict()}
-        save_state(run_dir, step, state)
+        saved = {"sampler": sampler.state_dict(), "prompts": prompts.state_dict()}
+        save_state(run_dir, step, saved)
 
     logger = MetricsLogger(
         run_dir,
