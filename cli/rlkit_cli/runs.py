@@ -1,4 +1,4 @@
-"""`rlkit runs ...`: look at training runs from their run directories."""
+"""`rlkit runs ...`: look at and audit training runs from their run directories."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-app = typer.Typer(help="Look at training runs.", no_args_is_help=True)
+app = typer.Typer(help="Look at and audit training runs.", no_args_is_help=True)
 
 
 @app.command("show")
@@ -27,3 +27,20 @@ def show_cmd(
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     if html is not None:
         console.print(f"report: {write_html(run, html)}", markup=False, soft_wrap=True)
+
+
+@app.command("audit")
+def audit_cmd(
+    run_dir: Path = typer.Argument(..., help="A run's log.run_dir."),
+) -> None:
+    """Check that every step ran once and every prompt handed out was trained exactly once.
+
+    Reads the batch files, metrics and orchestrator states; exits 1 on any violation.
+    """
+    from rlkit.runs.audit import audit_run
+
+    report = audit_run(run_dir)
+    for line in report.lines():
+        typer.echo(line)
+    if not report.ok:
+        raise typer.Exit(1)

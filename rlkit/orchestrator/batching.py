@@ -15,7 +15,7 @@ It also accumulates the per-step statistics the metrics logger reports.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rlkit.envs.rollout import Rollout, TrainingTokens
@@ -128,6 +128,7 @@ class GroupProcessor:
                     advantage=adv,
                     policy_version=oldest_version(rollout, group.start_version),
                     env_id=group.env_id,
+                    example_id=rollout.example_id,
                     reward=rollout.reward,
                     temperature=self.temperatures.get(group.env_id, 1.0),
                     **routing_fields(sample),
@@ -150,8 +151,15 @@ def sampling_temperature(env: Any, sampling: dict[str, Any]) -> float:
     return float(temperature) if temperature else 1.0
 
 
-def make_batch(step: int, groups: list[Group], version: int) -> TrainBatch:
-    """One trainer batch from the scheduler's groups (uids recorded so reuse is detectable)."""
+def make_batch(
+    step: int, groups: list[Group], version: int, dropped: list[dict[str, Any]] | None = None
+) -> TrainBatch:
+    """One trainer batch from the scheduler's groups.
+
+    Its meta records each group's uid (so reuse is detectable) and prompt (draw, env, row,
+    example id, epoch, samples), and the prompts dropped since the previous batch
+    (`PromptStream.take_dropped`): the ledger `rlkit runs audit` checks.
+    """
     samples = [s for g in groups for s in g.samples]
     staleness = [version - s.policy_version for s in samples]
     return TrainBatch(
@@ -159,8 +167,19 @@ def make_batch(step: int, groups: list[Group], version: int) -> TrainBatch:
         samples=samples,
         meta={
             "group_uids": [g.uid for g in groups],
+            "prompts": [prompt_record(g) for g in groups],
+            "dropped": dropped or [],
             "policy_version": version,
             "staleness": staleness,
             "tokens": sum(g.tokens for g in groups),
         },
     )
+
+
+def prompt_record(group: Group) -> dict[str, Any]:
+    """What a batch records of a trained group's prompt."""
+    return {
+        **asdict(group.prompt),
+        "example_id": group.samples[0].example_id if group.samples else None,
+        "samples": len(group.samples),
+    }

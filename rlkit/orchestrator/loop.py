@@ -3,7 +3,7 @@
 Per step N (numbered from 1, as the trainer expects):
 1. `scheduler.next_batch()` (sync: the whole batch; c3po: the shortest pool prefix with C >= Phi),
 2. `write_batch` -> `run_dir/batches/step_N.pt` (ringing the trainer), then the orchestrator
-   state for step N,
+   state for step N (sampler + prompts handed out but untrained, `rlkit.orchestrator.prompts`),
 3. sleep until the trainer rings (`rlkit.handoff`) with `weights/step_N/STABLE` and its metrics
    in place; while it trains, c3po keeps generating,
 4. load the weights on every server as policy version N; c3po purges over-retained rollouts,
@@ -30,6 +30,7 @@ from rlkit.orchestrator.config import RolloutJobConfig
 from rlkit.orchestrator.evaluation import evaluate
 from rlkit.orchestrator.loggers import open_sinks, sample_rows
 from rlkit.orchestrator.metrics import MetricsLogger, read_trainer_record, step_record
+from rlkit.orchestrator.prompts import PromptStream
 from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import C3POScheduler, Group, SyncScheduler
 from rlkit.orchestrator.source import EnvRolloutSource, ServersLost, load_environments
@@ -49,13 +50,18 @@ class TrainerNodeFailed(TrainerFailed, RunStopped):
 
 
 def make_scheduler(
-    cfg: RolloutJobConfig, source: EnvRolloutSource, processor: GroupProcessor, version: int
+    cfg: RolloutJobConfig,
+    source: EnvRolloutSource,
+    processor: GroupProcessor,
+    prompts: PromptStream,
+    version: int,
 ) -> SyncScheduler | C3POScheduler:
     o = cfg.orchestrator
     if o.scheduler == "sync":
         return SyncScheduler(
             source,
             processor,
+            prompts=prompts,
             batch_groups=o.batch_groups,
             max_off_policy_steps=o.max_off_policy_steps,
             version=version,
@@ -63,6 +69,7 @@ def make_scheduler(
     return C3POScheduler(
         source,
         processor,
+        prompts=prompts,
         capacity=o.capacity,
         token_budget=o.token_budget,
         retention=o.retention,
@@ -179,6 +186,7 @@ async def run_orchestrator(
     )
     if state is not None:
         sampler.load_state_dict(state["sampler"])
+    prompts = PromptStream(sampler, state.get("prompts") if state is not None else None)
     pool = ClientPool(
         urls,
         recover_timeout_s=cfg.inference.recover_timeout_s,
@@ -192,7 +200,6 @@ async def run_orchestrator(
         await require_routing(pool)
     source = EnvRolloutSource(
         envs,
-        sampler,
         pool,
         served_model(cfg),
         o.sampling,
@@ -209,7 +216,12 @@ async def run_orchestrator(
             env_id: sampling_temperature(env, o.sampling) for env_id, env in envs.items()
         },
     )
-    scheduler = make_scheduler(cfg, source, processor, version=start_step)
+    scheduler = make_scheduler(cfg, source, processor, prompts, version=start_step)
+
+    def save(step: int) -> None:
+        saved = {"sampler": sampler.state_dict(), "prompts": prompts.state_dict()}
+        save_state(run_dir, step, saved)
+
     logger = MetricsLogger(
         run_dir,
         console,
@@ -248,6 +260,7 @@ async def run_orchestrator(
                     doorbell, run_dir, 0, o.weights_timeout_s, trainer_exit
                 )
                 await source.update_weights(str(path), 0)
+            save(0)  # the stream's start: where a stop before the first batch resumes
             if o.eval.at_start:
                 await run_eval(0)
         scheduler.take_idle_s()
@@ -261,10 +274,10 @@ async def run_orchestrator(
             while not groups:  # every group may have been filtered out (no signal)
                 groups = await scheduler.next_batch()
             rollout_s = time.monotonic() - t0
-            batch = make_batch(step, groups, scheduler.version)
+            batch = make_batch(step, groups, scheduler.version, prompts.take_dropped())
             write_batch(batch, run_dir)
             handoff.ring(run_dir, handoff.TRAINER)
-            save_state(run_dir, step, {"sampler": sampler.state_dict()})
+            save(step)  # no await since the batch was taken: the stream is as of this batch
             t1 = time.monotonic()
             path = await wait_for_weights(
                 doorbell, run_dir, step, o.weights_timeout_s, trainer_exit
@@ -304,8 +317,7 @@ async def run_orchestrator(
     except NoSignalError as exc:
         console.print(f"[bold red]stopping:[/] {exc}")
         await stop_with_checkpoint(run_dir, done, str(exc), trainer_exit, console)
-        save_state(run_dir, done, {"sampler": sampler.state_dict()})
-        raise
+        raise  # step `done`'s state was saved with its batch (step 0's at the start)
     finally:
         logger.draw_plot()
         doorbell.close()

@@ -42,13 +42,19 @@ class PromptSampler:
 
     # ---- drawing ------------------------------------------------------------------------
     def sample(self) -> tuple[str, int]:
+        env_id, index, _ = self.sample_prompt()
+        return env_id, index
+
+    def sample_prompt(self) -> tuple[str, int, int]:
+        """`(env_id, index, epoch)`; epoch is -1 for a draw from the easy or hard pool."""
         env_ids = list(self.sizes)
         env_id = self.rng.choices(env_ids, weights=[self.weights[e] for e in env_ids])[0]
         level = self._pick_level(env_id)
         if level == "normal":
-            return env_id, self._next_normal(env_id)
+            index = self._next_normal(env_id)
+            return env_id, index, self.cursor[env_id][0]
         members = sorted(i for i, lv in self.level[env_id].items() if lv == level)
-        return env_id, self.rng.choice(members)
+        return env_id, self.rng.choice(members), -1
 
     def _pick_level(self, env_id: str) -> str:
         counts = self.counts(env_id)

@@ -12,44 +12,54 @@ trainer one batch per step:
   groups keep running across weight updates (the server pauses, reloads and resumes them);
   after each update, groups whose retention (policy updates spanned) exceeds sigma are purged.
 
-A group is identified by a unique `uid`; once taken into a batch it leaves the pool, so no
-rollout is trained on twice.
+Each group rolls out one prompt handed out by the `PromptStream` at launch, in launch order;
+its `uid` is the prompt's draw number (unique in the run, across resumes). A group taken into a
+batch settles its prompt as trained, one purged or left without trainable samples as dropped;
+once taken into a batch it leaves the pool, so no rollout is trained on twice.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rlkit.deprecated import moved_names
+from rlkit.orchestrator.prompts import Prompt, PromptStream
 
 
 class RolloutSource(Protocol):
-    """Produces one scored group (G rollouts of one prompt); the orchestrator's env sampler.
-
-    `next_group()` returns `(env_id, example_index, rollouts)`.
-    """
+    """Produces one scored group: `next_group(prompt)` returns G rollouts of that prompt."""
 
     group_size: int
 
-    async def next_group(self) -> tuple[str, int, list[Any]]: ...
+    async def next_group(self, prompt: Prompt) -> list[Any]: ...
 
 
 @dataclass
 class Group:
     """A finished (or in-flight) group and the bookkeeping the schedulers need."""
 
-    uid: int
+    prompt: Prompt
     start_version: int
-    env_id: str = ""
-    index: int = -1  # example index in the environment's dataset
     rollouts: list[Any] = field(default_factory=list)
     samples: list[Any] = field(default_factory=list)  # trainable samples after the processor
     tokens: int = 0  # tokens counted against the budget
+
+    @property
+    def uid(self) -> int:
+        return self.prompt.draw
+
+    @property
+    def env_id(self) -> str:
+        return self.prompt.env_id
+
+    @property
+    def index(self) -> int:
+        """Example index in the environment's dataset."""
+        return self.prompt.index
 
 
 def rollout_tokens(rollout: Any) -> int:
@@ -92,15 +102,16 @@ class _SchedulerBase:
         source: RolloutSource,
         processor: ProcessGroup,
         *,
+        prompts: PromptStream,
         max_off_policy_steps: int,
         version: int = 0,
     ) -> None:
         self.source = source
         self.processor = processor
+        self.prompts = prompts
         self.max_off_policy_steps = max_off_policy_steps
         self.version = version  # policy version the servers currently serve
         self.counters = Counters()
-        self._uids = itertools.count()
         self.error: BaseException | None = None  # a source failure that must stop the run
         self.active = 0  # groups generating right now
         self._idle_since: float | None = time.monotonic()
@@ -124,6 +135,20 @@ class _SchedulerBase:
                 keep.append(sample)
         group.samples = keep
 
+    def _new_group(self) -> Group:
+        return Group(prompt=self.prompts.take(), start_version=self.version)
+
+    def _keep(self, group: Group) -> bool:
+        """False (and its prompt dropped) when the group has no trainable sample left."""
+        if not group.samples:
+            self.prompts.drop(group.prompt, "no_samples")
+        return bool(group.samples)
+
+    def _taken(self, batch: list[Group]) -> list[Group]:
+        for group in batch:
+            self.prompts.trained(group.prompt)
+        return batch
+
     def take_idle_s(self) -> float:
         """Seconds with no rollout in flight since the last call (inference idle time)."""
         now = time.monotonic()
@@ -140,7 +165,7 @@ class _SchedulerBase:
             self._idle_s += time.monotonic() - self._idle_since
             self._idle_since = None
         try:
-            group.env_id, group.index, group.rollouts = await self.source.next_group()
+            group.rollouts = await self.source.next_group(group.prompt)
         finally:
             self.active -= 1
             if self.active == 0:
@@ -163,15 +188,12 @@ class SyncScheduler(_SchedulerBase):
         self.batch_groups = batch_groups
 
     async def next_batch(self) -> list[Group]:
-        groups = [
-            Group(uid=next(self._uids), start_version=self.version)
-            for _ in range(self.batch_groups)
-        ]
+        groups = [self._new_group() for _ in range(self.batch_groups)]
         self.counters.launched += self.batch_groups * self.source.group_size
         done = await asyncio.gather(*(self._run(g) for g in groups))
         for group in done:
             self._drop_stale(group)
-        return [g for g in done if g.samples]
+        return self._taken([g for g in done if self._keep(g)])
 
     def in_flight(self) -> int:
         return 0
@@ -215,7 +237,7 @@ class C3POScheduler(_SchedulerBase):
         g = self.source.group_size
         room = max(self.capacity, g)
         while self.in_flight() + g <= room and self.pool_tokens() < self.token_budget:
-            group = Group(uid=next(self._uids), start_version=self.version)
+            group = self._new_group()
             task = asyncio.create_task(self._run(group))
             self.tasks[task] = group
             self.counters.launched += g
@@ -230,9 +252,10 @@ class C3POScheduler(_SchedulerBase):
             self.error = self.error or task.exception()  # the first failure is the cause
         elif self.version - group.start_version > self.retention:
             self.counters.purged += len(group.rollouts)
+            self.prompts.drop(group.prompt, "purged")
         else:
             self._drop_stale(group)
-            if group.samples:
+            if self._keep(group):
                 self.pool.append(group)
         self._changed.set()
         self.fill()
@@ -245,9 +268,10 @@ class C3POScheduler(_SchedulerBase):
                 task.cancel()
                 self.tasks.pop(task)
                 self.counters.purged += self.source.group_size
+                self.prompts.drop(group.prompt, "purged")
         for group in self.pool:
             self._drop_stale(group)
-        self.pool = [g for g in self.pool if g.samples]
+        self.pool = [g for g in self.pool if self._keep(g)]
         self.fill()
 
     async def next_batch(self) -> list[Group]:
@@ -262,7 +286,7 @@ class C3POScheduler(_SchedulerBase):
                 if total >= self.token_budget:
                     batch, self.pool = self.pool[: i + 1], self.pool[i + 1 :]
                     self.fill()
-                    return batch
+                    return self._taken(batch)
             self._changed.clear()
             self.fill()
             await self._changed.wait()

@@ -1,4 +1,4 @@
-"""The real rollout source: sampled prompts, G rollouts per group on the next server, scored.
+"""The real rollout source: G rollouts of a handed-out prompt on the next server, scored.
 
 Each group goes to `pool.next()` (round robin by group over the healthy servers). A server that
 dies mid-group costs nothing: the pool retries its requests on another server and drops it from
@@ -16,7 +16,7 @@ from rlkit.errors import UsageError
 from rlkit.inference import ClientPool
 from rlkit.inference.pool import ServersLost
 from rlkit.orchestrator.config import EnvSpec
-from rlkit.orchestrator.sampler import PromptSampler
+from rlkit.orchestrator.prompts import Prompt
 
 __all__ = ["EnvRolloutSource", "ServersLost", "load_environments"]
 
@@ -27,29 +27,26 @@ class EnvRolloutSource:
     def __init__(
         self,
         envs: dict[str, Any],
-        sampler: PromptSampler,
         pool: ClientPool,
         model: str,
         sampling: dict[str, Any],
         group_size: int,
     ) -> None:
         self.envs = envs
-        self.sampler = sampler
         self.pool = pool
         self.model = model
         self.sampling = sampling
         self.group_size = group_size
 
-    async def next_group(self) -> tuple[str, int, list[Any]]:
-        env_id, index = self.sampler.sample()
-        env = self.envs[env_id]
-        row = env.get_dataset()[index]
+    async def next_group(self, prompt: Prompt) -> list[Any]:
+        env = self.envs[prompt.env_id]
+        row = env.get_dataset()[prompt.index]
         rollouts = await env.run_group(
             row, self.pool.next(), self.model, self.sampling, self.group_size
         )
         if self.pool.lost is not None:  # its rollouts failed for want of a server
             raise self.pool.lost
-        return env_id, index, rollouts
+        return rollouts
 
     async def update_weights(self, path: str, version: int) -> None:
         """Load new weights on every server (a server that is down catches up on rejoining)."""

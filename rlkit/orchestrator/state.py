@@ -1,34 +1,45 @@
-"""Orchestrator checkpoints: the step, the prompt sampler (RNG, data position, difficulty pools).
+"""Orchestrator checkpoints: the step, the prompt sampler (RNG, data position, difficulty pools)
+and the prompts handed out but not yet trained (`rlkit.orchestrator.prompts`).
 
-One JSON file per finished step, `run_dir/orchestrator/step_{N:06d}.json`, written atomically.
+One JSON file per finished step, `run_dir/orchestrator/step_{N:06d}.json`, written atomically
+right after the step's batch. Kept: every step with a trainer checkpoint and every step since the
+latest one (a later checkpoint may land on it); the rest are pruned as the trainer checkpoints.
 A resumed run restarts at the trainer's latest checkpoint step S: it loads the orchestrator state
 of step S and discards batches, weights and metric lines of later steps, which were produced from
-a stream the resumed run will regenerate.
+a stream the resumed run will regenerate: the prompts owed at S first, in draw order, then the
+sampler's stream from where it stood at S.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from rlkit import handoff
 from rlkit.atomic import atomic_write
 from rlkit.errors import UsageError
 from rlkit.orchestrator.metrics import recover_step_records, truncate_jsonl
-from rlkit.trainer.checkpoint import resolve_checkpoint
+from rlkit.trainer.checkpoint import checkpoints_dir, resolve_checkpoint
 
 
 def state_path(run_dir: Path, step: int) -> Path:
     return run_dir / "orchestrator" / f"step_{step:06d}.json"
 
 
-def save_state(run_dir: Path, step: int, state: dict[str, Any], keep_last: int = 5) -> None:
+def save_state(run_dir: Path, step: int, state: dict[str, Any]) -> None:
+    """Write step `step`'s state; prune those no checkpoint can need any more."""
     path = state_path(run_dir, step)
     atomic_write(path, json.dumps({"step": step, **state}))
-    for old in sorted(path.parent.glob("step_*.json"))[:-keep_last]:
-        old.unlink()
+    latest = trainer_checkpoint_step(run_dir)
+    for old in path.parent.glob("step_*.json"):
+        kept = _step_of(old)
+        if kept < latest and not (checkpoints_dir(run_dir) / f"step_{kept:06d}").is_dir():
+            old.unlink(missing_ok=True)
 
 
 def trainer_checkpoint_step(run_dir: Path) -> int:
@@ -41,8 +52,37 @@ def _step_of(path: Path) -> int:
     return int(path.name.split(".")[0].removeprefix("step_"))
 
 
-def prepare_resume(run_dir: Path) -> tuple[int, dict[str, Any] | None]:
-    """Roll the run directory back to the trainer's checkpoint; returns (step, saved state)."""
+def _batch_prompts(path: Path) -> int:
+    meta = torch.load(path, weights_only=True)["meta"]
+    return len(meta.get("prompts", meta.get("group_uids", [])))
+
+
+def rollback_line(run_dir: Path, step: int, state: dict[str, Any] | None) -> str:
+    """One line: what a resume to `step` discards and what the resumed run regenerates."""
+    later = sorted(p for p in (run_dir / "batches").glob("step_*.pt") if _step_of(p) > step)
+    where = f"step {step}'s checkpoint" if step else "the start (no trainer checkpoint yet)"
+    if later:
+        steps = f"{_step_of(later[0])}-{_step_of(later[-1])}"
+        prompts = sum(_batch_prompts(p) for p in later)
+        what = f"discarding steps {steps} ({len(later)} batches, {prompts} prompts)"
+    else:
+        what = "no later batch to discard"
+    stream = (state or {}).get("prompts", {})
+    owed = [p["draw"] for p in stream.get("owed", [])]
+    first = f"{len(owed)} prompts handed out but untrained at step {step}"
+    if owed:
+        first += f" (draws {owed[0]}..{owed[-1]})" if len(owed) > 1 else f" (draw {owed[0]})"
+    return (
+        f"resume: rolled back to {where}, {what}; regenerating from step {step + 1}: {first}, "
+        f"then the prompt stream from draw {stream.get('next_draw', 0)}"
+    )
+
+
+def prepare_resume(
+    run_dir: Path, report: Callable[[str], None] | None = None
+) -> tuple[int, dict[str, Any] | None]:
+    """Roll the run directory back to the trainer's checkpoint; returns (step, saved state).
+    `report` gets the one-line summary (`rollback_line`) before anything is removed."""
     step = trainer_checkpoint_step(run_dir)
     state: dict[str, Any] | None = None
     if step:
@@ -56,6 +96,8 @@ def prepare_resume(run_dir: Path) -> tuple[int, dict[str, Any] | None]:
         weights = run_dir / "weights" / f"step_{step:06d}"
         if not (weights / "STABLE").exists():
             raise UsageError(f"cannot resume {run_dir}: published weights {weights} are missing")
+    if report is not None:
+        report(rollback_line(run_dir, step, state))
     for folder, suffix in (("batches", ".pt"), ("orchestrator", ".json")):
         for path in (run_dir / folder).glob(f"step_*{suffix}"):
             if _step_of(path) > step:

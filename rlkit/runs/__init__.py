@@ -1,1 +1,1 @@
-"""Browsing finished and running training runs (`rlkit runs ...`)."""
+"""Tools over training run directories, finished or crashed (`rlkit runs show|audit`)."""

@@ -231,11 +231,16 @@ class TrainerProcess:
         self._log.close()
 
 
-def prepare_run_dir(cfg: TrainConfig, resume: bool) -> tuple[int, dict[str, Any] | None]:
-    """Check or roll back the run directory and save the resolved config; nothing started."""
+def prepare_run_dir(
+    cfg: TrainConfig, resume: bool, console: Console
+) -> tuple[int, dict[str, Any] | None]:
+    """Check or roll back the run directory (a resume says what it rolls back in one line) and
+    save the resolved config; nothing started."""
     run_dir = Path(cfg.log.run_dir)
     if resume:
-        start_step, state = prepare_resume(run_dir)
+        start_step, state = prepare_resume(
+            run_dir, report=lambda line: console.print(line, soft_wrap=True, markup=False)
+        )
     else:
         check_fresh_run_dir(run_dir)
         start_step, state = 0, None
@@ -272,7 +277,7 @@ def run_train(
         finally:
             fleet.stop()
         return {}
-    start_step, state = prepare_run_dir(cfg, resume)
+    start_step, state = prepare_run_dir(cfg, resume, console)
     if role == "orchestrator":
         prepare_token_turns(cfg.model.path)
         return asyncio.run(

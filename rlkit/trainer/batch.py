@@ -4,7 +4,8 @@ One file per optimiser step, `run_dir/batches/step_{step:06d}.pt`, written atomi
 (`rlkit.atomic`) so the trainer never sees half a batch. Each sample is one whole
 conversation: `token_ids`, a `loss_mask` (1 = model token that counts), the engine's
 `inference_logprobs` (0.0 where the mask is 0), one scalar `advantage` and the `policy_version`
-that generated it. MoE samples may carry the inference engine's `routing` (R3): expert ids
+that generated it, with its `env_id` and the prompt's `example_id` (what `rlkit runs audit`
+reads). MoE samples may carry the inference engine's `routing` (R3): expert ids
 [tokens, moe_layers, top_k] as int16 bytes (`rlkit.trainer.routing.encode_routing`, -1 where
 unknown, e.g. the last sampled token) with `routing_dims` = (moe_layers, top_k).
 
@@ -39,6 +40,7 @@ class TrainSample(BaseModel):
     advantage: float
     policy_version: int
     env_id: str = ""
+    example_id: int | str = ""  # the prompt's `example_id` in its environment's dataset
     reward: float = 0.0
     temperature: float = 1.0  # sampling temperature; the trainer divides logits by it
     routing: bytes | None = None  # the engine's expert ids, int16 [tokens, *routing_dims]
@@ -71,7 +73,8 @@ NUMBER_FIELDS = {
     "reward": torch.float64,
     "temperature": torch.float64,
 }
-LIST_FIELDS = ("env_id", "routing", "routing_dims")
+LIST_FIELDS = ("env_id", "routing", "routing_dims", "example_id")
+OPTIONAL_FIELDS = ("example_id",)  # absent from batches written before it existed
 
 
 def to_columns(batch: TrainBatch) -> dict[str, Any]:
@@ -92,7 +95,11 @@ def to_columns(batch: TrainBatch) -> dict[str, Any]:
 def from_columns(raw: dict[str, Any]) -> dict[str, Any]:
     """`to_columns`' output back to TrainBatch fields (plain lists and numbers)."""
     columns = raw["columns"]
-    missing = [f for f in [*TOKEN_FIELDS, *NUMBER_FIELDS, *LIST_FIELDS] if f not in columns]
+    missing = [
+        f
+        for f in [*TOKEN_FIELDS, *NUMBER_FIELDS, *LIST_FIELDS]
+        if f not in columns and f not in OPTIONAL_FIELDS
+    ]
     if missing:
         raise MalformedBatchError(f"batch has no column {missing[0]!r}")
     samples: list[dict[str, Any]] = [{} for _ in range(len(columns["advantage"]))]
@@ -100,7 +107,7 @@ def from_columns(raw: dict[str, Any]) -> dict[str, Any]:
         values, start = columns[name].tolist(), 0
         for sample, length in zip(samples, columns["lengths"][name].tolist(), strict=True):
             sample[name], start = values[start : start + length], start + length
-    for name in [*NUMBER_FIELDS, *LIST_FIELDS]:
+    for name in [*NUMBER_FIELDS, *(f for f in LIST_FIELDS if f in columns)]:
         values = columns[name].tolist() if name in NUMBER_FIELDS else columns[name]
         for sample, value in zip(samples, values, strict=True):
             sample[name] = value

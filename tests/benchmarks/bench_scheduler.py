@@ -33,6 +33,9 @@ from typing import Any
 
 from rlkit.envs import Rollout, Turn
 from rlkit.orchestrator.batching import GroupProcessor
+from rlkit.orchestrator.config import DifficultyConfig
+from rlkit.orchestrator.prompts import Prompt, PromptStream
+from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import C3POScheduler, SyncScheduler
 
 
@@ -168,9 +171,9 @@ class Source:
         )
         return Rollout(turns=[turn], reward=self.rng.random())
 
-    async def next_group(self) -> tuple[str, int, list[Rollout]]:
+    async def next_group(self, prompt: Prompt) -> list[Rollout]:
         lengths = [self.lengths.draw() for _ in range(self.group_size)]
-        return "bench", 0, list(await asyncio.gather(*(self._rollout(n) for n in lengths)))
+        return list(await asyncio.gather(*(self._rollout(n) for n in lengths)))
 
 
 async def run_scheduler(kind: str, engine: Any, args: argparse.Namespace) -> dict[str, float]:
@@ -178,14 +181,20 @@ async def run_scheduler(kind: str, engine: Any, args: argparse.Namespace) -> dic
     source = Source(engine, lengths, args.group_size)
     processor = GroupProcessor(advantage="grpo", drop_zero_advantage=True, solve_threshold=1.0)
     budget = int(args.batch_groups * args.group_size * lengths.mean())
+    prompts = PromptStream(PromptSampler({"bench": 1000}, {"bench": 1.0}, DifficultyConfig()))
     if kind == "sync":
         sched: Any = SyncScheduler(
-            source, processor, batch_groups=args.batch_groups, max_off_policy_steps=10**6
+            source,
+            processor,
+            prompts=prompts,
+            batch_groups=args.batch_groups,
+            max_off_policy_steps=10**6,
         )
     else:
         sched = C3POScheduler(
             source,
             processor,
+            prompts=prompts,
             capacity=args.capacity_factor * args.batch_groups * args.group_size,
             token_budget=budget,
             retention=args.retention,

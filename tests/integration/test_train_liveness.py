@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from rlkit.trainer.batch import read_batch
 from tests.cli import tiny_train_cmd
-from tests.integration.test_train import records, start, wait_for_step
 
 ENV_PATH = str(Path(__file__).parent / "envs")
 CUSTOM_LOSSES = str(Path(__file__).parent / "custom_losses")
@@ -93,50 +89,3 @@ def test_no_signal_run_stops_with_a_checkpoint(
     assert (run_dir / "checkpoints" / "step_000000").is_dir()  # resumable: trainer + sampler
     assert (run_dir / "orchestrator" / "step_000000.json").exists()
     assert "checkpoint of step 0 written" in text
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def test_sigkill_of_the_launcher_takes_its_children_and_resumes(
-    tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    """kill -9 of `rlkit train`: servers and trainer die with it (parent-death signal)."""
-    run_dir = tmp_path / "run"
-    steps = 6  # room after step 3: steps take well under a second, the kill must land mid-run
-    common = [
-        f"--orchestrator.max_steps={steps}",
-        "--ckpt.interval=2",
-        "--orchestrator.eval.at_start=false",
-        "--orchestrator.eval.at_end=false",
-    ]
-    proc = start(tiny_train_cmd(tiny_model_dir, run_dir, *common), tmp_path / "first.log")
-    groups: list[int] = []
-    try:
-        wait_for_step(proc, run_dir, 3, timeout=900)
-        pids = json.loads((run_dir / "pids.json").read_text())
-        groups = pids["trainer"] + pids["inference"]  # each child leads its own process group
-        proc.kill()  # SIGKILL to the launcher only, not to its children's groups
-        proc.wait(timeout=30)
-        deadline = time.monotonic() + 60
-        while any(group_alive(g) for g in groups) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        survivors = [g for g in groups if group_alive(g)]
-        assert not survivors, f"process groups {survivors} outlived the killed launcher"
-    finally:
-        for pgid in [proc.pid, *groups]:
-            if group_alive(pgid):
-                os.killpg(pgid, signal.SIGKILL)
-    proc = start(
-        tiny_train_cmd(tiny_model_dir, run_dir, *common, "--resume"), tmp_path / "resume.log"
-    )
-    assert proc.wait(timeout=900) == 0, (tmp_path / "resume.log").read_text()[-3000:]
-    assert "resuming at step" in (tmp_path / "resume.log").read_text()
-    assert [r["step"] for r in records(run_dir)] == list(range(1, steps + 1))
-    for step in range(1, steps + 1):
-        read_batch(run_dir / "batches" / f"step_{step:06d}.pt")

@@ -15,6 +15,9 @@ import pytest
 
 from rlkit.envs import Rollout, Turn
 from rlkit.orchestrator.batching import GroupProcessor
+from rlkit.orchestrator.config import DifficultyConfig
+from rlkit.orchestrator.prompts import Prompt, PromptStream
+from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import C3POScheduler, SyncScheduler, rollout_tokens
 
 
@@ -59,10 +62,14 @@ class FakeEngine:
             context += turn.completion_token_ids + [7]
         return Rollout(env_id="fake", example_id=rid, turns=turns, reward=float(rid % 3))
 
-    async def next_group(self):
+    async def next_group(self, prompt: Prompt):
         lengths = [next(self.lengths) for _ in range(self.group_size)]
-        rollouts = await asyncio.gather(*(self.rollout(n) for n in lengths))
-        return "fake", 0, list(rollouts)
+        return list(await asyncio.gather(*(self.rollout(n) for n in lengths)))
+
+
+def stream() -> PromptStream:
+    """A prompt stream over one fake environment of 1,000 rows."""
+    return PromptStream(PromptSampler({"fake": 1000}, {"fake": 1.0}, DifficultyConfig()))
 
 
 def processor() -> GroupProcessor:
@@ -73,6 +80,7 @@ def c3po(engine: FakeEngine, *, capacity=8, budget=100, retention=1, max_off=10)
     return C3POScheduler(
         engine,
         processor(),
+        prompts=stream(),
         capacity=capacity,
         token_budget=budget,
         retention=retention,
@@ -186,7 +194,7 @@ async def test_errored_rollouts_kept_out_and_counted() -> None:
 
     engine = Erroring(itertools.repeat(10), group_size=4)
     proc = processor()
-    sched = SyncScheduler(engine, proc, batch_groups=3, max_off_policy_steps=1)
+    sched = SyncScheduler(engine, proc, prompts=stream(), batch_groups=3, max_off_policy_steps=1)
     batch = await sched.next_batch()
     stats = proc.take_stats()
     assert stats.errored == 3
@@ -196,7 +204,9 @@ async def test_errored_rollouts_kept_out_and_counted() -> None:
 
 async def test_sync_scheduler_returns_whole_batch() -> None:
     engine = FakeEngine(itertools.cycle([5, 50, 9]), group_size=2)
-    sched = SyncScheduler(engine, processor(), batch_groups=4, max_off_policy_steps=1)
+    sched = SyncScheduler(
+        engine, processor(), prompts=stream(), batch_groups=4, max_off_policy_steps=1
+    )
     batch = await sched.next_batch()
     assert len(batch) + 0 <= 4 and sched.counters.finished == 8
     assert all(rollout_tokens(r) in (5, 50, 9) for g in batch for r in g.rollouts)
@@ -204,7 +214,7 @@ async def test_sync_scheduler_returns_whole_batch() -> None:
 
 async def test_source_failure_stops_c3po() -> None:
     class Broken(FakeEngine):
-        async def next_group(self):
+        async def next_group(self, prompt: Prompt):
             raise RuntimeError("inference servers not healthy after 5s")
 
     sched = c3po(Broken(itertools.repeat(1)))

@@ -22,6 +22,7 @@ from rlkit.envs.rendering import ChatRenderer, RenderError
 from rlkit.eval.metrics import summarize
 from rlkit.inference import InferenceClient
 from rlkit.orchestrator.batching import GroupProcessor
+from rlkit.orchestrator.prompts import Prompt
 from rlkit.orchestrator.scheduler import Group
 from tests.fakes.fake_openai import FakeOpenAIServer
 
@@ -261,9 +262,7 @@ def test_step_metrics_count_exact_continuations_and_turns() -> None:
         return Rollout(turns=turns, prompt_mode=mode, finish_reason=finish, reward=len(prompts))
 
     group = Group(
-        uid=0,
-        env_id="e",
-        index=-1,
+        prompt=Prompt(0, "e", -1, -1),
         start_version=0,
         rollouts=[
             rollout([[1], [1, 9, 2]], "tokens"),

@@ -15,6 +15,7 @@ from rlkit.errors import UsageError
 from rlkit.orchestrator.batching import GroupProcessor, make_batch
 from rlkit.orchestrator.config import DifficultyConfig
 from rlkit.orchestrator.metrics import MetricsLogger, step_record, truncate_jsonl
+from rlkit.orchestrator.prompts import Prompt
 from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import Counters, Group
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume, save_state
@@ -158,12 +159,12 @@ def rollout(reward: float, n: int = 3, error: str | None = None, version: int = 
 
 def test_group_processor_advantages_errors_and_zero_signal(tmp_path: Path) -> None:
     proc = GroupProcessor(advantage="drgrpo", drop_zero_advantage=True, solve_threshold=1.0)
-    group = Group(uid=0, start_version=0, env_id="e", index=0)
+    group = Group(prompt=Prompt(0, "e", 0, 0), start_version=0)
     group.rollouts = [rollout(1.0), rollout(0.0), rollout(0.5, error="reward function raised")]
     proc(group)
     assert [s.advantage for s in group.samples] == [0.5, -0.5]
     assert group.tokens == 6
-    flat = Group(uid=1, start_version=0, env_id="e", index=1)
+    flat = Group(prompt=Prompt(1, "e", 1, 0), start_version=0)
     flat.rollouts = [rollout(1.0), rollout(1.0)]
     proc(flat)
     assert flat.samples == [] and flat.tokens == 0
@@ -178,7 +179,7 @@ def test_group_processor_advantages_errors_and_zero_signal(tmp_path: Path) -> No
 
 def test_metrics_record_log_and_plot(tmp_path: Path) -> None:
     proc = GroupProcessor(advantage="grpo", drop_zero_advantage=True, solve_threshold=1.0)
-    group = Group(uid=0, start_version=0, env_id="e", index=0)
+    group = Group(prompt=Prompt(0, "e", 0, 0), start_version=0)
     group.rollouts = [rollout(1.0, version=0), rollout(0.0, version=1)]
     for r, task in zip(group.rollouts, ["sudoku", "countdown"], strict=True):
         r.info = {"task": task}  # environments with named tasks get a reward curve per task

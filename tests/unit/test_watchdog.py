@@ -10,6 +10,9 @@ from rich.console import Console
 
 from rlkit.envs import Rollout, Turn
 from rlkit.orchestrator.batching import GroupProcessor
+from rlkit.orchestrator.config import DifficultyConfig
+from rlkit.orchestrator.prompts import Prompt, PromptStream
+from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import C3POScheduler
 from rlkit.orchestrator.watchdog import NoSignalError, NoSignalWatchdog
 
@@ -23,7 +26,7 @@ class FlatSource:
         self.error = error
         self.groups = 0
 
-    async def next_group(self) -> tuple[str, int, list[Rollout]]:
+    async def next_group(self, prompt: Prompt) -> list[Rollout]:
         await asyncio.sleep(0)
         self.groups += 1
         turn = Turn(
@@ -32,7 +35,7 @@ class FlatSource:
         rollouts = [
             Rollout(env_id="flat", turns=[turn], reward=0.0, error=self.error) for _ in range(2)
         ]
-        return "flat", 0, rollouts
+        return rollouts
 
 
 def run_until_stopped(source: FlatSource) -> tuple[NoSignalError, str]:
@@ -41,8 +44,15 @@ def run_until_stopped(source: FlatSource) -> tuple[NoSignalError, str]:
     processor = GroupProcessor(
         advantage="grpo", drop_zero_advantage=True, solve_threshold=1.0, watchdog=watchdog
     )
+    sampler = PromptSampler({"flat": 10}, {"flat": 1.0}, DifficultyConfig())
     scheduler = C3POScheduler(
-        source, processor, capacity=4, token_budget=8, retention=1, max_off_policy_steps=1
+        source,
+        processor,
+        prompts=PromptStream(sampler),
+        capacity=4,
+        token_budget=8,
+        retention=1,
+        max_off_policy_steps=1,
     )
 
     async def main() -> None:
