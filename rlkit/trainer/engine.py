@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from rlkit.errors import UsageError
+from rlkit.inference.canary import canary_token_ids
 from rlkit.trainer import checkpoint, dist, export
 from rlkit.trainer.config import TrainerConfig
 from rlkit.trainer.model import load_policy
@@ -305,8 +306,21 @@ class Trainer:
         state = checkpoint.load_checkpoint(path, self.policy, self.optimizer, self.scheduler)
         return state["step"], state["data"]
 
+    @torch.no_grad()
+    def canary_logprobs(self, token_ids: list[int]) -> list[float]:
+        """Collective: the policy's logprobs of token_ids[1:] after their prefixes (T = 1)."""
+        d = self.device
+        ids = torch.tensor([token_ids], device=d)
+        positions = torch.arange(len(token_ids), device=d)
+        lp, _ = self.policy(ids, positions[None], positions[:-1], ids[0, 1:])
+        return lp.float().cpu().tolist()
+
     def export(self, out: Path, extra: dict | None = None) -> Path | None:
-        return export.export_hf(self.policy, out, self.tokenizer, self.export_dtype, extra)
+        ids = canary_token_ids(self.tokenizer)
+        canary = (ids, self.canary_logprobs(ids))
+        return export.export_hf(
+            self.policy, out, self.tokenizer, self.export_dtype, extra, canary=canary
+        )
 
     def close(self, wait_for_peers: bool = False) -> None:
         dist.close_distributed(wait_for_peers)
