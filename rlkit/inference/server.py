@@ -4,10 +4,13 @@ Run as ``python -m rlkit.inference.server --model DIR [vLLM serve args]`` (what 
 launches). On top of vLLM's API (chat, completions, ``/pause?mode=keep``, ``/resume``) it adds:
 
 - ``GET  /rlkit/status``          -> {"policy_version", "model", "paused", "updating"}
-- ``POST /rlkit/update_weights``  {"path": DIR, "version": N?} -> {"policy_version"}
+- ``POST /rlkit/update_weights``  {"path": DIR, "version": N?} -> {"policy_version", "verified"}
   validates the directory against the served checkpoint (names, shapes), pauses generation in
   ``keep`` mode (in-flight requests are frozen, not aborted), loads the weights in place on every
   worker, bumps the policy version and resumes. A bad directory is a 400 and changes nothing.
+  Each worker checks the tensors it read against the trainer's fingerprint in DIR (when there
+  is one: then ``verified`` is true) before loading any; a mismatch is a 422 naming the tensor,
+  and the server keeps its weights and version.
 - ``POST /rlkit/load_adapter``    {"name", "path", "version"} -> {"name", "policy_version"}
   (servers started with ``--enable-lora``) loads a PEFT LoRA adapter under `name`, replacing
   the adapter of that name in place (vLLM's ``load_inplace``) without pausing anything else:
@@ -51,6 +54,7 @@ WORKER_EXTENSION = "rlkit.inference.worker_ext.WeightSyncExtension"
 class UpdateWeightsRequest(BaseModel):
     path: str
     version: int | None = None
+    corrupt_tensor: str | None = None  # test hook: alter this tensor after the worker reads it
 
 
 class LoadAdapterRequest(BaseModel):
@@ -191,7 +195,26 @@ def build_router() -> APIRouter:
             try:
                 if not was_paused:
                     await pause_keeping_requests(engine)
-                await engine.collective_rpc("rlkit_load_weights", args=(str(body.path),))
+                results = await engine.collective_rpc(
+                    "rlkit_load_weights", args=(str(body.path), body.corrupt_tensor)
+                )
+                refused = [(i, r["error"]) for i, r in enumerate(results) if "error" in r]
+                if refused:
+                    i, error = refused[0]
+                    log.error("weight update refused by worker %d: %s", i, error)
+                    kept = (
+                        f"nothing was loaded, the server keeps policy version {state.version}"
+                        if len(refused) == len(results)
+                        else "the other workers loaded theirs: the weights are mixed until the "
+                        "next update"
+                    )
+                    return JSONResponse(
+                        {
+                            "error": f"weight verification failed on worker {i} of "
+                            f"{len(results)}: {error}; {kept}"
+                        },
+                        status_code=422,
+                    )
                 state.version = body.version if body.version is not None else state.version + 1
                 if was_paused:  # our own pause dropped the cache already; another's may not have
                     await reset_prefix_cache_or_warn(engine)
@@ -202,7 +225,8 @@ def build_router() -> APIRouter:
                 if not was_paused:
                     await engine.resume_generation()
                 state.updating = False
-        return JSONResponse({"policy_version": state.version})
+        verified = all(r["verified"] for r in results)
+        return JSONResponse({"policy_version": state.version, "verified": verified})
 
     @router.post("/load_adapter")
     async def load_adapter(body: LoadAdapterRequest, request: Request) -> JSONResponse:

@@ -1,7 +1,8 @@
-"""vLLM worker extension: load new policy weights in place from HF safetensors on disk.
+"""vLLM worker extension: load new policy weights in place from HF safetensors on disk,
+verified against the trainer's fingerprint (`rlkit.inference.fingerprint`).
 
 vLLM mixes this class into every worker (``--worker-extension-cls``); the API server reaches it
-with ``engine.collective_rpc("rlkit_load_weights", args=(path,))``. The weights go through
+with ``engine.collective_rpc("rlkit_load_weights", args=(path, ...))``. The weights go through
 vLLM's in-place reload, which handles fused layouts (qkv, gate/up, experts). Importing this
 module (vLLM does it in every worker) also applies `RLKIT_VLLM_BUSY_LOOP_S` (see `polling`)
 and makes the worker kill its process group (engine core included) once rlkit's API server is
@@ -11,12 +12,11 @@ gone (`rlkit.lifetime.follow_process`), so a killed server leaves no engine proc
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 
 from rlkit.inference.polling import apply_from_env
+from rlkit.inference.weights import iter_safetensors
 from rlkit.lifetime import SERVER_PID_ENV, follow_process
 
 apply_from_env()
@@ -24,14 +24,11 @@ if os.environ.get(SERVER_PID_ENV, "").isdigit() and int(os.environ[SERVER_PID_EN
     follow_process(int(os.environ[SERVER_PID_ENV]))
 
 
-def iter_safetensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) from every ``*.safetensors`` file in a directory, in name order."""
-    from safetensors import safe_open
-
-    for file in sorted(Path(path).glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
+def corrupted(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of `tensor` with one element changed (the corruption test hook)."""
+    out = tensor.clone()
+    out.view(-1)[out.numel() // 2] += 1
+    return out
 
 
 class WeightSyncExtension:
@@ -59,25 +56,30 @@ class WeightSyncExtension:
             np.save(buffer, routing, allow_pickle=False)
             return buffer.getvalue()
 
-    def rlkit_load_weights(self, path: str) -> int:
-        """Load every tensor under `path` into the running model; returns the tensor count.
+    def rlkit_load_weights(self, path: str, corrupt_tensor: str | None = None) -> dict:
+        """Load every tensor under `path` into the running model, verified first.
 
-        Goes through vLLM's in-place reload, which re-applies the backend's post-load weight
-        processing (the CPU backend repacks linear weights after loading).
+        The tensors are read into memory and, when the directory carries the trainer's
+        fingerprint, checked against it before any reaches the model: a mismatch returns
+        {"error": ...} with the model untouched. Then they go through vLLM's in-place reload,
+        which re-applies the backend's post-load weight processing (the CPU backend repacks
+        linear weights after loading). `corrupt_tensor` is a test hook: that tensor is altered
+        after it is read, as a fault in flight would. Returns {"tensors", "verified"} or
+        {"error"}.
         """
-        count = 0
+        from rlkit.inference.fingerprint import mismatches, read_fingerprint
 
-        def counted() -> Iterator[tuple[str, torch.Tensor]]:
-            nonlocal count
-            for item in iter_safetensors(path):
-                count += 1
-                yield item
-
-        self.reload_weights(weights_iterator=counted())  # type: ignore[attr-defined]
+        tensors = list(iter_safetensors(path))
+        if corrupt_tensor is not None:
+            tensors = [(n, corrupted(t) if n == corrupt_tensor else t) for n, t in tensors]
+        expected = read_fingerprint(path)
+        if expected is not None and (problems := mismatches(tensors, expected)):
+            return {"error": "; ".join(problems)}
+        self.reload_weights(weights_iterator=iter(tensors))  # type: ignore[attr-defined]
         self._refresh_tied_lm_head()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        return count
+        return {"tensors": len(tensors), "verified": expected is not None}
 
     def _refresh_tied_lm_head(self) -> None:
         """Re-run the LM head's post-load processing when it shares the embedding weight.

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlkit.config import Config
 from rlkit.deprecated import moved_names
+from rlkit.inference.transfer import WeightTransfer, check_weight_transfer
 from rlkit.sandbox.config import SandboxConfig
 from rlkit.trainer.config import ModelConfig
 
@@ -74,6 +75,17 @@ class InferenceConfig(Config):
         description="GPU indices of this machine for the launched servers, split evenly among "
         "them (CUDA_VISIBLE_DEVICES per server); empty = leave the devices alone.",
     )
+    weight_transfer: WeightTransfer = Field(
+        "auto",
+        description="How new weights reach the servers: auto | filesystem (HF safetensors "
+        "under run_dir) | broadcast | ipc (see rlkit.inference.transfer; auto = filesystem).",
+    )
+    canary_max_kl: float = Field(
+        0.05,
+        gt=0,
+        description="Stop the run when a server's canary logprobs after a weight update are "
+        "further than this KL (k3) from the trainer's (metric weights_canary_kl).",
+    )
     gpu_memory_utilization: float | None = Field(
         None,
         gt=0,
@@ -81,6 +93,11 @@ class InferenceConfig(Config):
         description="vLLM's GPU memory fraction (None = 0.9 on GPUs of its own via `gpus`, "
         "else 0.5, beside the trainer).",
     )
+
+    @field_validator("weight_transfer")
+    @classmethod
+    def _transfer_built(cls, value: str) -> str:
+        return check_weight_transfer(value)
 
     @model_validator(mode="after")
     def _valid_gpus(self) -> InferenceConfig:

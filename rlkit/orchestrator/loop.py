@@ -6,7 +6,9 @@ Per step N (numbered from 1, as the trainer expects):
    state for step N (sampler + prompts handed out but untrained, `rlkit.orchestrator.prompts`),
 3. sleep until the trainer rings (`rlkit.handoff`) with `weights/step_N/STABLE` and its metrics
    in place; while it trains, c3po keeps generating,
-4. load the weights on every server as policy version N; c3po purges over-retained rollouts,
+4. load the weights on every server as policy version N (each worker verifies them against the
+   trainer's fingerprint), score the logprob canary on each (`weights_canary_kl`; the run stops
+   above `inference.canary_max_kl`); c3po purges over-retained rollouts,
 5. log the step's metrics (merged with the trainer's), evaluate every `eval.every` steps.
 """
 
@@ -24,6 +26,7 @@ from rich.console import Console
 from rlkit import handoff
 from rlkit.errors import RunStopped, UsageError
 from rlkit.inference import ClientPool
+from rlkit.inference.canary import CanaryMismatch, pool_canary_kl
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.orchestrator.batching import GroupProcessor, make_batch, sampling_temperature
 from rlkit.orchestrator.config import RolloutJobConfig
@@ -252,7 +255,9 @@ async def run_orchestrator(
         await pool.wait_healthy(cfg.inference.startup_timeout_s)
         monitor = asyncio.create_task(pool.monitor())  # brings servers that went down back
         if start_step:
-            await source.update_weights(str(weights_dir(run_dir, start_step)), start_step)
+            resumed = weights_dir(run_dir, start_step)
+            await source.update_weights(str(resumed), start_step)
+            await pool_canary_kl(pool, served_model(cfg), resumed, cfg.inference.canary_max_kl)
             console.print(f"resuming at step {start_step + 1} (policy version {start_step})")
         else:
             if cfg.model.lora.enabled:  # the trainer publishes the initial adapter as step 0
@@ -284,6 +289,9 @@ async def run_orchestrator(
             )
             t2 = time.monotonic()
             await source.update_weights(str(path), step)
+            canary = await pool_canary_kl(
+                pool, served_model(cfg), path, cfg.inference.canary_max_kl
+            )
             weight_update_s = time.monotonic() - t2
             scheduler.on_policy_update(step)
             t3 = time.monotonic()
@@ -301,6 +309,7 @@ async def run_orchestrator(
             )
             ours.update(pool.metrics())
             ours["weight_update_bytes"] = float(published_bytes(path))
+            ours["weights_canary_kl"] = canary
             logger.log(
                 merge_records(ours, read_trainer_record(run_dir, step) or {}),
                 sample_rows(groups, cfg.log.samples_per_step, step),
@@ -314,7 +323,7 @@ async def run_orchestrator(
     except ServersLost as exc:
         console.print(f"[bold red]stopping:[/] {exc}")
         raise
-    except NoSignalError as exc:
+    except (NoSignalError, CanaryMismatch) as exc:
         console.print(f"[bold red]stopping:[/] {exc}")
         await stop_with_checkpoint(run_dir, done, str(exc), trainer_exit, console)
         raise  # step `done`'s state was saved with its batch (step 0's at the start)

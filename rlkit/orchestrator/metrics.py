@@ -26,7 +26,7 @@ from rlkit.trainer.batch import TrainBatch, batch_path, read_batch
 
 PLOT_PANELS = (
     ("reward", ("reward_mean",)),
-    ("mismatch KL (k3)", ("mismatch_kl",)),
+    ("mismatch KL (k3)", ("mismatch_kl", "weights_canary_kl")),
     ("IcePop masked fraction", ("icepop_masked_low_frac", "icepop_masked_high_frac")),
     ("step time (s)", ("rollout_time_s", "train_time_s")),
 )

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from rlkit.errors import UsageError
+from rlkit.inference.canary import canary_token_ids
 from rlkit.trainer import checkpoint, dist, export
 from rlkit.trainer.config import TrainerConfig
 from rlkit.trainer.model import load_policy
@@ -305,14 +306,28 @@ class Trainer:
         state = checkpoint.load_checkpoint(path, self.policy, self.optimizer, self.scheduler)
         return state["step"], state["data"]
 
+    @torch.no_grad()
+    def canary_logprobs(self, token_ids: list[int]) -> list[float]:
+        """Collective: the policy's logprobs of token_ids[1:] after their prefixes (T = 1)."""
+        d = self.device
+        ids = torch.tensor([token_ids], device=d)
+        positions = torch.arange(len(token_ids), device=d)
+        lp, _ = self.policy(ids, positions[None], positions[:-1], ids[0, 1:])
+        return lp.float().cpu().tolist()
+
     def export(self, out: Path, extra: dict | None = None) -> Path | None:
-        """Publish the policy: an HF model directory, or a PEFT adapter directory with LoRA."""
+        """Publish the policy: an HF model directory, or a PEFT adapter directory with LoRA;
+        either with the trainer's logprobs of the canary under the published weights."""
+        ids = canary_token_ids(self.tokenizer)
+        canary = (ids, self.canary_logprobs(ids))
         lora = self.cfg.model.lora
         if lora.enabled:
             return export.export_adapter(
-                self.policy, out, lora, self.cfg.model.path, self.export_dtype, extra
+                self.policy, out, lora, self.cfg.model.path, self.export_dtype, extra, canary
             )
-        return export.export_hf(self.policy, out, self.tokenizer, self.export_dtype, extra)
+        return export.export_hf(
+            self.policy, out, self.tokenizer, self.export_dtype, extra, canary=canary
+        )
 
     def close(self, wait_for_peers: bool = False) -> None:
         dist.close_distributed(wait_for_peers)

@@ -5,7 +5,10 @@ The sharded parameters are gathered to rank 0 on CPU, cast to the checkpoint's o
 and written with `save_pretrained` (which also reverts transformers' in-memory fused layouts,
 e.g. MoE experts, to the on-disk names vLLM expects), plus the tokenizer files. The directory
 is built under a temporary name, renamed into place, and only then marked with a `STABLE` file
-so a reader that waits for `STABLE` never sees a partial model.
+so a reader that waits for `STABLE` never sees a partial model. Beside the weights go the
+fingerprint of the files as written (`rlkit.inference.fingerprint`: every engine worker checks
+what it reads against it) and the trainer's logprobs of the canary sequence under these weights
+(`rlkit.inference.canary`: the orchestrator compares the engine's after the update).
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from rlkit.atomic import atomic_dir
+from rlkit.inference.canary import write_canary
+from rlkit.inference.fingerprint import write_fingerprint
+from rlkit.inference.weights import iter_safetensors
 from rlkit.trainer import dist
 from rlkit.trainer.config import LoraConfig
 from rlkit.trainer.lora import to_peft_state, write_adapter
@@ -32,9 +38,16 @@ def weights_dir(run_dir: str | Path, step: int) -> Path:
 
 
 def export_hf(
-    policy: PolicyModel, out: Path, tokenizer, dtype: torch.dtype, extra: dict | None = None
+    policy: PolicyModel,
+    out: Path,
+    tokenizer,
+    dtype: torch.dtype,
+    extra: dict | None = None,
+    canary: tuple[list[int], list[float]] | None = None,
 ) -> Path | None:
-    """Collective. Rank 0 writes `out` atomically (with STABLE marker); returns it on rank 0."""
+    """Collective. Rank 0 writes `out` atomically (with STABLE marker); returns it on rank 0.
+
+    `canary`: (token ids, the trainer's logprobs of ids[1:]) written beside the weights."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     full = get_model_state_dict(policy, options=options)
     if not dist.is_main():
@@ -53,6 +66,10 @@ def export_hf(
         tokenizer.save_pretrained(tmp)
         if extra:
             (tmp / "rlkit_export.json").write_text(json.dumps(extra, indent=2) + "\n")
+        # from the files as written: save_pretrained may rename tensors (MoE experts)
+        write_fingerprint(tmp, iter_safetensors(tmp))
+        if canary is not None:
+            write_canary(tmp, *canary)
     (out / STABLE_MARKER).write_text("")
     dist.barrier()
     return out
@@ -65,9 +82,11 @@ def export_adapter(
     base_model: str,
     dtype: torch.dtype,
     extra: dict | None = None,
+    canary: tuple[list[int], list[float]] | None = None,
 ) -> Path | None:
     """Collective. Like `export_hf` for a LoRA policy: only the adapter's (trainable) tensors
-    are gathered, and rank 0 writes them as a PEFT adapter directory (`rlkit.trainer.lora`)."""
+    are gathered, and rank 0 writes them as a PEFT adapter directory (`rlkit.trainer.lora`).
+    vLLM loads adapters itself (no worker fingerprint check): the canary checks the result."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
     full = get_model_state_dict(policy, options=options)
     if not dist.is_main():
@@ -78,6 +97,8 @@ def export_adapter(
         write_adapter(tmp, tensors, cfg, base_model)
         if extra:
             (tmp / "rlkit_export.json").write_text(json.dumps(extra, indent=2) + "\n")
+        if canary is not None:
+            write_canary(tmp, *canary)
     (out / STABLE_MARKER).write_text("")
     dist.barrier()
     return out

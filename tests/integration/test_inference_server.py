@@ -1,4 +1,5 @@
-"""The real vLLM CPU server: logprobs and token ids, in-place weight updates, bad input."""
+"""The real vLLM CPU server: logprobs and token ids, in-place weight updates (verified against the
+trainer's fingerprint, checked by the logprob canary), bad input."""
 
 from __future__ import annotations
 
@@ -13,8 +14,17 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlkit.errors import UsageError
-from rlkit.inference import InferenceClient, InferenceError, ServerProcess, start_server
+from rlkit.inference import (
+    ClientPool,
+    InferenceClient,
+    InferenceError,
+    ServerProcess,
+    start_server,
+)
+from rlkit.inference.canary import CanaryMismatch, canary_token_ids, pool_canary_kl, write_canary
+from rlkit.inference.fingerprint import write_fingerprint
 from rlkit.inference.lifecycle import has_cuda
+from rlkit.inference.weights import iter_safetensors
 from rlkit.models import init_tiny
 from tests.cli import TEST_SERVER_ARGS
 
@@ -158,6 +168,80 @@ async def test_update_drops_prefixes_cached_under_old_weights(
         fresh = await client.completion(prompt, str(served), {**sampling, "cache_salt": "fresh"})
     assert after.completion_token_ids == fresh.completion_token_ids
     assert after.completion_logprobs == pytest.approx(fresh.completion_logprobs, abs=1e-4)
+
+
+def publish_like_the_trainer(src: Path, out: Path, swap_layers: bool = False) -> Path:
+    """`src` with sharpened weights (x3: peaked logits, unlike a fresh init) saved as the
+    trainer publishes: bf16 safetensors, fingerprint of the files, canary logprobs of the
+    fp32 model. `swap_layers`: layers 0 and 1 are written under each other's names (a loading
+    bug the fingerprint cannot see: it describes the files as written)."""
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.mul_(3.0)
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    ids = canary_token_ids(tokenizer)
+    logprobs = hf_logprobs_of(model, ids)
+    if swap_layers:
+        layers = model.model.layers
+        layers[0], layers[1] = layers[1], layers[0]
+    model.to(torch.bfloat16).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    write_fingerprint(out, iter_safetensors(out))
+    write_canary(out, ids, logprobs)
+    return out
+
+
+def hf_logprobs_of(model: torch.nn.Module, ids: list[int]) -> list[float]:
+    batch = torch.tensor([ids])
+    with torch.no_grad():
+        logits = model(batch).logits[0, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, batch[0, 1:, None])[:, 0].tolist()
+
+
+async def test_tensor_corrupted_in_flight_is_refused_and_old_weights_kept(
+    own_server: ServerProcess, tied_models: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    served, new, _ = tied_models
+    published = publish_like_the_trainer(new, tmp_path / "published")
+    name = "model.layers.1.mlp.down_proj.weight"
+    async with InferenceClient(own_server.url, max_retries=0) as client:
+        await client.update_weights(str(served))
+        before = await greedy(client, str(served))
+        version = (await client.status())["policy_version"]
+        body = {"path": str(published), "corrupt_tensor": name}
+        with pytest.raises(InferenceError) as info:
+            await client.request("POST", "/rlkit/update_weights", json=body)
+        assert info.value.status == 422
+        assert f"tensor {name!r}: checksum differs" in str(info.value)
+        assert f"keeps policy version {version}" in str(info.value)
+        assert (await client.status())["policy_version"] == version
+        assert await greedy(client, str(served)) == before
+        resp = await client.request("POST", "/rlkit/update_weights", json={"path": str(published)})
+        assert resp.json() == {"policy_version": version + 1, "verified": True}
+        assert await greedy(client, str(served)) != before
+
+
+async def test_canary_catches_two_layers_swapped(
+    own_server: ServerProcess, tied_models: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """The right weights score the canary as the trainer does; the same bytes with two layers
+    under each other's names pass the fingerprint and fail the canary, naming the server."""
+    served, new, _ = tied_models
+    right = publish_like_the_trainer(new, tmp_path / "right")
+    wrong = publish_like_the_trainer(new, tmp_path / "wrong", swap_layers=True)
+    pool = ClientPool([own_server.url])
+    try:
+        await pool.update_weights(str(right), 11)
+        kl = await pool_canary_kl(pool, str(served), right, max_kl=0.01)
+        assert kl is not None and kl < 1e-3, kl
+        await pool.update_weights(str(wrong), 12)
+        assert pool.healthy == [True]  # the fingerprint passed: the files are as published
+        with pytest.raises(CanaryMismatch, match=f"server {own_server.url} scores the canary"):
+            await pool_canary_kl(pool, str(served), wrong, max_kl=0.01)
+    finally:
+        await pool.aclose()
 
 
 async def test_pause_keep_holds_requests_until_resume(

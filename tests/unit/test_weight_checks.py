@@ -1,0 +1,99 @@
+"""Weight-update checks without an engine: fingerprints, the canary's KL, the transport choice."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from rlkit.config import load_config
+from rlkit.errors import UsageError
+from rlkit.inference.canary import canary_kl
+from rlkit.inference.fingerprint import (
+    fingerprint,
+    mismatches,
+    read_fingerprint,
+    tensor_checksum,
+    write_fingerprint,
+)
+from rlkit.inference.transfer import resolve_weight_transfer
+from rlkit.inference.weights import iter_safetensors
+from rlkit.orchestrator.config import InferenceConfig
+
+
+def tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "a.weight": torch.randn(64, 33, generator=g).bfloat16(),
+        "b.bias": torch.randn(7, generator=g),
+        "c.flag": torch.tensor([1, 2, 3], dtype=torch.int8),
+    }
+
+
+def test_checksum_is_exact_across_thread_counts_and_sees_one_element() -> None:
+    big = torch.randn(3000, 1500).bfloat16()  # more than one chunk of the weighted sum
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = tensor_checksum(big)
+    finally:
+        torch.set_num_threads(threads)
+    assert tensor_checksum(big.clone()) == one
+    changed = big.clone()
+    changed[2999, 1499] += 1
+    assert tensor_checksum(changed) != one
+    rows = big.clone()
+    rows[[0, 1]] = rows[[1, 0]]  # same values, moved: the plain sum cannot tell, the weighted can
+    assert tensor_checksum(rows)[0] == one[0] and tensor_checksum(rows) != one
+
+
+def test_mismatches_name_every_kind_of_difference() -> None:
+    sent = tensors()
+    published = fingerprint(sent.items())
+    assert mismatches(sent.items(), published) == []
+    corrupt = {**sent, "a.weight": sent["a.weight"].clone()}
+    corrupt["a.weight"][5, 5] += 1
+    assert mismatches(corrupt.items(), published) == [
+        "tensor 'a.weight': checksum differs from the published one"
+    ]
+    swapped = {"a.weight": sent["a.weight"], "b.bias": sent["b.bias"].half(), "x": sent["c.flag"]}
+    assert mismatches(swapped.items(), published) == [
+        "tensor 'b.bias': dtype/checksum differs from the published one",
+        "tensor 'x' was not published",
+        "tensor 'c.flag' published but not received",
+    ]
+
+
+def test_fingerprint_file_round_trip(tmp_path: Path) -> None:
+    save_file(tensors(), tmp_path / "model.safetensors")
+    assert read_fingerprint(tmp_path) is None
+    write_fingerprint(tmp_path, iter_safetensors(tmp_path))
+    assert mismatches(iter_safetensors(tmp_path), read_fingerprint(tmp_path)) == []
+
+
+def test_canary_kl_is_the_mean_k3() -> None:
+    assert canary_kl([-1.0, -2.0], [-1.0, -2.0]) == 0.0
+    d = 0.3
+    assert canary_kl([-1.0 + d, -2.0], [-1.0, -2.0]) == pytest.approx((math.expm1(d) - d) / 2)
+    with pytest.raises(ValueError, match="2 trainer vs 1 engine"):
+        canary_kl([-1.0, -2.0], [-1.0])
+
+
+def test_weight_transfer_choice() -> None:
+    assert resolve_weight_transfer(InferenceConfig().weight_transfer) == "filesystem"
+    assert InferenceConfig(weight_transfer="filesystem").weight_transfer == "filesystem"
+
+
+@pytest.mark.parametrize(("choice", "why"), [("ipc", "one CUDA GPU"), ("broadcast", "group")])
+def test_unbuilt_transfers_are_refused_naming_the_field(
+    tmp_path: Path, choice: str, why: str
+) -> None:
+    from rlkit.train.config import TrainConfig
+
+    toml = tmp_path / "train.toml"
+    toml.write_text(f'[inference]\nweight_transfer = "{choice}"\n')
+    with pytest.raises(UsageError, match=rf"inference\.weight_transfer.*{why}"):
+        load_config(TrainConfig, toml)
