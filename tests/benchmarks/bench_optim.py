@@ -39,7 +39,7 @@ def rank_main(model_dir: str, out: str, steps: int) -> None:
     best = {}
     models, optimizers = {}, {}
     for name in OPTIMIZERS:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         for layer in model.model.layers:
             fully_shard(layer)
         fully_shard(model)
