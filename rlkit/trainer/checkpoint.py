@@ -1,8 +1,9 @@
 """Exact, resumable checkpoints: sharded model + optimiser via torch.distributed.checkpoint.
 
-Layout: `run_dir/checkpoints/step_{N:06d}/` holds DCP shards of the model and AdamW state
-(each rank writes its own shard, so saving scales and a run can resume on another world size)
-plus `extra_rank{r}.pt` with the scheduler, step, data position and every RNG state.
+Layout: `run_dir/checkpoints/step_{N:06d}/` holds DCP shards of the model and the optimiser
+state (AdamW moments, Muon momentum: DTensors sharded like their parameters). Each rank
+writes its own shard, so saving scales and a run can resume on another world size; beside them
+go `extra_rank{r}.pt` with the scheduler, step, data position and every RNG state.
 A checkpoint is written into `.tmp_step_N`, fsynced, renamed, and only then the `latest`
 pointer file is replaced atomically, so a crash at any moment leaves the previous checkpoint
 usable and never a half-written one.

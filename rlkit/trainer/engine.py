@@ -9,6 +9,7 @@ averages gradients over ranks: the summed gradient then equals one big batch's e
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -60,7 +61,7 @@ class StepResult:
 
 
 class Trainer:
-    """Owns the FSDP2 policy, AdamW, LR schedule, checkpoints and weight export."""
+    """Owns the FSDP2 policy, optimiser, LR schedule, checkpoints and weight export."""
 
     def __init__(self, cfg: TrainerConfig, total_steps: int) -> None:
         from transformers import AutoConfig, AutoTokenizer
@@ -136,7 +137,8 @@ class Trainer:
         for i, (mb, weight) in enumerate(local):
             try:
                 aux_coef = self.cfg.router_aux_loss_coef
-                lp, ent = self.logprobs(mb, with_aux=aux_coef > 0)
+                with self._activation_memory():
+                    lp, ent = self.logprobs(mb, with_aux=aux_coef > 0)
                 loss, metrics = loss_fn(mb, lp, olds[i] if olds else None, ent, norm)
                 metrics = {**metrics, **self._routing_metrics(mb)}
                 if aux_coef > 0:  # token-weighted mean over this rank's micro-batches
@@ -156,6 +158,13 @@ class Trainer:
             self._accumulate(sums, metrics, weight)
         nonfinite = dist.all_reduce_sum([nonfinite])[0]
         return self._reduce(sums), nonfinite > 0
+
+    def _activation_memory(self) -> contextlib.AbstractContextManager:
+        """Where the forward keeps tensors saved for backward: pinned CPU memory with
+        `offload_activations` (copied back to the GPU in backward), else the device."""
+        if self.cfg.offload_activations:
+            return torch.autograd.graph.save_on_cpu(pin_memory=True)
+        return contextlib.nullcontext()
 
     def compute_gradients(
         self, seqs: list[Sequence], loss_fn: LossFn, normalizer: float, recompute_old: bool = False

@@ -1,4 +1,5 @@
-"""SFT end to end: `rlkit sft` lowers the loss; kill -9 then --resume is bitwise exact."""
+"""SFT end to end: `rlkit sft` lowers the loss; kill -9 then --resume is bitwise exact, with AdamW
+and with Muon (whose momenta and AdamW moments go through the DCP checkpoint)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def reverse_text_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
-def write_config(tmp: Path, model: Path, run_dir: Path) -> Path:
+def write_config(tmp: Path, model: Path, run_dir: Path, optim: str = "adamw") -> Path:
     data = tmp / "reverse.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in reverse_text_rows(120)))
     cfg = tmp / f"{run_dir.name}.toml"
@@ -44,6 +45,7 @@ micro_batch_tokens = 256
 [model]
 path = "{model}"
 [optim]
+name = "{optim}"
 lr = 3e-3
 warmup_steps = 2
 schedule = "cosine"
@@ -83,13 +85,18 @@ def env() -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_sft_lowers_loss_and_kill9_resume_is_bitwise(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("optim", ["adamw", "muon"])
+def test_sft_lowers_loss_and_kill9_resume_is_bitwise(
+    tiny_model_dir: Path, tmp_path: Path, optim: str
+) -> None:
     run_a, run_b = tmp_path / "uninterrupted", tmp_path / "killed"
-    cfg_a = write_config(tmp_path, tiny_model_dir, run_a)
-    cfg_b = write_config(tmp_path, tiny_model_dir, run_b)
+    cfg_a = write_config(tmp_path, tiny_model_dir, run_a, optim)
+    cfg_b = write_config(tmp_path, tiny_model_dir, run_b, optim)
     trainer = [sys.executable, "-m", "rlkit.trainer.main", "--mode", "sft", "--config", str(cfg_b)]
 
-    full = subprocess.Popen([RLKIT, "sft", str(cfg_a)], env=env(), stderr=subprocess.PIPE)
+    # The uninterrupted run goes through the CLI and its dotted override (same value as the file).
+    cli = [RLKIT, "sft", str(cfg_a), f"--optim.name={optim}"]
+    full = subprocess.Popen(cli, env=env(), stderr=subprocess.PIPE)
     victim = subprocess.Popen(trainer, env=env(), start_new_session=True, stderr=subprocess.PIPE)
     latest = run_b / "checkpoints" / "latest"
     deadline = time.monotonic() + 300
@@ -121,7 +128,9 @@ def test_sft_lowers_loss_and_kill9_resume_is_bitwise(tiny_model_dir: Path, tmp_p
     ckpt_a = checkpoint_tensors(run_a / "checkpoints" / last, tmp_path / "a.pt")
     ckpt_b = checkpoint_tensors(run_b / "checkpoints" / last, tmp_path / "b.pt")
     assert ckpt_a.keys() == ckpt_b.keys() and any(".optim." in k for k in ckpt_a)
-    assert all(torch.equal(ckpt_a[k], ckpt_b[k]) for k in ckpt_a)  # fp32 weights and AdamW
+    assert all(torch.equal(ckpt_a[k], ckpt_b[k]) for k in ckpt_a)  # fp32 weights, optimiser
+    if optim == "muon":  # Muon's momentum buffers are in the checkpoint, not only AdamW's moments
+        assert any(k.endswith("momentum_buffer") for k in ckpt_a), sorted(ckpt_a)[:20]
 
     from transformers import AutoModelForCausalLM
 
