@@ -6,21 +6,71 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from fnmatch import fnmatch
-from typing import TYPE_CHECKING
+from typing import Literal
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, field_validator
 from torch import nn
 
+from rlkit.config import Config
 from rlkit.registry import Registry
 from rlkit.trainer.muon import Muon
-
-if TYPE_CHECKING:  # config.py validates optim.name against OPTIMIZERS
-    from rlkit.trainer.config import OptimConfig
 
 # builder(model, cfg) -> the optimiser over the model's trainable parameters
 OptimizerBuilder = Callable[[nn.Module, "OptimConfig"], torch.optim.Optimizer]
 OPTIMIZERS: Registry[OptimizerBuilder] = Registry("optimizer", "rlkit.optimizers", BaseModel)
+
+
+class MuonConfig(Config):
+    """`[optim.muon]`: Muon's settings, used when optim.name = "muon"."""
+
+    lr: float = Field(
+        0.0,
+        ge=0,
+        description="Peak lr of the Muon matrices; 0 = optim.lr (suits adjust_lr = "
+        "'match_rms_adamw', which makes Muon's update RMS match AdamW's).",
+    )
+    momentum: float = Field(0.95, ge=0, lt=1, description="Momentum of the gradient average.")
+    nesterov: bool = Field(True, description="Orthogonalise the Nesterov look-ahead momentum.")
+    ns_steps: int = Field(5, ge=1, le=99, description="Newton-Schulz iterations per matrix.")
+    adjust_lr: Literal["match_rms_adamw", "original"] = Field(
+        "match_rms_adamw",
+        description="Lr scaling by shape [A, B]: match_rms_adamw = 0.2*sqrt(max(A, B)) "
+        "(Moonlight; reuses AdamW's lr and weight decay), original = sqrt(max(1, A/B)) "
+        "(Keller Jordan; wants a lr near 0.02).",
+    )
+    adamw_params: list[str] = Field(
+        ["*embed_tokens*", "*lm_head*"],
+        description="fnmatch patterns of 2-D parameter names left to AdamW; parameters that are "
+        "not 2-D (norms, biases, MoE experts) are AdamW's anyway.",
+    )
+
+
+class OptimConfig(Config):
+    name: str = Field(
+        "adamw",
+        description="Optimiser: adamw, or muon (Muon on hidden matrices, AdamW on the rest), "
+        "an entry point in group rlkit.optimizers, or 'my_pkg.my_module:builder'.",
+    )
+    lr: float = Field(
+        1e-5, gt=0, description="Peak learning rate (AdamW; Muon too unless muon.lr)."
+    )
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (AdamW and Muon).")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW beta1, beta2.")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Clip the global gradient norm to this.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps from 0 to the peak lr.")
+    schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="LR after warm-up: constant, or cosine decay to min_lr_ratio."
+    )
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of lr.")
+    muon: MuonConfig = Field(default_factory=MuonConfig, description="Muon, when name = 'muon'.")
+
+    @field_validator("name")
+    @classmethod
+    def _known_optimizer(cls, name: str) -> str:
+        OPTIMIZERS.get(name)  # ValueError: unknown optimiser, unimportable module
+        return name
 
 
 def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:

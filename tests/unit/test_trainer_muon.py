@@ -17,10 +17,9 @@ import pytest
 import torch
 from torch import nn
 
-from rlkit.trainer.config import MuonConfig, OptimConfig
 from rlkit.trainer.main import Launch
 from rlkit.trainer.muon import Muon, assign_owners
-from rlkit.trainer.optim import build_optimizer, muon_split
+from rlkit.trainer.optim import MuonConfig, OptimConfig, build_optimizer, muon_split
 
 STEPS = 3
 OPTIM = OptimConfig(
