@@ -19,14 +19,15 @@ def show_cmd(
 ) -> None:
     """Summarise a run: steps, reward sparkline, eval before/after, throughput, mismatch,
     errors and where the checkpoints are."""
+    from rlkit.progress import print_line
     from rlkit.runs.show import load_run, summary_lines, write_html
 
     run = load_run(run_dir)
     console = Console()
     for line in summary_lines(run):
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+        print_line(console, line)
     if html is not None:
-        console.print(f"report: {write_html(run, html)}", markup=False, soft_wrap=True)
+        print_line(console, f"report: {write_html(run, html)}")
 
 
 @app.command("audit")

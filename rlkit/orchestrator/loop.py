@@ -190,6 +190,7 @@ async def run_orchestrator(
     if state is not None:
         sampler.load_state_dict(state["sampler"])
     prompts = PromptStream(sampler, state.get("prompts") if state is not None else None)
+    model = served_model(cfg)
     pool = ClientPool(
         urls,
         recover_timeout_s=cfg.inference.recover_timeout_s,
@@ -197,14 +198,14 @@ async def run_orchestrator(
         log=lambda message: console.print(f"[yellow]{message}[/]"),
         timeout=cfg.inference.request_timeout_s,
         max_retries=cfg.inference.max_retries,
-        adapter=served_model(cfg) if cfg.model.lora.enabled else None,
+        adapter=model if cfg.model.lora.enabled else None,
     )
     if o.return_routing:
         await require_routing(pool)
     source = EnvRolloutSource(
         envs,
         pool,
-        served_model(cfg),
+        model,
         o.sampling,
         o.group_size,
     )
@@ -239,7 +240,7 @@ async def run_orchestrator(
         evals[step] = await evaluate(
             envs,
             pool,
-            served_model(cfg),
+            model,
             o.sampling,
             o.eval,
             step=step,
@@ -257,7 +258,7 @@ async def run_orchestrator(
         if start_step:
             resumed = weights_dir(run_dir, start_step)
             await source.update_weights(str(resumed), start_step)
-            await pool_canary_kl(pool, served_model(cfg), resumed, cfg.inference.canary_max_kl)
+            await pool_canary_kl(pool, model, resumed, cfg.inference.canary_max_kl)
             console.print(f"resuming at step {start_step + 1} (policy version {start_step})")
         else:
             if cfg.model.lora.enabled:  # the trainer publishes the initial adapter as step 0
@@ -289,9 +290,7 @@ async def run_orchestrator(
             )
             t2 = time.monotonic()
             await source.update_weights(str(path), step)
-            canary = await pool_canary_kl(
-                pool, served_model(cfg), path, cfg.inference.canary_max_kl
-            )
+            canary = await pool_canary_kl(pool, model, path, cfg.inference.canary_max_kl)
             weight_update_s = time.monotonic() - t2
             scheduler.on_policy_update(step)
             t3 = time.monotonic()
@@ -312,7 +311,9 @@ async def run_orchestrator(
             ours["weights_canary_kl"] = canary
             logger.log(
                 merge_records(ours, read_trainer_record(run_dir, step) or {}),
-                sample_rows(groups, cfg.log.samples_per_step, step),
+                sample_rows(groups, cfg.log.samples_per_step, step)
+                if logger.samples_due(step)
+                else None,
             )
             done = step
             if o.eval.every and step % o.eval.every == 0 and step != o.max_steps:

@@ -247,10 +247,14 @@ class MetricsLogger:
         numbers = scalars(record)
         for sink in self.sinks:
             sink.log(numbers, step)
-        if samples and self.samples_every and step % self.samples_every == 0:
+        if samples and self.samples_due(step):
             append_samples(self.samples_path, samples)
             for sink in self.sinks:
                 sink.log_samples(samples, step)
+
+    def samples_due(self, step: int) -> bool:
+        """Whether step `step` logs sample rollouts (every `samples_every` steps; 0 = never)."""
+        return bool(self.samples_every) and step % self.samples_every == 0
 
     def close(self) -> None:
         """Finish every sink's run (W&B, MLflow) and close its files."""

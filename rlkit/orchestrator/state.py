@@ -37,7 +37,7 @@ def save_state(run_dir: Path, step: int, state: dict[str, Any]) -> None:
     atomic_write(path, json.dumps({"step": step, **state}))
     latest = trainer_checkpoint_step(run_dir)
     for old in path.parent.glob("step_*.json"):
-        kept = _step_of(old)
+        kept = step_of(old)
         if kept < latest and not (checkpoints_dir(run_dir) / f"step_{kept:06d}").is_dir():
             old.unlink(missing_ok=True)
 
@@ -48,7 +48,8 @@ def trainer_checkpoint_step(run_dir: Path) -> int:
     return int(ckpt.name.removeprefix("step_")) if ckpt is not None else 0
 
 
-def _step_of(path: Path) -> int:
+def step_of(path: Path) -> int:
+    """N of a run-directory file named `step_N.*` (batches, orchestrator states)."""
     return int(path.name.split(".")[0].removeprefix("step_"))
 
 
@@ -59,10 +60,10 @@ def _batch_prompts(path: Path) -> int:
 
 def rollback_line(run_dir: Path, step: int, state: dict[str, Any] | None) -> str:
     """One line: what a resume to `step` discards and what the resumed run regenerates."""
-    later = sorted(p for p in (run_dir / "batches").glob("step_*.pt") if _step_of(p) > step)
+    later = sorted(p for p in (run_dir / "batches").glob("step_*.pt") if step_of(p) > step)
     where = f"step {step}'s checkpoint" if step else "the start (no trainer checkpoint yet)"
     if later:
-        steps = f"{_step_of(later[0])}-{_step_of(later[-1])}"
+        steps = f"{step_of(later[0])}-{step_of(later[-1])}"
         prompts = sum(_batch_prompts(p) for p in later)
         what = f"discarding steps {steps} ({len(later)} batches, {prompts} prompts)"
     else:
@@ -100,10 +101,10 @@ def prepare_resume(
         report(rollback_line(run_dir, step, state))
     for folder, suffix in (("batches", ".pt"), ("orchestrator", ".json")):
         for path in (run_dir / folder).glob(f"step_*{suffix}"):
-            if _step_of(path) > step:
+            if step_of(path) > step:
                 path.unlink()
     for path in (run_dir / "weights").glob("step_*"):
-        if _step_of(path) > step:
+        if step_of(path) > step:
             shutil.rmtree(path)
     handoff.clear_stop(run_dir)
     truncate_jsonl(run_dir / "metrics.jsonl", step)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from rlkit.errors import UsageError
+from rlkit.orchestrator.state import step_of
 
 
 @dataclass
@@ -107,10 +108,6 @@ def _span(values: list[int]) -> str:
     )
 
 
-def _step_of(path: Path) -> int:
-    return int(path.name.split(".")[0].removeprefix("step_"))
-
-
 def _read_batch_meta(path: Path, report: AuditReport) -> dict[str, Any] | None:
     """The batch's meta plus `_step` and `_samples`; None (and a violation) if unreadable."""
     try:
@@ -141,7 +138,7 @@ def audit_run(run_dir: str | Path) -> AuditReport:
         meta = _read_batch_meta(path, report)
         if meta is None:
             continue
-        step = _step_of(path)
+        step = step_of(path)
         if meta["_step"] != step:
             report.violations.append(f"{path.name} holds the batch of step {meta['_step']}")
         metas[step] = meta
@@ -154,7 +151,7 @@ def audit_run(run_dir: str | Path) -> AuditReport:
 
 
 def _newest_state(run_dir: Path) -> dict[str, Any] | None:
-    paths = sorted((run_dir / "orchestrator").glob("step_*.json"), key=_step_of)
+    paths = sorted((run_dir / "orchestrator").glob("step_*.json"), key=step_of)
     return json.loads(paths[-1].read_text()) if paths else None
 
 

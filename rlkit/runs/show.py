@@ -20,15 +20,13 @@ from typing import Any
 from rlkit.atomic import atomic_write
 from rlkit.errors import UsageError
 from rlkit.handoff import STOP_FILE, TRAINER_FAILED_FILE
+from rlkit.orchestrator.metrics import PLOT_PANELS
 from rlkit.trainer.checkpoint import checkpoints_dir
 
 SPARKS = "▁▂▃▄▅▆▇█"
 # (title, keys) of the HTML plots: the curves people look at
 PLOTS = (
-    ("reward", ("reward_mean",)),
-    ("mismatch KL (k3)", ("mismatch_kl",)),
-    ("IcePop masked fraction", ("icepop_masked_low_frac", "icepop_masked_high_frac")),
-    ("step time (s)", ("rollout_time_s", "train_time_s")),
+    *PLOT_PANELS,
     ("throughput (completion tokens/s)", ("tokens_per_s",)),
     ("errored rollouts", ("rollouts_errored",)),
 )

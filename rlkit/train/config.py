@@ -158,12 +158,12 @@ class TrainConfig(RolloutJobConfig):
         return TrainerConfig.model_validate(data)
 
 
-def check_environments(config: TrainConfig, console: Console | None = None) -> dict[str, Any]:
+def check_environments(config: TrainConfig) -> dict[str, Any]:
     """Load every `[[env]]` up front (an unknown id is a UsageError naming `env.N.id`) and drop
     the training prompts that do not fit the context, or refuse when too many do not."""
     config.sandbox.apply()
     envs = load_environments(config.env)
-    fit_prompts(config, envs, console or Console(stderr=True))
+    fit_prompts(config, envs, Console(stderr=True))
     return envs
 
 

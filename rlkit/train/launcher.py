@@ -238,9 +238,7 @@ def prepare_run_dir(
     save the resolved config; nothing started."""
     run_dir = Path(cfg.log.run_dir)
     if resume:
-        start_step, state = prepare_resume(
-            run_dir, report=lambda line: console.print(line, soft_wrap=True, markup=False)
-        )
+        start_step, state = prepare_resume(run_dir, report=lambda line: print_line(console, line))
     else:
         check_fresh_run_dir(run_dir)
         start_step, state = 0, None
