@@ -221,9 +221,7 @@ class PooledClient:
             except InferenceError as exc:
                 if not _server_failure(exc) or await client.health():
                     raise  # the request's own failure (or a server that is up): not ours to fix
-                self.pool.mark_down(index, str(exc))
-            self.index = await self.pool.wait_any()
-            self.pool.counters["failovers"] += 1
+                await self._move_off(index, str(exc))
 
     async def fail_over(self, reason: str) -> bool:
         """A request sent by someone else (a verifiers bridge worker) to this group's server
@@ -231,10 +229,14 @@ class PooledClient:
         False when it is up (the failure was the request's own)."""
         if await self.client.health():
             return False
-        self.pool.mark_down(self.index, reason)
+        await self._move_off(self.index, reason)
+        return True
+
+    async def _move_off(self, index: int, reason: str) -> None:
+        """Drop server `index` from the pool and pin this group to a healthy one."""
+        self.pool.mark_down(index, reason)
         self.index = await self.pool.wait_any()
         self.pool.counters["failovers"] += 1
-        return True
 
     async def chat(self, *args: Any, **kwargs: Any) -> Generation:
         return await self._call("chat", *args, **kwargs)

@@ -33,8 +33,3 @@ def check_weight_transfer(choice: str) -> str:
             f"weight_transfer = {choice!r} needs {NOT_BUILT[choice]}; use 'filesystem' (or 'auto')"
         )
     return choice
-
-
-def resolve_weight_transfer(choice: str) -> str:
-    """The transport `choice` stands for on this machine."""
-    return "filesystem" if choice == "auto" else check_weight_transfer(choice)

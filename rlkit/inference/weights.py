@@ -56,14 +56,18 @@ def weight_signature(directory: str | Path) -> dict[str, tuple[str, tuple[int, .
     return sig
 
 
+ADAPTER_CONFIG = "adapter_config.json"  # a PEFT adapter directory's two files
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
 def check_adapter_dir(directory: str | Path) -> None:
     """Raise UsageError unless `directory` is a PEFT adapter (config + safetensors weights)."""
     directory = Path(directory)
-    if not (directory / "adapter_config.json").is_file():
-        raise UsageError(f"{directory}: no adapter_config.json (not a PEFT adapter directory)")
-    weights = directory / "adapter_model.safetensors"
+    if not (directory / ADAPTER_CONFIG).is_file():
+        raise UsageError(f"{directory}: no {ADAPTER_CONFIG} (not a PEFT adapter directory)")
+    weights = directory / ADAPTER_WEIGHTS
     if not weights.is_file():
-        raise UsageError(f"{directory}: no adapter_model.safetensors")
+        raise UsageError(f"{directory}: no {ADAPTER_WEIGHTS}")
     read_safetensors_header(weights)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -48,31 +49,26 @@ def export_hf(
     """Collective. Rank 0 writes `out` atomically (with STABLE marker); returns it on rank 0.
 
     `canary`: (token ids, the trainer's logprobs of ids[1:]) written beside the weights."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    full = get_model_state_dict(policy, options=options)
-    if not dist.is_main():
-        dist.barrier()
-        return None
     lm = policy.lm
     aliases = {n for n, _ in lm.named_parameters(remove_duplicate=False)}
     aliases -= {n for n, _ in lm.named_parameters()}  # tied weights: keep one name, like HF
-    state = {k.removeprefix("lm."): v.to(dtype) for k, v in full.items()}
-    state = {k: v for k, v in state.items() if k not in aliases}
-    with atomic_dir(out, durable=False) as tmp:  # a hand-off to the servers: not flushed
+
+    def write(tmp: Path, full: dict[str, torch.Tensor]) -> None:
+        state = {k.removeprefix("lm."): v.to(dtype) for k, v in full.items()}
+        state = {k: v for k, v in state.items() if k not in aliases}
         lm.save_pretrained(tmp, state_dict=state, safe_serialization=True)
         config = copy.deepcopy(lm.config)  # save_pretrained records the fp32 training dtype
         config.dtype = dtype
         config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if extra:
-            (tmp / "rlkit_export.json").write_text(json.dumps(extra, indent=2) + "\n")
         # from the files as written: save_pretrained may rename tensors (MoE experts)
         write_fingerprint(tmp, iter_safetensors(tmp))
         if canary is not None:
             write_canary(tmp, *canary)
-    (out / STABLE_MARKER).write_text("")
-    dist.barrier()
-    return out
+
+    return _publish(
+        policy, out, StateDictOptions(full_state_dict=True, cpu_offload=True), write, extra
+    )
 
 
 def export_adapter(
@@ -86,14 +82,30 @@ def export_adapter(
     """Collective. Like `export_hf` for a LoRA policy: only the adapter's (trainable) tensors
     are gathered, and rank 0 writes them as a PEFT adapter directory (`rlkit.trainer.lora`).
     vLLM loads adapters itself: no worker fingerprint check and no canary (`Trainer.export`)."""
+
+    def write(tmp: Path, full: dict[str, torch.Tensor]) -> None:
+        tensors = to_peft_state({k.removeprefix("lm."): v.to(dtype) for k, v in full.items()})
+        write_adapter(tmp, tensors, cfg, base_model)
+
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    return _publish(policy, out, options, write, extra)
+
+
+def _publish(
+    policy: PolicyModel,
+    out: Path,
+    options: StateDictOptions,
+    write: Callable[[Path, dict[str, torch.Tensor]], None],
+    extra: dict | None,
+) -> Path | None:
+    """Collective: gather the state dict to rank 0, which lets `write` fill a temporary
+    directory renamed to `out` (a hand-off to the servers: not flushed), then marks it STABLE."""
     full = get_model_state_dict(policy, options=options)
     if not dist.is_main():
         dist.barrier()
         return None
-    tensors = to_peft_state({k.removeprefix("lm."): v.to(dtype) for k, v in full.items()})
     with atomic_dir(out, durable=False) as tmp:
-        write_adapter(tmp, tensors, cfg, base_model)
+        write(tmp, full)
         if extra:
             (tmp / "rlkit_export.json").write_text(json.dumps(extra, indent=2) + "\n")
     (out / STABLE_MARKER).write_text("")

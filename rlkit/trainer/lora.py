@@ -23,10 +23,9 @@ from torch import nn
 
 from rlkit.atomic import atomic_dir
 from rlkit.errors import UsageError
+from rlkit.inference.weights import ADAPTER_CONFIG, ADAPTER_WEIGHTS, check_adapter_dir
 from rlkit.trainer.config import LoraConfig
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 ADAPTER_NAME = "default"  # peft's name of the (only) adapter inside the model
 
@@ -56,10 +55,6 @@ def add_lora(lm: nn.Module, cfg: LoraConfig) -> nn.Module:
     return lm
 
 
-def is_adapter_dir(path: str | Path) -> bool:
-    return (Path(path) / ADAPTER_CONFIG).is_file()
-
-
 def to_peft_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The adapter tensors of a model state dict (keys relative to the HF model) under PEFT's
     saved names: `model.layers.0.q_proj.lora_A.default.weight` ->
@@ -76,11 +71,6 @@ def write_adapter(
 
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / ADAPTER_WEIGHTS))
     peft_config(cfg, base_model).save_pretrained(str(out))
-
-
-def adapter_bytes(path: str | Path) -> int:
-    """Size of an adapter directory's weights file (what one policy update moves)."""
-    return (Path(path) / ADAPTER_WEIGHTS).stat().st_size
 
 
 def adapter_base(path: str | Path) -> str:
@@ -100,8 +90,7 @@ def merge_adapter(base: str | Path, adapter: str | Path, out: Path) -> Path:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not is_adapter_dir(adapter):
-        raise UsageError(f"{adapter}: no {ADAPTER_CONFIG} (not a PEFT adapter directory)")
+    check_adapter_dir(adapter)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(base), dtype="auto")
         tokenizer = AutoTokenizer.from_pretrained(str(base))

@@ -14,7 +14,6 @@ from torch import nn
 
 from rlkit.config import Config
 from rlkit.registry import Registry
-from rlkit.trainer.muon import Muon
 
 # builder(model, cfg) -> the optimiser over the model's trainable parameters
 OptimizerBuilder = Callable[[nn.Module, "OptimConfig"], torch.optim.Optimizer]
@@ -110,6 +109,8 @@ def muon_split(model: nn.Module, keep_adamw: list[str]) -> tuple[list, list]:
 @OPTIMIZERS.register("muon")
 def muon(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
     """Muon (rlkit.trainer.muon, sharded over FSDP2) on hidden matrices, AdamW on the rest."""
+    from rlkit.trainer.muon import Muon  # torch.optim._muon: only in recent torch releases
+
     matrices, other = muon_split(model, cfg.muon.adamw_params)
     groups = [
         {"params": other, "muon": False, "lr": cfg.lr},

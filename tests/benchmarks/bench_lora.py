@@ -34,7 +34,9 @@ def warm_start(root: Path) -> Path:
     base = root / "base"
     subprocess.run([RLKIT, "model", "init-tiny", "--out", str(base), "--seed", "0"], check=True)
     data = root / "sft.jsonl"
-    subprocess.run([sys.executable, str(ROOT / "examples/tiny-cpu/make_sft_data.py"), str(data)])
+    subprocess.run(
+        [sys.executable, str(ROOT / "examples/tiny-cpu/make_sft_data.py"), str(data)], check=True
+    )
     sft = ["--run_dir", str(root / "sft"), "--model.path", str(base), "--data.path", str(data)]
     subprocess.run([RLKIT, "sft", str(ROOT / "examples/tiny-cpu/sft.toml"), *sft], check=True)
     return root / "sft" / "final"

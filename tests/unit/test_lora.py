@@ -93,7 +93,8 @@ def test_lora_trains_adapter_only_resumes_and_exports_peft(
             assert not trainer.train_step(data, sft_loss, normalizer=64.0).skipped
         for n, p in trainer.policy.named_parameters():
             moved = not torch.equal(p.detach().full_tensor(), frozen[n])
-            assert moved == (n in trainable) if "lora_A" not in n else True, n
+            if "lora_A" not in n:  # B starts at zero: A's first step has no gradient
+                assert moved == (n in trainable), n
         ckpt = trainer.save_checkpoint(2, {"next": 3})
         out = trainer.export(tmp_path / "adapter")
         with torch.no_grad():

@@ -19,7 +19,6 @@ from rlkit.inference.fingerprint import (
     tensor_checksum,
     write_fingerprint,
 )
-from rlkit.inference.transfer import resolve_weight_transfer
 from rlkit.inference.weights import iter_safetensors
 from rlkit.orchestrator.config import InferenceConfig
 
@@ -83,7 +82,7 @@ def test_canary_kl_is_the_mean_k3() -> None:
 
 
 def test_weight_transfer_choice() -> None:
-    assert resolve_weight_transfer(InferenceConfig().weight_transfer) == "filesystem"
+    assert InferenceConfig().weight_transfer == "auto"
     assert InferenceConfig(weight_transfer="filesystem").weight_transfer == "filesystem"
 
 
