@@ -24,7 +24,6 @@ class RowError(UsageError, ValueError):
     def __init__(self, index: int, example_id: Any, field: str, problem: str) -> None:
         where = f"row {index}" + (f" (example_id {example_id})" if example_id != index else "")
         super().__init__(f"dataset {where}: field {field!r} {problem}")
-        self.index, self.field = index, field
 
 
 def clean_messages(messages: list[dict[str, Any]]) -> Messages:

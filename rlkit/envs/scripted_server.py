@@ -19,7 +19,6 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-Messages = list[dict[str, Any]]
 NextMessage = Callable[[], dict[str, Any]]  # raises to refuse the request
 
 

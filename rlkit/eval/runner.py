@@ -276,7 +276,7 @@ async def run_eval_async(
         if fit is not None and fit.overlong:  # they still run, so runs stay comparable
             print_line(
                 console,
-                f"warning: {fit.describe()}; their rollouts will end with error `context`: "
+                f"warning: {fit.describe()}; some of their rollouts may end with error `context`: "
                 f"{fit.fix('the server')}",
                 style="yellow",
             )

@@ -54,7 +54,9 @@ def _split(requires: list[str], extra: str) -> tuple[str | None, list[str]]:
         if req.name.lower() == "verifiers":
             spec = str(req.specifier)
         elif req.name.lower() != "rlkit":
-            others.append(text)
+            if extra:  # the marker matched: pip would skip `dep; extra == "vf"` as a plain install
+                req.marker = None
+            others.append(str(req) if extra else text)
     return spec, others
 
 
@@ -65,13 +67,13 @@ def split_requirements(
     list verifiers only in an extra (`pip install pkg[vf]`) count too: the first extra that
     requires it supplies the specifier and its other requirements."""
     spec, others = _split(requires, "")
+    if spec is not None:
+        return spec, others
     for extra, extra_requires in (extras or {}).items():
-        if spec is not None:
-            break
         spec, more = _split(extra_requires, extra)
         if spec is not None:
-            others = list(dict.fromkeys([*others, *more]))
-    return spec, others
+            return spec, list(dict.fromkeys([*others, *more]))
+    return None, others
 
 
 def _module_file(root: Path, module: str) -> Path | None:
