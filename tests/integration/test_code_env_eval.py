@@ -33,6 +33,7 @@ def garbage_model(body: dict[str, Any]) -> str:
     return "```python\nthis is not python (\n```"
 
 
+@pytest.mark.system
 def test_eval_code_with_reference_solutions_scores_one(tmp_path, monkeypatch, capsys) -> None:
     n = len(PROBLEMS)
     with FakeOpenAIServer(responder=reference_model) as server:
@@ -48,6 +49,7 @@ def test_eval_code_with_reference_solutions_scores_one(tmp_path, monkeypatch, ca
     assert run.metadata.summary["pass_at_k"]["pass@1"] == 1.0
 
 
+@pytest.mark.system
 def test_eval_code_with_garbage_and_failures_counts_errors(tmp_path, monkeypatch, capsys) -> None:
     with FakeOpenAIServer(responder=garbage_model, fail_rate=0.4, fail_statuses=[500]) as server:
         code, output = run_cli(
@@ -77,6 +79,7 @@ def test_broken_sandbox_errors_rollouts_instead_of_scoring_zero(tmp_path, monkey
     assert all("sandbox failed" in r.rollout.error for r in run.results)
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_eval_code_against_the_real_tiny_model(
     vllm_server, tiny_model_dir, tmp_path, monkeypatch, capsys

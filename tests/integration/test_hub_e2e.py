@@ -23,6 +23,8 @@ import pytest
 from tests.fakes.fake_openai import FakeOpenAIServer
 from tests.hub_http import fresh_venv, installed
 
+pytestmark = pytest.mark.venv
+
 CLI = ["-c", "from rlkit_cli.main import main; main()"]
 
 

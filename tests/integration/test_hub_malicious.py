@@ -184,6 +184,7 @@ def confusion(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Confusion]:
         yield Confusion(url, public.index_url(), fresh_venv(root))
 
 
+@pytest.mark.venv
 def test_hub_packages_come_only_from_the_hub(confusion: Confusion) -> None:
     confusion.rlkit("env", "install", "alice/conf-env")
     assert installed(confusion.python, "conf-env") == "0.1.0"
@@ -191,6 +192,7 @@ def test_hub_packages_come_only_from_the_hub(confusion: Confusion) -> None:
     assert installed(sys.executable, "conf-env") is None  # the project venv is untouched
 
 
+@pytest.mark.venv
 def test_public_dependencies_need_consent(confusion: Confusion) -> None:
     refused = confusion.rlkit("env", "install", "alice/conf-pub", expect=2)
     assert "pub-ok: not on the hub" in refused.stderr and "--public-deps" in refused.stderr
@@ -200,6 +202,7 @@ def test_public_dependencies_need_consent(confusion: Confusion) -> None:
     assert installed(confusion.python, "pub-ok") == "1.0"
 
 
+@pytest.mark.venv
 def test_public_resolution_that_names_a_hub_package_is_refused(confusion: Confusion) -> None:
     refused = confusion.rlkit("env", "install", "alice/conf-trap", "--public-deps", expect=2)
     assert "would supply conf-helper, which the hub publishes" in refused.stderr
@@ -208,6 +211,7 @@ def test_public_resolution_that_names_a_hub_package_is_refused(confusion: Confus
     assert installed(confusion.python, "conf-helper") in (None, "1.0")
 
 
+@pytest.mark.venv
 def test_pull_takes_the_hubs_source(confusion: Confusion, tmp_path: Path) -> None:
     pulled = confusion.rlkit("env", "pull", "alice/conf-env", "-d", str(tmp_path))
     assert "conf_env-0.1.0" in pulled.stdout

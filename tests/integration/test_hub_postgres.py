@@ -31,6 +31,8 @@ from rlkit.hub.server.store import HubStore
 from tests.hub_dists import make_sdist, make_wheel
 from tests.system import require_system
 
+pytestmark = pytest.mark.system
+
 BINDIRS = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
 
 

@@ -233,6 +233,7 @@ def test_eval_results_attach_to_a_version(hub: RunningHub) -> None:
     assert card.evals[0].model == "m-1" and card.evals[0].version == "0.1.0"
 
 
+@pytest.mark.system
 def test_web_pages_in_headless_chromium(hub: RunningHub, tmp_path: Path) -> None:
     require_system("chromium", shutil.which("chromium") is not None, "apt-get install chromium")
     from PIL import Image, ImageStat

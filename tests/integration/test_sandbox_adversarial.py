@@ -19,6 +19,8 @@ from rlkit import sandbox
 from rlkit.sandbox import rootfs, runner
 from tests.system import require_system
 
+pytestmark = pytest.mark.system
+
 REPO = Path(__file__).resolve().parents[2]
 
 

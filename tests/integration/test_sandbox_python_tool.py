@@ -7,12 +7,15 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 from datasets import Dataset
 
 from rlkit.envs import Rubric, SingleTurnEnv, extract_boxed_answer
 from rlkit.envs.python_tool import PythonToolEnv, with_python_tool
 from rlkit.inference import InferenceClient
 from tests.fakes.fake_openai import FakeOpenAIServer
+
+pytestmark = pytest.mark.system
 
 
 def scripted_model(cells: list[str]) -> Any:

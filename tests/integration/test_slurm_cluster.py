@@ -21,7 +21,7 @@ from tests import slurm_cluster
 from tests.cli import tiny_train_cmd
 from tests.system import require_system
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.system]
 
 
 @pytest.fixture

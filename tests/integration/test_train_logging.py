@@ -105,6 +105,7 @@ def test_runs_show_summarises_the_run(
     assert f"checkpoints {run_dir / 'checkpoints' / 'step_000002'}" in output
 
 
+@pytest.mark.system
 def test_runs_show_html_renders_in_headless_chromium(
     run: tuple[Path, str],
     tmp_path: Path,

@@ -14,10 +14,14 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from rlkit.config import load_config
 from rlkit.orchestrator.config import EnvSpec
 from rlkit.train.config import TrainConfig
 from tests.cli import DEMO_CONFIG, RLKIT, ROOT
+
+pytestmark = pytest.mark.slow
 
 GSM8K = ROOT / "environments/math/math_env/data/gsm8k_test.jsonl"
 ROWS = 200

@@ -20,6 +20,8 @@ import pytest
 from tests.cli import clean_rollouts, only_run_dir, run_cli
 from tests.fakes.fake_openai import FakeOpenAIServer
 
+pytestmark = pytest.mark.venv
+
 ENV_PATH = str(Path(__file__).parent / "envs")
 
 

@@ -16,6 +16,8 @@ import pytest
 
 from tests.cli import run_cli
 
+pytestmark = pytest.mark.venv
+
 ENV_PATH = str(Path(__file__).parent / "envs")
 
 

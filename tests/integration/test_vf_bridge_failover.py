@@ -10,10 +10,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from rlkit.envs import load_environment
 from rlkit.inference.pool import ClientPool
 from tests.fakes.fake_openai import FakeOpenAIServer
 from tests.integration.test_vf_bridge_rows import say_word
+
+pytestmark = pytest.mark.venv
 
 ENV_PATH = str(Path(__file__).parent / "envs")
 

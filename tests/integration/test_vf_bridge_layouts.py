@@ -15,6 +15,8 @@ from tests.cli import clean_rollouts, run_cli
 from tests.fakes.fake_openai import FakeOpenAIServer
 from tests.integration.test_vf_bridge_rows import say_word
 
+pytestmark = pytest.mark.venv
+
 ENV_PATH = str(Path(__file__).parent / "envs")
 
 

@@ -23,6 +23,8 @@ from tests.cli import clean_rollouts, only_run_dir, run_cli
 from tests.fakes.fake_openai import FakeOpenAIServer
 from tests.integration.test_vf_bridge import calculator
 
+pytestmark = pytest.mark.venv
+
 ENVS = Path(__file__).parent / "envs"
 REFERENCE = Path(__file__).parent / "vf_reference.py"
 NUM_EXAMPLES = 4

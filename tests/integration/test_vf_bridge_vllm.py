@@ -20,7 +20,7 @@ import pytest
 from tests.cli import RLKIT, clean_rollouts, run_cli
 
 ENV_PATH = str(Path(__file__).parent / "envs")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.venv]
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,8 @@ from tests.hub_http import fresh_venv, installed
 from tests.integration.test_hub_e2e import run
 from tests.system import require_system
 
+pytestmark = [pytest.mark.venv, pytest.mark.system]
+
 NAME, VERSION = "sophistry-bench-sprint", "0.1.6"
 SHA256 = "55fa0e830b4b7c92bfb37d3fbb15b911ea15c19165788db0f39b1bdd13cdb474"
 WHEELS = ROOT / ".cache" / "wheels"

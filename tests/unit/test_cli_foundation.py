@@ -7,12 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def rlkit(*args: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-c", "from rlkit_cli.main import main; main()", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # three CLI processes building models (~10 s)
 def test_init_tiny_cli(tmp_path: Path) -> None:
     out = tmp_path / "m"
     done = rlkit("model", "init-tiny", "--out", str(out), "--seed", "3")

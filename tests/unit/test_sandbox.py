@@ -16,6 +16,8 @@ from rlkit.sandbox.process import classify
 from rlkit.sandbox.session import PythonSession
 from tests.system import require_system
 
+pytestmark = pytest.mark.system
+
 
 @pytest.fixture(autouse=True)
 def _bwrap_backend() -> None:

@@ -61,6 +61,7 @@ def test_offline_set_shape() -> None:
     assert env.dataset[0]["prompt"][0]["role"] == "system"
 
 
+@pytest.mark.system
 def test_every_reference_solution_is_gold() -> None:
     """`rlkit env check code --gold`: each reference, played through the rollout, passes all
     tests in the sandbox; empty and garbage replies pass none."""
@@ -71,6 +72,7 @@ def test_every_reference_solution_is_gold() -> None:
     assert all(case.metrics == {"pass_rate": 1.0, "all_passed": 1.0} for case in gold)
 
 
+@pytest.mark.system
 async def test_known_wrong_solutions_score_as_expected() -> None:
     env = load_environment()
     all_mode = load_environment(reward_mode="all")
@@ -85,6 +87,7 @@ async def test_known_wrong_solutions_score_as_expected() -> None:
     assert checked >= 5
 
 
+@pytest.mark.system
 async def test_broken_programs_score_zero() -> None:
     env = load_environment(timeout=1.0)
     two_sum = 0
@@ -110,6 +113,7 @@ async def test_broken_programs_score_zero() -> None:
 A_PLUS_B = 12  # index of the stdio problem "a-plus-b" in the offline set
 
 
+@pytest.mark.system
 async def test_each_test_runs_in_a_fresh_normal_process(tmp_path: Path) -> None:
     env = load_environment(timeout=1.0)
     assert PROBLEMS[A_PLUS_B]["id"] == "a-plus-b"
@@ -180,6 +184,7 @@ def test_loads_apps_style_jsonl_and_parquet(tmp_path: Path) -> None:
     assert all(len(json.loads(r["info"]["tests"])["cases"]) <= 2 for r in env.dataset)
 
 
+@pytest.mark.system
 async def test_apps_style_problem_is_graded(tmp_path: Path) -> None:
     apps = tmp_path / "apps.jsonl"
     io = {"fn_name": "double", "inputs": [[1], [5], [0]], "outputs": [[2], [10], [0]]}

@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from rlkit.envs import load_environment
 from rlkit.envs.python_tool import PythonToolEnv
 from rlkit.inference import InferenceClient
 from tests.fakes.fake_openai import FakeOpenAIServer
+
+pytestmark = pytest.mark.system
 
 CELLS = ["eggs = 16 - 3 - 4", "eggs * 2"]
 

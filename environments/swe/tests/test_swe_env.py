@@ -25,6 +25,8 @@ from rlkit.envs.rollout import Rollout
 from rlkit.inference import InferenceClient
 from tests.fakes.fake_openai import FakeOpenAIServer
 
+pytestmark = pytest.mark.system
+
 TASKS = load_tasks(SHIPPED)
 Script = list[dict[str, Any]]
 

@@ -15,11 +15,13 @@ from tests.cli import clean_rollouts, run_cli, run_train, tiny_train_cmd
 ENV_ARGS = {"max_turns": 2, "output_chars": 600, "command_timeout": 10}
 
 
+@pytest.mark.system
 def test_rlkit_env_check_gold(monkeypatch, capsys) -> None:
     code, output = run_cli(monkeypatch, capsys, "env", "check", "swe", "--gold", "-n", "3")
     assert code == 0, output
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_eval_against_the_real_tiny_model(
     vllm_server, tiny_model_dir, tmp_path, monkeypatch, capsys
@@ -37,6 +39,7 @@ def test_eval_against_the_real_tiny_model(
     assert all(metrics <= set(r.metrics) for r in rollouts)
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_train_a_few_steps(tiny_model_dir: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"

@@ -1,0 +1,159 @@
+"""The test tiers stay honest: a test that reaches a costly resource carries its marker, so
+`bash scripts/test.sh --fast` (which deselects slow, venv and system) never starts one.
+
+A static check, per test function: the names it reaches (its own body, its arguments, and the
+module-level fixtures and functions those name, transitively) are matched against the calls
+that need each tier. Helpers imported from other modules are not followed, so the trigger names
+below are the ones tests use directly (the session fixture `vllm_server`, `start_server`,
+`tiny_train_cmd`, torchrun's launcher, `fresh_venv`, `require_system`, ...).
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TRIGGERS = {
+    "slow": {"vllm_server", "start_server", "torchrun", "torchrun_args", "tiny_train_cmd"},
+    "venv": {"fresh_venv", "ensure_venv"},
+    "system": {"require_system", "headless_chromium", "slurm_cluster"},
+}
+# a verifiers environment (`vf-...`) that is loaded or evaluated runs in a bridge venv (uv)
+BRIDGED_ENV_PREFIX = "vf-"
+LOADS_ENVS = {"run_cli", "load_environment", "check_environment", "RLKIT"}
+# tests of a trigger itself, not users of the resource
+EXEMPT = {
+    "tests/unit/test_ci_system_requirements.py::test_require_system_skips_locally_and_fails_in_ci"
+}
+
+
+def checked_files() -> list[Path]:
+    files = sorted((ROOT / "tests").rglob("test_*.py"))
+    files += sorted(ROOT.glob("environments/*/tests/test_*.py"))
+    return [f for f in files if "/envs/" not in str(f.relative_to(ROOT))]
+
+
+def marks_of(decorators: list[ast.expr]) -> set[str]:
+    """`pytest.mark.NAME` (called or not) among decorators or a pytestmark value."""
+    found = set()
+    for node in decorators:
+        for sub in ast.walk(node):
+            if (
+                isinstance(sub, ast.Attribute)
+                and isinstance(sub.value, ast.Attribute)
+                and sub.value.attr == "mark"
+            ):
+                found.add(sub.attr)
+    return found
+
+
+def names_in(node: ast.AST) -> set[str]:
+    """Identifiers, attribute names and `vf-` environment ids that `node` mentions."""
+    names = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            names.add(sub.id)
+        elif isinstance(sub, ast.Attribute):
+            names.add(sub.attr)
+        elif isinstance(sub, ast.arg):
+            names.add(sub.arg)
+        elif isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+            if sub.value.startswith(BRIDGED_ENV_PREFIX):
+                names.add(BRIDGED_ENV_PREFIX)
+    return names
+
+
+def is_autouse(func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return any(
+        isinstance(d, ast.Call) and any(k.arg == "autouse" for k in d.keywords)
+        for d in func.decorator_list
+    )
+
+
+def missing_marks(source: str) -> list[str]:
+    """`test_name: tier` for each test that reaches a tier's trigger without its marker."""
+    tree = ast.parse(source)
+    functions = {
+        node.name: node
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    module_marks: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets
+        ):
+            module_marks |= marks_of([node.value])
+    autouse = {name for name, func in functions.items() if is_autouse(func)}
+
+    def reached(start: set[str]) -> set[str]:
+        seen: set[str] = set()
+        todo = list(start)
+        names = set(start)
+        while todo:
+            name = todo.pop()
+            if name in seen or name not in functions:
+                continue
+            seen.add(name)
+            more = names_in(functions[name])
+            names |= more
+            todo += [n for n in more if n in functions]
+        return names
+
+    problems = []
+    for name, func in functions.items():
+        if not name.startswith("test_"):
+            continue
+        names = reached({name} | autouse)
+        if BRIDGED_ENV_PREFIX in names and names & LOADS_ENVS:
+            names.add("ensure_venv")
+        marks = module_marks | marks_of(func.decorator_list)
+        for tier, triggers in TRIGGERS.items():
+            hit = sorted(names & triggers)
+            if hit and tier not in marks:
+                problems.append(f"{name}: reaches {', '.join(hit)} but is not marked {tier}")
+    return problems
+
+
+def test_every_costly_test_carries_its_tier_marker() -> None:
+    problems = []
+    for path in checked_files():
+        for problem in missing_marks(path.read_text()):
+            test = f"{path.relative_to(ROOT)}::{problem.split(':')[0]}"
+            if test not in EXEMPT:
+                problems.append(f"{path.relative_to(ROOT)}::{problem}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_check_finds_an_unmarked_server_test() -> None:
+    source = (
+        "import pytest\n"
+        "@pytest.fixture\n"
+        "def served(vllm_server):\n"
+        "    return vllm_server.url\n"
+        "def test_a(served): ...\n"
+        "@pytest.mark.slow\n"
+        "def test_b(served): ...\n"
+        "def test_c(): load_environment('vf-calc')\n"
+        "def test_d(): find_verifiers_source('vf-calc')\n"
+    )
+    assert missing_marks(source) == [
+        "test_a: reaches vllm_server but is not marked slow",
+        "test_c: reaches ensure_venv but is not marked venv",
+    ]
+    assert missing_marks("import pytest\npytestmark = [pytest.mark.slow]\n" + source[14:]) == [
+        "test_c: reaches ensure_venv but is not marked venv"
+    ]
+
+
+@pytest.mark.parametrize("tier", sorted(TRIGGERS))
+def test_tiers_are_registered_and_deselected_by_fast(tier: str) -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    registered = [m.split(":")[0] for m in pyproject["tool"]["pytest"]["ini_options"]["markers"]]
+    assert tier in registered
+    assert f"not {tier}" in (ROOT / "scripts" / "test.sh").read_text()
