@@ -41,7 +41,7 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     """A real vLLM server (CPU, or GPU where there is one) on 127.0.0.1 serving `tiny_model_dir`;
     model name is its path."""
     from rlkit.inference import start_server
-    from tests.cli import TEST_SERVER_ARGS
+    from tests.helpers.cli import TEST_SERVER_ARGS
 
     log = tmp_path_factory.mktemp("logs") / "vllm-session.log"
     server = start_server(str(tiny_model_dir), log_path=log, extra_args=TEST_SERVER_ARGS)

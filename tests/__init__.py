@@ -1,1 +1,1 @@
-"""Test suite; a package so shared test doubles import as `tests.fakes`."""
+"""Test suite; a package so shared helpers import as `tests.helpers.*`."""

@@ -30,7 +30,7 @@ from deep_research.world import generate_questions, generate_world
 
 from rlkit.envs.tools import ToolCall
 from rlkit.inference import InferenceClient
-from tests.fakes.fake_openai import FakeOpenAIServer, replay
+from tests.helpers.fake_openai import FakeOpenAIServer, replay
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -70,7 +70,7 @@ dependencies = ["verifiers=={VERIFIERS}", "datasets>=3.0"]
 
 
 def start_fake_server(latency: float, lean: bool = True) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "tests.fakes.fake_openai", "--latency", str(latency)]
+    cmd = [sys.executable, "-m", "tests.helpers.fake_openai", "--latency", str(latency)]
     proc = subprocess.Popen(
         [*cmd, "--lean"] if lean else cmd,
         cwd=REPO,

@@ -27,7 +27,7 @@ from swe_env.make_tasks import make
 
 from rlkit import sandbox
 from rlkit.inference import InferenceClient
-from tests.fakes.fake_openai import FakeOpenAIServer, replay
+from tests.helpers.fake_openai import FakeOpenAIServer, replay
 
 
 def pct(values: list[float], q: float) -> float:

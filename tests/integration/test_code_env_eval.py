@@ -16,8 +16,8 @@ from code_env.dataset import OFFLINE
 from rlkit import sandbox
 from rlkit.eval import EvalConfig, load_run, run_eval
 from rlkit.sandbox import SandboxResult
-from tests.cli import only_run_dir, run_cli
-from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.helpers.cli import only_run_dir, run_cli
+from tests.helpers.fake_openai import FakeOpenAIServer
 
 PROBLEMS = [json.loads(line) for line in OFFLINE.read_text().splitlines()]
 

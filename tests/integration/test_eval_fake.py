@@ -12,59 +12,16 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
 from rlkit.eval import load_run
-from tests.cli import default_sigint, only_run_dir, run_cli
-from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.helpers.cli import default_sigint, only_run_dir, run_cli
+from tests.helpers.fake_openai import FakeOpenAIServer
 
 RLKIT = str(Path(sys.executable).parent / "rlkit")  # the console script of this venv
-
-CUSTOM_ENV = '''
-"""A custom environment: answer with the word reversed."""
-
-from datasets import Dataset
-
-from rlkit.envs import Parser, Rubric, SingleTurnEnv
-
-
-def exact(completion, answer) -> float:
-    return float(completion[-1]["content"].strip() == answer)
-
-
-def length_ratio(completion, answer) -> float:
-    return min(len(completion[-1]["content"]), len(answer)) / max(len(answer), 1)
-
-
-def load_environment(num_words: int = 40, system_prompt: str | None = None) -> SingleTurnEnv:
-    words = [f"word{i:03d}-abc" for i in range(num_words)]
-    dataset = Dataset.from_list([{"question": w, "answer": w[::-1]} for w in words])
-    return SingleTurnEnv(
-        dataset=dataset,
-        system_prompt=system_prompt,
-        parser=Parser(),
-        rubric=Rubric([exact, length_ratio], weights=[1.0, 0.0]),
-        sampling_defaults={"max_tokens": 64},
-    )
-'''
-
-
-@pytest.fixture
-def custom_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A ~30-line environment package in a temporary folder, found through RLKIT_ENV_PATH."""
-    env_dir = tmp_path / "envs" / "word-flip"
-    env_dir.mkdir(parents=True)
-    (env_dir / "word_flip.py").write_text(textwrap.dedent(CUSTOM_ENV))
-    (env_dir / "pyproject.toml").write_text('[project]\nname = "word-flip"\nversion = "0.1.0"\n')
-    monkeypatch.setenv("RLKIT_ENV_PATH", str(tmp_path / "envs"))
-    # the loader puts env folders on sys.path and imports once: make it find this test's copy
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.delitem(sys.modules, "word_flip", raising=False)
-    return "word-flip"
 
 
 def check_complete_run(run_dir: Path, n: int, r: int) -> list[dict]:

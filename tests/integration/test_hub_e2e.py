@@ -1,7 +1,7 @@
 """End to end through the `rlkit` CLI: a real `rlkit hub serve` on 127.0.0.1, and the local
 directory hub with no server; environments are installed into a fresh virtualenv and
 evaluated there against the fake OpenAI-compatible server.
-(See `tests.hub_http.fresh_venv` for how the fresh virtualenv shares this one's packages.)
+(See `tests.helpers.hub_http.fresh_venv` for how the fresh virtualenv shares this one's packages.)
 """
 
 from __future__ import annotations
@@ -20,30 +20,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fakes.fake_openai import FakeOpenAIServer
-from tests.hub_http import fresh_venv, installed
+from tests.helpers.fake_openai import FakeOpenAIServer
+from tests.helpers.hub_http import CLI, fresh_venv, installed, run
 
 pytestmark = pytest.mark.venv
-
-CLI = ["-c", "from rlkit_cli.main import main; main()"]
-
-
-def run(
-    args: list[str],
-    python: str = sys.executable,
-    env: dict[str, str] | None = None,
-    expect: int = 0,
-) -> subprocess.CompletedProcess[str]:
-    """Run `rlkit ARGS` with `python`; assert its exit code."""
-    proc = subprocess.run(
-        [python, *CLI, *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=600,
-    )
-    assert proc.returncode == expect, f"rlkit {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
-    return proc
 
 
 def add_numbers(body: dict[str, Any]) -> str:

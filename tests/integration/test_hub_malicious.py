@@ -25,10 +25,9 @@ from rlkit.hub import LocalHub
 from rlkit.hub.server.app import create_app
 from rlkit.hub.server.db import create_token
 from rlkit.hub.simple import IndexFile, project_page_html
-from tests.cli import run_cli
-from tests.hub_dists import make_sdist, make_wheel
-from tests.hub_http import fresh_venv, installed, serve_app, upload
-from tests.integration.test_hub_e2e import run
+from tests.helpers.cli import run_cli
+from tests.helpers.hub_dists import make_sdist, make_wheel
+from tests.helpers.hub_http import fresh_venv, installed, run, serve_app, upload
 
 
 def _card(name: str, files: list[dict]) -> bytes:

@@ -28,8 +28,8 @@ from rlkit.hub import EvalRecord, HubError
 from rlkit.hub.artifacts import inspect_artifact
 from rlkit.hub.server.db import create_token, make_engine
 from rlkit.hub.server.store import HubStore
-from tests.hub_dists import make_sdist, make_wheel
-from tests.system import require_system
+from tests.helpers.hub_dists import make_sdist, make_wheel
+from tests.helpers.system import require_system
 
 pytestmark = pytest.mark.system
 
@@ -127,7 +127,7 @@ def test_two_server_processes_race_without_losing_a_committed_file(
     bytes match the hash the database recorded."""
     import httpx
 
-    from tests.hub_http import upload
+    from tests.helpers.hub_http import upload
 
     engine = make_engine(pg_url)
     token = create_token(engine, "racer")
@@ -190,7 +190,7 @@ def test_two_server_processes_race_without_losing_a_committed_file(
 
 def test_leaderboard_verification_on_postgres(pg_url: str, tmp_path: Path) -> None:
     """The claimed -> verified flow through the HTTP server, on PostgreSQL."""
-    from tests.integration.test_hub_integrity import check_leaderboard, running_hub
+    from tests.helpers.hub_running import check_leaderboard, running_hub
 
     with running_hub(tmp_path, pg_url) as hub:
         check_leaderboard(hub)

@@ -19,10 +19,10 @@ from rlkit.hub import EvalRecord, HubError, RemoteHub
 from rlkit.hub.names import EnvRef
 from rlkit.hub.server.app import create_app
 from rlkit.hub.server.db import create_token
-from tests.browser import CHROMIUM_ARGS
-from tests.hub_dists import make_sdist, make_wheel
-from tests.hub_http import serve_app, upload
-from tests.system import require_system
+from tests.helpers.browser import CHROMIUM_ARGS
+from tests.helpers.hub_dists import make_sdist, make_wheel
+from tests.helpers.hub_http import serve_app, upload
+from tests.helpers.system import require_system
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 

@@ -26,7 +26,7 @@ from rlkit.inference.fingerprint import write_fingerprint
 from rlkit.inference.lifecycle import has_cuda
 from rlkit.inference.weights import iter_safetensors
 from rlkit.models import init_tiny
-from tests.cli import TEST_SERVER_ARGS
+from tests.helpers.cli import TEST_SERVER_ARGS
 
 pytestmark = pytest.mark.slow
 PROMPT_IDS = [5, 6, 7, 8, 9, 10, 11, 12]

@@ -21,9 +21,9 @@ from rlkit.inference.lifecycle import lora_server_args
 from rlkit.trainer.config import LoraConfig, ModelConfig, OptimConfig, TrainerConfig
 from rlkit.trainer.engine import Trainer
 from rlkit.trainer.export import published_bytes, weights_dir
-from tests.cli import RLKIT, TEST_SERVER_ARGS
-from tests.integration.test_eval_vllm import check_engine_results
-from tests.integration.test_trainer_vllm import train_a_little, trainer_logprobs
+from tests.helpers.cli import RLKIT, TEST_SERVER_ARGS
+from tests.helpers.eval_results import check_engine_results
+from tests.helpers.trainer_logprobs import train_a_little, trainer_logprobs
 
 SAMPLING = {"max_tokens": 24, "temperature": 1.0, "seed": 0, "ignore_eos": True}
 

@@ -17,7 +17,7 @@ import pytest
 
 from rlkit import sandbox
 from rlkit.sandbox import rootfs, runner
-from tests.system import require_system
+from tests.helpers.system import require_system
 
 pytestmark = pytest.mark.system
 

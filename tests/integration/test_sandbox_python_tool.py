@@ -13,7 +13,7 @@ from datasets import Dataset
 from rlkit.envs import Rubric, SingleTurnEnv, extract_boxed_answer
 from rlkit.envs.python_tool import PythonToolEnv, with_python_tool
 from rlkit.inference import InferenceClient
-from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.helpers.fake_openai import FakeOpenAIServer
 
 pytestmark = pytest.mark.system
 

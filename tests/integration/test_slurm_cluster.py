@@ -1,6 +1,7 @@
 """`rlkit train --slurm` submits a real job to a real (one-machine, two-node) SLURM cluster.
 
-`tests.slurm_cluster` runs Debian's munged, slurmctld and two slurmd ("node1", "node2") privately.
+`tests.helpers.slurm_cluster` runs Debian's munged, slurmctld and two slurmd ("node1", "node2")
+privately.
 The tiny CPU demo config gets a `[slurm]` section of one trainer node and one inference node; the
 job renders, submits and runs every role with srun on its node, the orchestrator finds the
 inference node by address, and the run trains two steps and ends with exit code 0.
@@ -17,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from rlkit.inference import free_port
-from tests import slurm_cluster
-from tests.cli import tiny_train_cmd
-from tests.system import require_system
+from tests.helpers import slurm_cluster
+from tests.helpers.cli import tiny_train_cmd
+from tests.helpers.system import require_system
 
 pytestmark = [pytest.mark.slow, pytest.mark.system]
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from rlkit.trainer.batch import read_batch
-from tests.cli import default_sigint, tiny_train_cmd
+from tests.helpers.cli import tiny_train_cmd
+from tests.helpers.train_runs import records, start, wait_for_step
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV_PATH = str(Path(__file__).parent / "envs")
 # Training reward (reverse-text, sampled at T=1) of the last 5 steps must beat the first 5 by
 # this much. Measured: 0.44 -> 0.49 over 30 steps and 0.44 -> 0.54 over 60 (lr 5e-4, c3po).
 MARGIN = 0.02
@@ -65,35 +65,6 @@ def train_cmd(model: Path, run_dir: Path, *extra: str) -> list[str]:
     return tiny_train_cmd(
         model, run_dir, "--log.plot=true", "--orchestrator.eval.examples=16", *extra
     )
-
-
-def start(cmd: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "RLKIT_ENV_PATH": ENV_PATH}
-    return subprocess.Popen(
-        cmd,
-        stdout=open(log, "w"),
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-        preexec_fn=default_sigint,
-    )
-
-
-def records(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout: float) -> int:
-    """Wait until a step >= `step` is logged; return the last step logged."""
-    deadline = time.monotonic() + timeout
-    while not (logged := [r["step"] for r in records(run_dir)]) or max(logged) < step:
-        assert proc.poll() is None, f"run exited early with {proc.returncode}"
-        assert time.monotonic() < deadline, f"no step {step} after {timeout}s"
-        time.sleep(0.2)
-    return max(logged)
 
 
 def alive(pid: int) -> bool:

@@ -4,35 +4,14 @@ no-signal watchdog stopping runs that would otherwise generate and drop groups f
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.cli import tiny_train_cmd
-
-ENV_PATH = str(Path(__file__).parent / "envs")
-CUSTOM_LOSSES = str(Path(__file__).parent / "custom_losses")
-SHORT = [
-    "--orchestrator.max_steps=2",
-    "--orchestrator.eval.at_start=false",
-    "--orchestrator.eval.at_end=false",
-    "--log.plot=false",
-]
+from tests.helpers.cli import tiny_train_cmd
+from tests.helpers.train_runs import SHORT, run
 
 pytestmark = pytest.mark.slow
-
-
-def run(cmd: list[str], log: Path, timeout: float = 900) -> int:
-    env = {
-        **os.environ,
-        "RLKIT_ENV_PATH": ENV_PATH,
-        "PYTHONPATH": os.pathsep.join([CUSTOM_LOSSES, os.environ.get("PYTHONPATH", "")]),
-    }
-    with open(log, "w") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout)
-    return proc.returncode
 
 
 def test_custom_loss_from_a_user_module_trains(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from rlkit.orchestrator.loggers import mlflow_store, scalars
-from tests.browser import assert_rendered, headless_chromium
-from tests.cli import run_cli, tiny_train_cmd
-from tests.logger_files import tensorboard_scalars, wandb_history
+from tests.helpers.browser import assert_rendered, headless_chromium
+from tests.helpers.cli import run_cli, tiny_train_cmd
+from tests.helpers.logger_files import tensorboard_scalars, wandb_history
 
 pytestmark = pytest.mark.slow
 STEPS = 3

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import tiny_train_cmd
+from tests.helpers.cli import tiny_train_cmd
 
 STEPS = 3
 LOGIC_TASKS = ["mini_sudoku", "knights_knaves", "countdown"]

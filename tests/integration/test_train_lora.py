@@ -21,8 +21,8 @@ import torch
 
 from rlkit.trainer.batch import read_batch
 from rlkit.trainer.export import published_bytes, weights_dir
-from tests.cli import RLKIT, TEST_SERVER_ARGS, tiny_train_cmd
-from tests.integration.test_train import records, start, wait_for_step
+from tests.helpers.cli import RLKIT, TEST_SERVER_ARGS, tiny_train_cmd
+from tests.helpers.train_runs import records, start, wait_for_step
 
 pytestmark = pytest.mark.slow
 

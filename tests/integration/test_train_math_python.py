@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from tests.cli import RLKIT
+from tests.helpers.cli import RLKIT
 
 pytestmark = pytest.mark.slow
 

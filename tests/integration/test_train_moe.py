@@ -14,7 +14,7 @@ from rlkit.errors import UsageError
 from rlkit.inference import ClientPool
 from rlkit.orchestrator.loop import require_routing
 from rlkit.trainer.batch import batch_path, read_batch
-from tests.cli import RLKIT, ROOT, run_train
+from tests.helpers.cli import RLKIT, ROOT, run_train
 
 pytestmark = pytest.mark.slow
 

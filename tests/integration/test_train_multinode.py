@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.inference.lifecycle import free_port
-from tests.integration.test_train_roles import (
+from tests.helpers.roles import (
     alive,
     descendants,
     kill_all,
@@ -33,7 +33,7 @@ from tests.integration.test_train_roles import (
     wait_exit,
     wait_healthy,
 )
-from tests.integration.test_train_roles import train_cmd as roles_train_cmd
+from tests.helpers.roles import train_cmd as roles_train_cmd
 
 STEPS = 3
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import tiny_train_cmd
-from tests.integration.test_train_liveness import SHORT, run
+from tests.helpers.cli import tiny_train_cmd
+from tests.helpers.train_runs import SHORT, run
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import pytest
 from rlkit.config import load_config
 from rlkit.orchestrator.config import EnvSpec
 from rlkit.train.config import TrainConfig
-from tests.cli import DEMO_CONFIG, RLKIT, ROOT
+from tests.helpers.cli import DEMO_CONFIG, RLKIT, ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 
 from rlkit.runs.audit import audit_run
-from tests.cli import run_train, tiny_train_cmd
-from tests.integration.test_train import records, start
+from tests.helpers.cli import run_train, tiny_train_cmd
+from tests.helpers.train_runs import records, start
 
 pytestmark = pytest.mark.slow
 

@@ -11,31 +11,18 @@ package, MCP tool server, local chat agent).
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.cli import clean_rollouts, only_run_dir, run_cli
-from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.helpers.cli import clean_rollouts, only_run_dir, run_cli
+from tests.helpers.fake_openai import FakeOpenAIServer
+from tests.helpers.scripted_replies import calculator
 
 pytestmark = pytest.mark.venv
 
 ENV_PATH = str(Path(__file__).parent / "envs")
-
-
-def calculator(body: dict) -> str | dict:
-    """Calls `add` on the question's two numbers, then states the tool's result."""
-    last = body["messages"][-1]
-    if last["role"] == "tool":
-        return f"The sum is {last['content']}."
-    text = last["content"] if isinstance(last["content"], str) else ""
-    if "<answer>" in str(body["messages"][0].get("content")):  # reverse-text's format
-        return f"<think>\nreverse\n</think>\n<answer>\n{text[::-1]}\n</answer>"
-    a, b = re.findall(r"\d+", text)[:2]
-    call = {"name": "add", "arguments": json.dumps({"a": int(a), "b": int(b)})}
-    return {"content": "", "tool_calls": [{"id": "call_0", "type": "function", "function": call}]}
 
 
 def _eval(monkeypatch, capsys, tmp_path: Path, url: str, env_id: str, *extra: str):

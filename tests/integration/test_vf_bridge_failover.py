@@ -14,8 +14,8 @@ import pytest
 
 from rlkit.envs import load_environment
 from rlkit.inference.pool import ClientPool
-from tests.fakes.fake_openai import FakeOpenAIServer
-from tests.integration.test_vf_bridge_rows import say_word
+from tests.helpers.fake_openai import FakeOpenAIServer
+from tests.helpers.scripted_replies import say_word
 
 pytestmark = pytest.mark.venv
 

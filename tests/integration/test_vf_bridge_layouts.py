@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import clean_rollouts, run_cli
-from tests.fakes.fake_openai import FakeOpenAIServer
-from tests.integration.test_vf_bridge_rows import say_word
+from tests.helpers.cli import clean_rollouts, run_cli
+from tests.helpers.fake_openai import FakeOpenAIServer
+from tests.helpers.scripted_replies import say_word
 
 pytestmark = pytest.mark.venv
 

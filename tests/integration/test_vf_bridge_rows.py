@@ -19,21 +19,15 @@ from pathlib import Path
 import pytest
 
 from rlkit.envs.bridge.venvs import ensure_venv
-from tests.cli import clean_rollouts, only_run_dir, run_cli
-from tests.fakes.fake_openai import FakeOpenAIServer
-from tests.integration.test_vf_bridge import calculator
+from tests.helpers.cli import clean_rollouts, only_run_dir, run_cli
+from tests.helpers.fake_openai import FakeOpenAIServer
+from tests.helpers.scripted_replies import calculator, say_word
 
 pytestmark = pytest.mark.venv
 
 ENVS = Path(__file__).parent / "envs"
 REFERENCE = Path(__file__).parent / "vf_reference.py"
 NUM_EXAMPLES = 4
-
-
-def say_word(body: dict) -> str:
-    """The asked word alone for apple and stone, inside a sentence otherwise (brevity differs)."""
-    word = body["messages"][-1]["content"].rsplit(":", 1)[-1].strip()
-    return word if word in ("apple", "stone") else f"I think {word} is it"
 
 
 def _rlkit_eval(monkeypatch, capsys, tmp_path: Path, url: str, version: str) -> Path:

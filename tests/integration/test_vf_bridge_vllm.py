@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import RLKIT, clean_rollouts, run_cli
+from tests.helpers.cli import RLKIT, clean_rollouts, run_cli
 
 ENV_PATH = str(Path(__file__).parent / "envs")
 pytestmark = [pytest.mark.slow, pytest.mark.venv]

@@ -21,11 +21,10 @@ import pytest
 from rlkit.envs.bridge.venvs import COMPLETE, venv_dir
 from rlkit.envs.bridge.versions import select_version
 from rlkit.hub import LocalHub
-from tests.cli import ROOT, clean_rollouts, run_cli
-from tests.fakes.fake_openai import FakeOpenAIServer
-from tests.hub_http import fresh_venv, installed
-from tests.integration.test_hub_e2e import run
-from tests.system import require_system
+from tests.helpers.cli import ROOT, clean_rollouts, run_cli
+from tests.helpers.fake_openai import FakeOpenAIServer
+from tests.helpers.hub_http import fresh_venv, installed, run
+from tests.helpers.system import require_system
 
 pytestmark = [pytest.mark.venv, pytest.mark.system]
 

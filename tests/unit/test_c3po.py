@@ -1,9 +1,5 @@
-"""C3PO++ and sync scheduler tests against a fake rollout source with controlled lengths.
-
-The fake engine produces turns token by token (a short sleep per token) and stamps each turn
-with the policy version current when it started and when it finished, as the real client does
-from the server's X-Policy-Version header.
-"""
+"""C3PO++ and sync scheduler tests against a fake rollout source with controlled lengths
+(tests/helpers/fake_engine.py)."""
 
 from __future__ import annotations
 
@@ -13,67 +9,17 @@ import random
 
 import pytest
 
-from rlkit.envs import Rollout, Turn
-from rlkit.orchestrator.batching import GroupProcessor
+from rlkit.envs import Rollout
 from rlkit.orchestrator.config import DifficultyConfig
 from rlkit.orchestrator.prompts import Prompt, PromptStream
 from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import C3POScheduler, SyncScheduler, rollout_tokens
-
-
-class FakeEngine:
-    """Rollouts with completion lengths drawn from `lengths`; tests bump `version`."""
-
-    def __init__(self, lengths, group_size: int = 2, turns: int = 1, token_s: float = 1e-4):
-        self.lengths = iter(lengths)
-        self.group_size = group_size
-        self.turns = turns
-        self.token_s = token_s
-        self.version = 0
-        self.ids = itertools.count()
-        self.started: list[int] = []
-        self.gate: asyncio.Event | None = None  # when set by a test: rollouts wait after turn 1
-        self.at_gate = 0
-
-    async def rollout(self, length: int) -> Rollout:
-        rid = next(self.ids)
-        self.started.append(rid)
-        turns = []
-        for _ in range(self.turns):
-            start = self.version
-            for _ in range(length):
-                await asyncio.sleep(self.token_s)
-            turns.append(
-                Turn(
-                    prompt_token_ids=[1, 2, 3],
-                    completion_token_ids=[5] * length,
-                    completion_logprobs=[-0.5] * length,
-                    policy_version_start=start,
-                    policy_version_end=self.version,
-                )
-            )
-            if self.gate is not None and len(turns) == 1:
-                self.at_gate += 1
-                await self.gate.wait()
-        # multi-turn: each turn's prompt extends the previous conversation
-        context: list[int] = [1, 2, 3]
-        for turn in turns:
-            turn.prompt_token_ids = list(context)
-            context += turn.completion_token_ids + [7]
-        return Rollout(env_id="fake", example_id=rid, turns=turns, reward=float(rid % 3))
-
-    async def next_group(self, prompt: Prompt):
-        lengths = [next(self.lengths) for _ in range(self.group_size)]
-        return list(await asyncio.gather(*(self.rollout(n) for n in lengths)))
+from tests.helpers.fake_engine import FakeEngine, processor
 
 
 def stream() -> PromptStream:
     """A prompt stream over one fake environment of 1,000 rows."""
     return PromptStream(PromptSampler({"fake": 1000}, {"fake": 1.0}, DifficultyConfig()))
-
-
-def processor() -> GroupProcessor:
-    return GroupProcessor(advantage="grpo", drop_zero_advantage=True, solve_threshold=1.0)
 
 
 def c3po(engine: FakeEngine, *, capacity=8, budget=100, retention=1, max_off=10) -> C3POScheduler:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.system import require_system
+from tests.helpers.system import require_system
 
 ROOT = Path(__file__).resolve().parents[2]
 HIDDEN = {"chromium", "chromium-browser", "apt-get", "apt", "sudo"}

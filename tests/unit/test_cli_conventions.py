@@ -12,7 +12,7 @@ from rlkit_cli.main import app
 
 from rlkit.ports import HUB_PORT, INFERENCE_PORT
 from rlkit.trainer.main import trainer_command
-from tests.cli import ROOT, run_cli
+from tests.helpers.cli import ROOT, run_cli
 
 SFT = str(ROOT / "examples/tiny-cpu/sft.toml")
 

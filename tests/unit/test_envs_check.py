@@ -18,7 +18,7 @@ from rlkit.envs.check import ScriptedClient, check_environment, report_lines
 from rlkit.envs.parsers import last_assistant_text
 from rlkit.hub import build_env, init_env
 from rlkit.inference import InferenceError
-from tests.cli import run_cli
+from tests.helpers.cli import run_cli
 
 SECRETS = {"alpha": "17", "beta": "42"}
 ROWS = Dataset.from_dict({"question": ["What is alpha?", "What is beta?"], "answer": ["17", "42"]})

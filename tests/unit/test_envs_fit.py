@@ -90,7 +90,7 @@ def test_eval_warns_once_when_prompts_do_not_fit_the_served_context(
 
     from rlkit.eval import EvalConfig, load_run
     from rlkit.eval.runner import run_eval
-    from tests.fakes.fake_openai import FakeOpenAIServer
+    from tests.helpers.fake_openai import FakeOpenAIServer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     out = io.StringIO()
@@ -116,7 +116,7 @@ def test_eval_warns_once_when_prompts_do_not_fit_the_served_context(
 def test_env_check_with_a_model_checks_that_the_prompts_fit(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    from tests.cli import run_cli
+    from tests.helpers.cli import run_cli
 
     check = ["env", "check", "reverse-text", "-n", "1", "--model", str(tiny_model_dir)]
     code, output = run_cli(monkeypatch, capsys, *check, "--max-model-len", "30")
@@ -131,8 +131,8 @@ def test_running_servers_context_wins_over_the_launch_flags(tiny_model_dir: Path
 
     from rlkit.config import load_config
     from rlkit.train.config import TrainConfig, check_environments
-    from tests.cli import DEMO_CONFIG
-    from tests.fakes.fake_openai import FakeOpenAIServer
+    from tests.helpers.cli import DEMO_CONFIG
+    from tests.helpers.fake_openai import FakeOpenAIServer
 
     model = str(tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(model)

@@ -12,7 +12,7 @@ from rlkit.envs import Environment, list_environments, load_environment
 from rlkit.errors import UsageError
 from rlkit.hub.names import EnvRef, parse_env_id
 from rlkit.inference import InferenceClient
-from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.helpers.fake_openai import FakeOpenAIServer
 
 # A complete environment package in about 30 lines: the README's "write your own" example.
 CUSTOM_ENV = '''

@@ -11,7 +11,7 @@ from datasets import Dataset
 from rlkit.envs import EnvGroup, MultiTurnEnv, Rubric, SingleTurnEnv, ToolEnv
 from rlkit.envs.tools import parse_tool_calls, tool_schema
 from rlkit.inference import InferenceClient
-from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.helpers.fake_openai import FakeOpenAIServer
 
 QUESTIONS = Dataset.from_dict({"question": ["abc", "hello"], "answer": ["cba", "olleh"]})
 

@@ -24,7 +24,7 @@ from rlkit.inference import InferenceClient
 from rlkit.orchestrator.batching import GroupProcessor
 from rlkit.orchestrator.prompts import Prompt
 from rlkit.orchestrator.scheduler import Group
-from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.helpers.fake_openai import FakeOpenAIServer
 
 DROPS_EARLIER_THINK = r"""{%- set ns = namespace(last_query=-1) %}
 {%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from rlkit.inference import InferenceClient, InferenceError
-from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.helpers.fake_openai import FakeOpenAIServer
 
 
 async def test_chat_and_completion_carry_token_ids_logprobs_usage() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlkit import gpu_check
-from tests.cli import ROOT
+from tests.helpers.cli import ROOT
 
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 

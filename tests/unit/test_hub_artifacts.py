@@ -13,7 +13,7 @@ from rlkit.hub.artifacts import ArtifactError, inspect_artifact
 from rlkit.hub.names import EnvRef, module_name, parse_env_id, validate_name
 from rlkit.hub.readme import render_readme
 from rlkit.hub.simple import IndexFile, project_page_html, project_page_json
-from tests.hub_dists import make_sdist, make_wheel
+from tests.helpers.hub_dists import make_sdist, make_wheel
 
 
 def test_env_ids_parse_and_normalise() -> None:

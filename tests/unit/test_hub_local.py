@@ -14,7 +14,7 @@ from rlkit.hub import EvalRecord, HubError, LocalHub, open_hub, pull
 from rlkit.hub.names import EnvRef
 from rlkit.hub.records import ReproductionRecord
 from rlkit.hub.remote import RemoteHub
-from tests.hub_dists import make_sdist, make_wheel
+from tests.helpers.hub_dists import make_sdist, make_wheel
 
 
 def write_dists(directory: Path, name: str, version: str) -> list[Path]:

@@ -14,7 +14,7 @@ from rlkit.hub.publishing import files_to_add
 from rlkit.hub.records import EnvCard
 from rlkit.hub.server.db import make_engine
 from rlkit.hub.server.store import HubStore
-from tests.hub_dists import make_sdist, make_wheel
+from tests.helpers.hub_dists import make_sdist, make_wheel
 
 Dist = tuple[str, bytes]
 

@@ -15,14 +15,14 @@ import pytest
 
 from rlkit.inference import ClientPool, InferenceError, free_port
 from rlkit.inference.pool import ServersLost
-from tests.cli import ROOT
-from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.helpers.cli import ROOT
+from tests.helpers.fake_openai import FakeOpenAIServer
 
 MESSAGES = [{"role": "user", "content": "abc"}]
 
 
 class FakeServerProcess:
-    """`python -m tests.fakes.fake_openai` on a fixed port, killable and restartable."""
+    """`python -m tests.helpers.fake_openai` on a fixed port, killable and restartable."""
 
     def __init__(self, latency: float = 0.0, port: int | None = None) -> None:
         self.port = port or free_port()
@@ -38,7 +38,7 @@ class FakeServerProcess:
             [
                 sys.executable,
                 "-m",
-                "tests.fakes.fake_openai",
+                "tests.helpers.fake_openai",
                 f"--port={self.port}",
                 f"--latency={self.latency}",
             ],

@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from rlkit.orchestrator.config import LogConfig
 from rlkit.orchestrator.loggers import mlflow_store, open_sinks, scalars
-from tests.logger_files import tensorboard_scalars, wandb_history
+from tests.helpers.logger_files import tensorboard_scalars, wandb_history
 
 
 def mlflow_run(run_dir: Path) -> tuple[Any, Any]:

@@ -12,7 +12,7 @@ from rlkit.orchestrator.prompts import Prompt, PromptStream
 from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import C3POScheduler
 from rlkit.orchestrator.state import prepare_resume, rollback_line, save_state, state_path
-from tests.unit.test_c3po import FakeEngine, processor
+from tests.helpers.fake_engine import FakeEngine, processor
 
 
 def sampler() -> PromptSampler:

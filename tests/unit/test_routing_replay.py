@@ -16,7 +16,7 @@ from rlkit.trainer.engine import Trainer
 from rlkit.trainer.packing import MicroBatch, Sequence, make_micro_batches
 from rlkit.trainer.rl import batch_normalizer, make_rl_loss
 from rlkit.trainer.routing import UNKNOWN, moe_routers
-from tests.unit.test_trainer_packing import sequences
+from tests.helpers.sequences import sequences
 
 
 @pytest.fixture

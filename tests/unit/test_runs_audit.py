@@ -18,7 +18,7 @@ from rlkit.orchestrator.scheduler import Group
 from rlkit.orchestrator.state import save_state
 from rlkit.runs.audit import audit_run
 from rlkit.trainer.batch import TrainSample, write_batch
-from tests.cli import run_cli
+from tests.helpers.cli import run_cli
 
 
 def write_run(run: Path, steps: int = 4) -> None:

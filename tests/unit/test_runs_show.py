@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.runs.show import load_run, render_html, sparkline, summary_lines
-from tests.cli import run_cli
+from tests.helpers.cli import run_cli
 
 
 def test_sparkline_spans_the_blocks_and_buckets_long_series() -> None:

@@ -14,7 +14,7 @@ from rlkit.sandbox import runner
 from rlkit.sandbox.limits import MIB, Limits
 from rlkit.sandbox.process import classify
 from rlkit.sandbox.session import PythonSession
-from tests.system import require_system
+from tests.helpers.system import require_system
 
 pytestmark = pytest.mark.system
 
@@ -213,7 +213,7 @@ def test_explicit_local_backend_is_logged_at_every_run_start(
 
 
 def test_rlkit_sandbox_check_reports_each_property(monkeypatch, capsys) -> None:
-    from tests.cli import run_cli
+    from tests.helpers.cli import run_cli
 
     code, output = run_cli(monkeypatch, capsys, "sandbox", "check")
     assert code == 0, output

@@ -10,8 +10,7 @@ import pytest
 
 from rlkit.errors import UsageError
 from rlkit.train import gpus, launcher
-from tests.cli import ROOT, run_cli
-from tests.unit.test_train_launcher import demo_config
+from tests.helpers.cli import ROOT, demo_config, run_cli
 
 EIGHT = [str(i) for i in range(8)]
 

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from rlkit.train import launcher
+from tests.helpers.cli import demo_config
 
 
 def test_cpu_trainer_waits_passively_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -21,14 +22,6 @@ def test_gpu_trainer_keeps_openmp_defaults(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(launcher, "has_cuda", lambda: True)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     assert "OMP_WAIT_POLICY" not in launcher.trainer_env()
-
-
-def demo_config(*overrides: str):
-    from rlkit.config import load_config
-    from rlkit.train.config import TrainConfig
-    from tests.cli import ROOT
-
-    return load_config(TrainConfig, ROOT / "examples/tiny-cpu/train.toml", list(overrides))
 
 
 def test_multi_node_trainer_command() -> None:

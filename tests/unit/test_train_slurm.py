@@ -20,7 +20,7 @@ import pytest
 
 from rlkit.config import load_config
 from rlkit.train.config import TrainConfig
-from tests.cli import ROOT, run_cli
+from tests.helpers.cli import ROOT, run_cli
 
 TWO_NODE = ROOT / "examples/multi-node/two-node.toml"
 EIGHT_NODE = ROOT / "examples/multi-node/eight-node.toml"

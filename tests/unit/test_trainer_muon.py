@@ -129,6 +129,7 @@ def test_one_process_matches_torch_muon_and_adamw() -> None:
     assert not torch.equal(want["param.b.weight"], make_model().b.weight.detach())
 
 
+@pytest.mark.slow  # torchrun with 2 and 4 processes
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_fsdp2_shards_match_one_process(ranks: int, tmp_path: Path) -> None:
     out = tmp_path / "ranks.pt"

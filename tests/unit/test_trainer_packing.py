@@ -11,16 +11,7 @@ from rlkit.errors import UsageError
 from rlkit.trainer.config import ModelConfig, TrainerConfig
 from rlkit.trainer.engine import Trainer
 from rlkit.trainer.packing import Sequence, make_micro_batches
-
-
-def sequences(vocab: int, lengths: list[int], seed: int = 0) -> list[Sequence]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for n in lengths:
-        ids = torch.randint(0, vocab, (n,), generator=g).tolist()
-        prompt = max(1, n // 3)
-        out.append(Sequence(ids, [0] * prompt + [1] * (n - prompt), [0.0] * n, 1.0))
-    return out
+from tests.helpers.sequences import sequences
 
 
 def test_micro_batches_respect_capacity_and_keep_every_sample() -> None:

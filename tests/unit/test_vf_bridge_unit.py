@@ -113,7 +113,7 @@ def test_a_worker_that_cannot_start_fails_fast(tmp_path: Path) -> None:
 def test_hub_install_keeps_verifiers_out_of_rlkits_venv(tmp_path: Path) -> None:
     """A wheel requiring verifiers is pip-installed without dependencies (its venv gets them)."""
     from rlkit.hub.install import _requirements, is_verifiers_env
-    from tests.hub_dists import make_wheel, metadata
+    from tests.helpers.hub_dists import make_wheel, metadata
 
     def wheel(requires: list[str]) -> list:
         lines = "".join(f"Requires-Dist: {r}\n" for r in requires)

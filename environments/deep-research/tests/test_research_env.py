@@ -11,8 +11,8 @@ from research_agents import call, scripted
 
 from rlkit.envs import Rollout, load_environment
 from rlkit.inference import InferenceClient
-from tests.cli import run_cli
-from tests.fakes.fake_openai import FakeOpenAIServer, replay
+from tests.helpers.cli import run_cli
+from tests.helpers.fake_openai import FakeOpenAIServer, replay
 
 
 async def run(env: DeepResearchEnv, row: dict[str, Any], responder: Any) -> Rollout:

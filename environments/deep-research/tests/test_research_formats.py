@@ -12,7 +12,7 @@ from deep_research.qa import load_questions
 from rlkit.envs import load_environment
 from rlkit.errors import UsageError
 from rlkit.inference import InferenceClient
-from tests.fakes.fake_openai import FakeOpenAIServer, replay
+from tests.helpers.fake_openai import FakeOpenAIServer, replay
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HOTPOT = FIXTURES / "hotpot_dev_distractor.json"

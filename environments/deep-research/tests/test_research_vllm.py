@@ -12,7 +12,7 @@ import pytest
 from rlkit.envs import load_environment
 from rlkit.eval import load_run
 from rlkit.inference import InferenceClient
-from tests.cli import only_run_dir, run_cli, tiny_train_cmd
+from tests.helpers.cli import only_run_dir, run_cli, tiny_train_cmd
 
 pytestmark = pytest.mark.slow
 

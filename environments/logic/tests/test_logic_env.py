@@ -19,8 +19,8 @@ from logic_env.tasks import LEVEL_NAMES, TASKS, score
 from rlkit.envs import load_environment as load_by_id
 from rlkit.envs.check import check_environment, report_lines
 from rlkit.errors import UsageError
-from tests.cli import only_run_dir, run_cli
-from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.helpers.cli import only_run_dir, run_cli
+from tests.helpers.fake_openai import FakeOpenAIServer
 
 FROZEN = [json.loads(line) for line in EVAL_FILE.read_text().splitlines()]
 FIRST = {row["info"]["task"]: row for row in reversed(FROZEN) if row["info"]["level"] == "easy"}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from logic_env.tasks import LEVEL_NAMES, TASKS
 
-from tests.cli import only_run_dir, run_cli
+from tests.helpers.cli import only_run_dir, run_cli
 
 
 @pytest.mark.slow

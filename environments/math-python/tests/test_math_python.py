@@ -10,7 +10,7 @@ import pytest
 from rlkit.envs import load_environment
 from rlkit.envs.python_tool import PythonToolEnv
 from rlkit.inference import InferenceClient
-from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.helpers.fake_openai import FakeOpenAIServer
 
 pytestmark = pytest.mark.system
 

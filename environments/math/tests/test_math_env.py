@@ -16,7 +16,7 @@ from rlkit.envs import load_environment
 from rlkit.envs.check import check_environment, report_lines
 from rlkit.errors import UsageError
 from rlkit.inference import InferenceClient
-from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.helpers.fake_openai import FakeOpenAIServer
 
 
 @pytest.fixture(scope="module")

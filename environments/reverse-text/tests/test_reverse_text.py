@@ -12,7 +12,7 @@ from rlkit.envs import load_environment as load_by_id
 from rlkit.envs.check import check_environment
 from rlkit.errors import UsageError
 from rlkit.inference import InferenceClient
-from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.helpers.fake_openai import FakeOpenAIServer
 
 
 def test_generated_data_is_deterministic_and_bounded() -> None:

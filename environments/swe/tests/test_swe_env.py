@@ -23,7 +23,7 @@ from swe_env.tasks import REPOS_DIR, Task
 from rlkit import sandbox
 from rlkit.envs.rollout import Rollout
 from rlkit.inference import InferenceClient
-from tests.fakes.fake_openai import FakeOpenAIServer
+from tests.helpers.fake_openai import FakeOpenAIServer
 
 pytestmark = pytest.mark.system
 

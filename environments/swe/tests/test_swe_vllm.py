@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import clean_rollouts, run_cli, run_train, tiny_train_cmd
+from tests.helpers.cli import clean_rollouts, run_cli, run_train, tiny_train_cmd
 
 # Small limits: an untrained model's commands are short, its tool outputs stay small.
 ENV_ARGS = {"max_turns": 2, "output_chars": 600, "command_timeout": 10}

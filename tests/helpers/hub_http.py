@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import sysconfig
@@ -95,3 +96,24 @@ def installed(python: str, dist: str) -> str | None:
     return (
         subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip() or None
     )
+
+
+CLI = ["-c", "from rlkit_cli.main import main; main()"]
+
+
+def run(
+    args: list[str],
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
+    expect: int = 0,
+) -> subprocess.CompletedProcess[str]:
+    """Run `rlkit ARGS` with `python`; assert its exit code."""
+    proc = subprocess.run(
+        [python, *CLI, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
+    assert proc.returncode == expect, f"rlkit {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+    return proc

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.system import require_system
+from tests.helpers.system import require_system
 
 CHROMIUM_ARGS = [
     "--headless",

@@ -19,7 +19,7 @@ vLLM's 400.
 The responder maps the request body to the reply: a string (assistant content) or a message dict
 (`content`, optional `tool_calls`). The default reverses the last user message, so the
 reverse-text environment scores 1.0. Run standalone (for benchmarks, in another process) with
-``python -m tests.fakes.fake_openai --latency 1.0`` which prints its base URL.
+``python -m tests.helpers.fake_openai --latency 1.0`` which prints its base URL.
 """
 
 from __future__ import annotations

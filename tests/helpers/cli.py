@@ -14,7 +14,7 @@ from rlkit_cli.main import main
 
 from rlkit.inference.lifecycle import has_cuda
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RLKIT = str(Path(sys.executable).parent / "rlkit")
 
 
@@ -86,3 +86,10 @@ def run_train(cmd: list[str], run_dir: Path, log: Path, timeout: float = 900) ->
     assert done.returncode == 0, log.read_text()[-3000:]
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
+
+
+def demo_config(*overrides: str):
+    from rlkit.config import load_config
+    from rlkit.train.config import TrainConfig
+
+    return load_config(TrainConfig, ROOT / "examples/tiny-cpu/train.toml", list(overrides))

@@ -1,1 +1,0 @@
-"""Test doubles shared by the whole suite: `tests.fakes.fake_openai.FakeOpenAIServer`."""
