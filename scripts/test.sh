@@ -2,10 +2,10 @@
 # The README's test command: set up (or refresh) .venv, then lint and run the whole test suite.
 #   bash scripts/test.sh          everything (what CI runs: `.ci/run`)
 #   bash scripts/test.sh --fast   lint + the unit tier: deselects the tests marked slow (vLLM
-#                                 server, multi-process trainer), venv (builds venvs, runs pip/uv)
-#                                 and system (bubblewrap, chromium, PostgreSQL, SLURM)
+#                                 server, trainer processes, `rlkit train`, CLI runs over ~5 s), venv
+#                                 (builds venvs, runs pip/uv) and system (bubblewrap, chromium,
+#                                 PostgreSQL, SLURM, the package index)
 # Further arguments go to pytest, e.g. `bash scripts/test.sh --fast -k sandbox`.
-# SKIP_SETUP=1 skips scripts/setup.sh (an existing .venv is used as is).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 select=()
@@ -13,7 +13,7 @@ if [ "${1:-}" = --fast ]; then
   shift
   select=(-m "not slow and not venv and not system")
 fi
-[ "${SKIP_SETUP:-0}" = 1 ] || bash scripts/setup.sh
+bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
