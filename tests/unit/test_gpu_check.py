@@ -3,6 +3,7 @@ a machine without one, the figures and the table). The GPU run itself needs an N
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,10 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from rlkit import gpu_check
 from tests.helpers.cli import ROOT
 
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+# scripts/gpu_check.py is an ops script, not a module of rlkit: loaded from its file
+_spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+gpu_check = importlib.util.module_from_spec(_spec)
+sys.modules["gpu_check"] = gpu_check  # dataclasses look their module up by name
+_spec.loader.exec_module(gpu_check)
 
 
 def script(*args: str, path: str | None = None) -> subprocess.CompletedProcess:
@@ -37,16 +42,16 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path: Path) -> None:
         "engine",
         "inference tests",
         "trainer tests",
-        "nccl weight transfer tests",
+        "broadcast weight transfer tests",
         "demo, filesystem weights",
-        "demo, nccl weights",
+        "demo, broadcast weights",
     ]
     positions = [out.index(f". {name} (limit") for name in names]
     assert positions == sorted(positions)  # in this order
     assert f"-e {ROOT}[gpu,dev]" in out
     assert "--size small" in out
-    assert "--orchestrator.max_steps=20" in out and "--inference.weight_transfer=nccl" in out
-    assert "tests/integration -k nccl" in out
+    assert "--orchestrator.max_steps=20" in out and "--inference.weight_transfer=broadcast" in out
+    assert "tests/integration -k broadcast" in out
     assert not work.exists()  # nothing ran, nothing was written
 
 
@@ -108,15 +113,15 @@ def test_figures_and_table(tmp_path: Path) -> None:
         "weight update s (filesystem)": 1.0,
         "step s": 2.0,
     }
-    assert gpu_check.demo_figures(tmp_path / "missing", "nccl")() == {
+    assert gpu_check.demo_figures(tmp_path / "missing", "broadcast")() == {
         "trainer tokens/s": None,
-        "weight update s (nccl)": None,
+        "weight update s (broadcast)": None,
         "step s": None,
     }
     results = [
         gpu_check.Result("engine", "ok", 31.2, {"engine start s": 24.5}),
         gpu_check.Result("demo, filesystem weights", "ok", 80.0, figures),
-        gpu_check.Result("nccl weight transfer tests", "FAILED (code 1, x.log)", 12.0),
+        gpu_check.Result("broadcast weight transfer tests", "FAILED (code 1, x.log)", 12.0),
     ]
     table = gpu_check.format_table(["GPU 0: NVIDIA H100"], results).splitlines()
     assert table[0] == "GPUs: GPU 0: NVIDIA H100"

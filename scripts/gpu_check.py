@@ -3,12 +3,14 @@
 The plan, in order, each step a subprocess with its own time limit and log under `--work-dir`:
 install the `gpu` extra (from a local wheel folder with `--wheels`: nothing is downloaded), build
 the small model, measure engine start and generation tokens/s on it, run the inference
-integration tests and the trainer tests on CUDA (bf16, NCCL), the NCCL weight-transfer tests,
-and the demo config for 20 steps with filesystem weight updates and a few with NCCL. Figures:
-engine start (s), generation tokens/s, trainer tokens/s, weight update seconds by path.
+integration tests and the trainer tests on CUDA (bf16, NCCL), the broadcast weight-transfer
+tests, and the demo config for 20 steps with filesystem weight updates and a few with
+`weight_transfer = "broadcast"`. Figures: engine start (s), generation tokens/s, trainer
+tokens/s, weight update seconds by path.
 
-Only the standard library is imported at module level: the install step runs from this module
-before rlkit's own dependencies are there. `--dry-run` prints the plan and runs nothing.
+An ops script, not part of the library. Only the standard library is imported at module level:
+the install step runs from this script before rlkit's own dependencies are there. `--dry-run`
+prints the plan and runs nothing.
 """
 
 from __future__ import annotations
@@ -71,7 +73,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--wheels", type=Path, help="Install from this folder of wheels only (no index)."
     )
     parser.add_argument("--demo-steps", type=int, default=20, help="Steps of the demo run.")
-    parser.add_argument("--nccl-steps", type=int, default=5, help="Demo steps with NCCL weights.")
+    parser.add_argument(
+        "--broadcast-steps", type=int, default=5, help="Demo steps with broadcast weights."
+    )
     parser.add_argument("--python", default=sys.executable, help="The interpreter to use.")
     parser.add_argument(
         "--only",
@@ -85,8 +89,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = [name for name in args.only or [] if name not in names]
     if unknown:
         parser.error(f"--only {unknown[0]!r}: no such step; the steps are {', '.join(names)}")
-    if args.demo_steps < 2 or args.nccl_steps < 2:
-        parser.error("--demo-steps and --nccl-steps must be at least 2 (step 1 warms up)")
+    if args.demo_steps < 2 or args.broadcast_steps < 2:
+        parser.error("--demo-steps and --broadcast-steps must be at least 2 (step 1 warms up)")
     if args.wheels is not None and not args.wheels.is_dir():
         parser.error(f"--wheels {args.wheels}: not a directory")
     return args
@@ -172,13 +176,17 @@ def build_plan(args: argparse.Namespace) -> list[Step]:
         ),  # fmt: skip
         Step(
             "engine",
-            [py, "-m", "rlkit.gpu_check", "engine", str(model), str(work / "engine.json")],
+            [py, str(Path(__file__).resolve()), "engine", str(model), str(work / "engine.json")],
             180,
             json_figures(work / "engine.json"),
         ),
         Step("inference tests", [*pytest, *INFERENCE_TESTS], 240),
         Step("trainer tests", [*pytest, *TRAINER_TESTS], 240),
-        Step("nccl weight transfer tests", [*pytest, "tests/integration", "-k", "nccl"], 180),
+        Step(
+            "broadcast weight transfer tests",
+            [*pytest, "tests/integration", "-k", "broadcast"],
+            180,
+        ),
         Step(
             "demo, filesystem weights",
             [
@@ -190,15 +198,15 @@ def build_plan(args: argparse.Namespace) -> list[Step]:
             demo_figures(work / "demo-fs", "filesystem"),
         ),  # fmt: skip
         Step(
-            "demo, nccl weights",
+            "demo, broadcast weights",
             [
                 *demo,
-                f"--log.run_dir={work / 'demo-nccl'}",
-                f"--orchestrator.max_steps={args.nccl_steps}",
-                "--inference.weight_transfer=nccl",
+                f"--log.run_dir={work / 'demo-broadcast'}",
+                f"--orchestrator.max_steps={args.broadcast_steps}",
+                "--inference.weight_transfer=broadcast",
             ],
             240,
-            demo_figures(work / "demo-nccl", "nccl"),
+            demo_figures(work / "demo-broadcast", "broadcast"),
         ),  # fmt: skip
     ]
     if not args.skip_install:
