@@ -7,14 +7,12 @@ to plain strings) and validates; any problem raises `UsageError` naming the fiel
 
 Every command that takes a config (`rlkit train`, `rlkit sft`, `python -m rlkit.trainer.main`)
 accepts the same overrides after the config path: `--section.field VALUE` or
-`--section.field=VALUE`. The bare `section.field=VALUE` form still works for one release and
-warns (FutureWarning, shown to users by default).
+`--section.field=VALUE`.
 """
 
 from __future__ import annotations
 
 import tomllib
-import warnings
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -68,17 +66,12 @@ def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
     i = 0
     while i < len(args):
         arg = args[i]
-        key = arg[2:] if arg.startswith("--") else arg
+        if not arg.startswith("--"):
+            raise UsageError(f"override {arg!r} must look like --section.field VALUE")
+        key = arg[2:]
         if "=" in key:
             key, raw = key.split("=", 1)
-            if not arg.startswith("--"):
-                warnings.warn(
-                    f"override {arg!r}: the bare KEY=VALUE form is deprecated and will be "
-                    f"removed in rlkit 0.3; write --{key} {raw}",
-                    FutureWarning,
-                    stacklevel=2,
-                )
-        elif arg.startswith("--") and i + 1 < len(args):
+        elif i + 1 < len(args):
             i += 1
             raw = args[i]
         else:

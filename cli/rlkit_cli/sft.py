@@ -15,9 +15,6 @@ def sft(
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in run_dir from its latest checkpoint."
     ),
-    resume_from: str = typer.Option(
-        "", hidden=True, help="Deprecated: use --ckpt.resume DIR (removed in rlkit 0.3)."
-    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
 ) -> None:
     """Cross-entropy on assistant tokens with the FSDP2 trainer; writes RUN_DIR/final as an HF
@@ -32,12 +29,6 @@ def sft(
     from rlkit.trainer.main import run, trainer_command
 
     overrides = list(ctx.args)
-    if resume_from:
-        Console(stderr=True).print(
-            f"warning: --resume-from is deprecated; use --ckpt.resume {resume_from}",
-            markup=False,
-        )
-        overrides.append(f"--ckpt.resume={resume_from}")
     cfg = load_config(SFTConfig, config, overrides)  # validate before anything starts
     if dry_run:
         Console().print(dump_toml(cfg), markup=False)

@@ -6,7 +6,6 @@ no server) or a server (`rlkit hub serve`). See `rlkit.hub.names` for how OWNER/
 index project names. Publishing eval results is `rlkit.eval.publish`.
 """
 
-from rlkit.deprecated import moved_names
 from rlkit.hub.base import Hub, HubError
 from rlkit.hub.client import open_hub
 from rlkit.hub.install import ensure_installed, install, install_from_index, pull
@@ -35,5 +34,3 @@ __all__ = [
     "parse_env_id",
     "pull",
 ]
-
-__getattr__ = moved_names(__name__, {"push_eval_results": "rlkit.eval.publish:push_eval_results"})

@@ -13,7 +13,6 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlkit.config import Config
-from rlkit.deprecated import moved_names
 from rlkit.inference.transfer import WeightTransfer, check_weight_transfer
 from rlkit.sandbox.config import SandboxConfig
 from rlkit.trainer.config import ModelConfig
@@ -276,14 +275,3 @@ class RolloutJobConfig(Config):
     sandbox: SandboxConfig = Field(
         default_factory=SandboxConfig, description="Sandbox for untrusted code the envs run."
     )
-
-
-__getattr__ = moved_names(
-    __name__,
-    {
-        "TrainConfig": "rlkit.train.config:TrainConfig",
-        "TrainerSection": "rlkit.train.config:TrainerSection",
-        "EvalConfig": "rlkit.orchestrator.config:OnlineEvalConfig",
-        "check_environments": "rlkit.train.config:check_environments",
-    },
-)

@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rlkit.deprecated import moved_names
 from rlkit.orchestrator.prompts import Prompt, PromptStream
 
 
@@ -296,6 +295,3 @@ class C3POScheduler(_SchedulerBase):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         self.tasks.clear()
-
-
-__getattr__ = moved_names(__name__, {"Accept": "rlkit.orchestrator.scheduler:ProcessGroup"})

@@ -11,7 +11,6 @@ before anything is started.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -57,22 +56,6 @@ class TrainerSection(TrainerConfig):
         description="GPU indices of this node for the trainer's ranks (CUDA_VISIBLE_DEVICES), "
         "one per process; empty = leave the devices alone.",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed_nproc(cls, data: Any) -> Any:
-        """`trainer.nproc` was renamed `trainer.nproc_per_node` (kept for one release)."""
-        if isinstance(data, dict) and "nproc" in data:
-            warnings.warn(
-                "trainer.nproc is deprecated and will be removed in rlkit 0.3; "
-                "use trainer.nproc_per_node",
-                FutureWarning,
-                stacklevel=2,
-            )
-            data = dict(data)
-            data.setdefault("nproc_per_node", data.pop("nproc"))
-            data.pop("nproc", None)
-        return data
 
     @model_validator(mode="after")
     def _valid_launch(self) -> TrainerSection:

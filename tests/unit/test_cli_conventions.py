@@ -42,17 +42,6 @@ def test_sft_takes_the_same_overrides_and_process_count_as_train(monkeypatch, ca
     assert code == 2 and "nproc" in out
 
 
-def test_old_sft_spellings_still_work_with_a_deprecation(monkeypatch, capsys) -> None:
-    with pytest.warns(FutureWarning, match="write --run_dir /tmp/x"):
-        code, out = run_cli(monkeypatch, capsys, "sft", SFT, "--dry-run", "run_dir=/tmp/x")
-    assert tomllib.loads(out)["run_dir"] == "/tmp/x"
-    code, out = run_cli(
-        monkeypatch, capsys, "sft", SFT, "--dry-run", "--resume-from", "/ckpt/step_000002"
-    )
-    assert "use --ckpt.resume /ckpt/step_000002" in out
-    assert 'resume = "/ckpt/step_000002"' in out
-
-
 @pytest.mark.parametrize(
     "args",
     [

@@ -69,6 +69,7 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
         load_config(Root, None, ["dangling"])
 
 
-def test_bare_key_value_overrides_still_work_with_a_deprecation_warning() -> None:
-    with pytest.warns(FutureWarning, match="write --optim.lr 0.5"):
-        assert parse_overrides(["optim.lr=0.5"]) == [("optim.lr", 0.5)]
+def test_overrides_need_their_dashes() -> None:
+    assert parse_overrides(["--optim.lr=0.5"]) == [("optim.lr", 0.5)]
+    with pytest.raises(UsageError, match="'optim.lr=0.5' must look like --section.field VALUE"):
+        parse_overrides(["optim.lr=0.5"])

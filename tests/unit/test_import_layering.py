@@ -3,9 +3,7 @@
 Every `import` / `from ... import` under rlkit/ is parsed with `ast`, including imports inside
 functions (a back-edge hidden in a function is still a cycle), and mapped to the importing and
 imported subpackage (`rlkit.hub.install` -> `hub`; a top-level module such as `rlkit.config` is
-its own node). The graph must be acyclic. Deprecated aliases (`rlkit.deprecated.moved_names`)
-name their new home as a string and import it only when the old name is used, so they add no
-edge.
+its own node). The graph must be acyclic.
 """
 
 from __future__ import annotations

@@ -87,10 +87,11 @@ def test_bad_launch_fields_name_the_field(overrides: list[str], message: str) ->
         demo_config(*overrides)
 
 
-def test_nproc_is_a_deprecated_alias() -> None:
-    with pytest.warns(FutureWarning, match="trainer.nproc_per_node"):
-        cfg = demo_config("--trainer.nproc=2")
-    assert cfg.trainer.nproc_per_node == 2
+def test_nproc_is_not_a_trainer_field() -> None:
+    from rlkit.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"trainer\.nproc"):
+        demo_config("--trainer.nproc=2")
 
 
 def test_orchestrator_stops_on_a_reported_trainer_failure(tmp_path) -> None:
