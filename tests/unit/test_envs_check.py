@@ -143,6 +143,7 @@ def test_cli_exit_codes(monkeypatch, capsys, tmp_path: Path) -> None:
         assert code == 2 and message in out, out
 
 
+@pytest.mark.slow  # two `rlkit env push` processes, each checking the environment
 def test_push_checks_first(tmp_path: Path) -> None:
     package = init_env("lenient-env", tmp_path)
     module = package / "lenient_env" / "__init__.py"

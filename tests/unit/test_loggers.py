@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlkit.orchestrator.config import LogConfig
@@ -24,6 +25,7 @@ def mlflow_run(run_dir: Path) -> tuple[Any, Any]:
     return client, run
 
 
+@pytest.mark.slow  # wandb (its service process) and mlflow start up
 def test_every_sink_gets_the_same_names_and_the_samples(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = LogConfig(
