@@ -72,9 +72,7 @@ class Environment:
 
     @functools.cached_property
     def dataset(self) -> Dataset | None:
-        """The training rows, formatted on first use (`rlkit eval` never formats them; for
-        reverse-text's 2,000 rows that is 0.06 s, timed once by hand, of a ~4.4 s eval run in
-        bench_eval_throughput.py)."""
+        """The training rows, formatted on first use (`rlkit eval` never formats them)."""
         return self._formatted("train")
 
     @functools.cached_property

@@ -123,7 +123,7 @@ class ChatRenderer:
 def load_renderer(path: str) -> ChatRenderer:
     """The (checked) renderer of a local model directory or cached tokenizer; loaded once.
 
-    transformers is imported here, not with the module: importing it takes ~3 s on a CPU
+    transformers is imported here, not with the module: importing it takes seconds on a CPU
     machine, which every `import rlkit.envs` (the launcher before it starts vLLM, `rlkit eval`,
     the SFT data script) would otherwise pay whether or not it renders turns.
     """

@@ -203,7 +203,7 @@ async def open_turns(
 
 def prepare_token_turns(model_path: str) -> None:
     """Load `model_path`'s renderer now instead of inside the first rollout, where loading the
-    tokenizer (and importing transformers, ~3 s on a CPU machine) would stall the event loop.
+    tokenizer (and importing transformers, seconds on a CPU machine) would stall the event loop.
     `rlkit train` calls it while its inference servers start; failures are the first rollout's
     to report, as before."""
     _renderer(model_path)

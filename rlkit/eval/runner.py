@@ -260,7 +260,7 @@ async def run_eval_async(
 
     # What is loaded now (modules, the environment, its dataset) lives as long as the process:
     # frozen out of the collector's sight, full collections scan only the rollouts' objects
-    # (scanning everything paused the event loop 0.2-0.4 s per 1,024 rollouts)
+    # (scanning everything paused the event loop: docs/benchmarks.md)
     gc.freeze()
     client = InferenceClient(
         config.base_url,

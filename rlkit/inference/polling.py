@@ -11,7 +11,7 @@ keeps the fast path and the worker sleeps as soon as generation stops.
 A sleeping reader wakes on a zmq notification that vLLM itself says can be lost; it then
 re-reads the ring only every 5 s (`SHM_READER_RECHECK_INTERVAL_MS`). With vLLM's 1 s window
 readers rarely sleep, but with a short one they sleep between every burst, and a lost
-notification stalled a weight update or a rollout for 5 s a few times per 60 demo steps. So the
+notification stalled a weight update or a rollout for those 5 s now and then. So the
 patched reader also re-reads the ring every `IDLE_RECHECK_MS` while asleep: a few dozen flag
 checks per second, no measurable CPU.
 

@@ -98,9 +98,10 @@ async def pause_keeping_requests(engine: Any) -> None:
 
     vLLM (0.26 to 0.32) sleeps 20 ms after pausing so that finishing requests' last outputs
     reach their callers first, "not required for correctness" by its own comment; in keep mode
-    no request finishes. On the demo's model that sleep was 20 of the update's 45 ms, in a step
-    of 0.37 s. The two calls are pause_generation's own (multi-modal cache, then the scheduler
-    pause that also drops the KV cache, so kept requests recompute it under the new weights).
+    no request finishes; on the demo's model it was a large share of the update
+    (docs/benchmarks.md). The two calls are pause_generation's own (multi-modal cache, then the
+    scheduler pause that also drops the KV cache, so kept requests recompute it under the new
+    weights).
     """
     await engine.renderer.clear_mm_cache_async()
     await engine.engine_core.pause_scheduler_async(mode="keep", clear_cache=True)

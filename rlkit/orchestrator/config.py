@@ -257,7 +257,7 @@ class LogConfig(Config):
     plot_every_s: float = Field(
         30.0,
         ge=0,
-        description="Redraw the plot at most this often (it takes ~0.5 s of a CPU core); it is "
+        description="Redraw the plot at most this often (drawing costs CPU); it is "
         "always drawn after the last step. 0 = after every step.",
     )
 

@@ -272,7 +272,7 @@ async def run_orchestrator(
         scheduler.take_idle_s()
         # what is loaded by now lives for the whole run: frozen out of the collector's sight,
         # full collections scan only the steps' objects (in `rlkit eval`, scanning the start-up
-        # objects paused the event loop 0.2-0.4 s per 1,024 rollouts)
+        # objects paused the event loop: docs/benchmarks.md)
         gc.freeze()
         for step in range(start_step + 1, o.max_steps + 1):
             t0 = time.monotonic()

@@ -128,7 +128,7 @@ def _drop_root() -> list[str]:
     """When rlkit runs as root, start bwrap as `nobody` through util-linux `setpriv`.
 
     An exec'd wrapper instead of subprocess's `user=`: Python must fork (not vfork) to change
-    uid itself, which costs ~10 ms per run in a large process such as a trainer.
+    uid itself, which is slow in a large process such as a trainer (docs/benchmarks.md).
     """
     if os.geteuid() != 0:
         return []

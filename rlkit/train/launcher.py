@@ -167,8 +167,7 @@ def trainer_env() -> dict[str, str]:
 
     On CPU the trainer shares the cores with the inference server and the orchestrator, and
     libgomp's default spin-wait between parallel regions then makes 2 threads slower than 1
-    (one hand-timed run on a loaded 2-core machine, not reproduced by a script in
-    tests/benchmarks/: 11.6 s vs 5.5 s per demo step; 3.0 s with OMP_WAIT_POLICY=PASSIVE).
+    (one hand-timed run, not reproduced by a script in tests/benchmarks/: docs/benchmarks.md).
     An OMP_WAIT_POLICY set by the user wins.
     """
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

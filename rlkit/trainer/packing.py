@@ -8,7 +8,8 @@ row, right-padded; with a causal mask padding never influences real tokens.
 Packed rows pay for attention across the whole row: without a varlen kernel (sdpa, on CPU and
 GPU alike) the block-diagonal mask is dense, so a row of L tokens costs L^2 attention pairs
 however short its samples are. `packing="auto"` builds both layouts and keeps the cheaper by
-`layout_cost` (a demo step of 96 short samples trains 1.75x faster padded on CPU).
+`layout_cost` (on the demo's short samples padded rows win on CPU: bench_train_throughput.py,
+figures in docs/benchmarks.md).
 
 Only the positions whose next token counts (loss mask 1) are kept for the LM head, so prompt,
 environment and padding tokens cost no vocabulary projection.

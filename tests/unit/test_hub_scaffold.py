@@ -33,7 +33,7 @@ def test_init_writes_a_complete_package(tmp_path: Path) -> None:
         init_env("../escape", tmp_path)
 
 
-@pytest.mark.slow  # builds the package, runs its tests (~7 s)
+@pytest.mark.slow  # builds the package, runs its tests
 def test_scaffold_builds_loads_and_passes_its_tests(tmp_path: Path) -> None:
     root = init_env("my-env", tmp_path)
     files = build_env(root, isolation=False)

@@ -76,7 +76,7 @@ def test_bad_config_names_the_field(tmp_path: Path, override: str, field: str) -
         config(tmp_path, overrides=[f"--{override}"])
 
 
-@pytest.mark.slow  # three `rlkit train` processes (~14 s)
+@pytest.mark.slow  # three `rlkit train` processes
 def test_cli_bad_config_exits_2_and_starts_nothing(tmp_path: Path) -> None:
     path = tmp_path / "train.toml"
     run_dir = tmp_path / "run"

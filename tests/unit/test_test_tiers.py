@@ -6,6 +6,9 @@ module-level fixtures and functions those name, transitively) are matched agains
 that need each tier. Helpers imported from other modules are not followed, so the trigger names
 below are the ones tests use directly (the session fixture `vllm_server`, `start_server`,
 `tiny_train_cmd`, torchrun's launcher, `fresh_venv`, `require_system`, ...).
+
+Two layout checks ride along: the benchmark scripts sit outside pytest's test paths, and no test
+module imports another (shared code lives in tests/helpers/).
 """
 
 from __future__ import annotations
@@ -157,3 +160,31 @@ def test_tiers_are_registered_and_deselected_by_fast(tier: str) -> None:
     registered = [m.split(":")[0] for m in pyproject["tool"]["pytest"]["ini_options"]["markers"]]
     assert tier in registered
     assert f"not {tier}" in (ROOT / "scripts" / "test.sh").read_text()
+
+
+def test_benchmarks_are_outside_the_test_paths() -> None:
+    """Benchmark scripts are run by hand; `pytest` with no arguments never collects them."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    testpaths = [ROOT / p for p in pyproject["tool"]["pytest"]["ini_options"]["testpaths"]]
+    benchmarks = ROOT / "tests" / "benchmarks"
+    assert all(p.is_dir() for p in testpaths)
+    assert not [p for p in testpaths if benchmarks == p or p in benchmarks.parents]
+
+
+def test_no_test_module_imports_another() -> None:
+    """What several test modules share lives in tests/helpers/ (or a conftest's fixtures)."""
+    offenders = []
+    for path in checked_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            offenders += [
+                f"{path.relative_to(ROOT)}: {name}"
+                for name in names
+                if name.rpartition(".")[2].startswith("test_")
+            ]
+    assert not offenders, "\n".join(offenders)

@@ -1,8 +1,8 @@
 """Grade a program against a problem's test cases: one sandbox run per problem.
 
 `harness.py` runs inside the sandbox and forks one child per test (no shared state, a timeout per
-test); the interpreter starts once per problem, which measured ~11x faster than one sandboxed
-process per test (bench_sandbox.py: 15 tests in 56 ms vs 646 ms). The host keeps the expected
+test); the interpreter starts once per problem, much faster than one sandboxed process per
+test (bench_sandbox.py; figures in rlkit's docs/benchmarks.md). The host keeps the expected
 outputs and compares: a program cannot see them, so it cannot fake a pass. Styles: "stdio"
 (stdin in, stdout compared after normalisation) and "function" (`fn_name(*args)`; the JSON of the
 return value compared, floats within 1e-6).

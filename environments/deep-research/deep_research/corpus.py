@@ -95,7 +95,7 @@ class Corpus:
         self.retriever = retriever
         self.tokenizer = tokenizer
         # Queries reach bm25s as words (its Tokenized path rebuilds this reverse vocabulary on
-        # every call: 14 ms per query on a 100k-document corpus).
+        # every call, a cost per query that grows with the corpus).
         self.words = {i: word for word, i in tokenizer.get_vocab_dict().items()}
 
     # ---- building, saving, loading ---------------------------------------------------------
@@ -158,7 +158,8 @@ class Corpus:
         """The k best documents for a keyword query (only documents matching some word).
 
         Scores come from bm25s; the top k are picked among the matching documents only, which
-        is 5x faster than `BM25.retrieve`'s partition of every score on a 100k corpus.
+        is faster than `BM25.retrieve`'s partition of every score on a large corpus
+        (docs/benchmarks.md).
         """
         ids = self.tokenizer.tokenize(
             [query], update_vocab=False, return_as="ids", show_progress=False
