@@ -104,6 +104,7 @@ def test_eval_records_attach_to_versions(hub: LocalHub, tmp_path: Path) -> None:
         hub.add_eval(ref, "9.9", EvalRecord(model="m", mean_reward=0.5, n=4))
 
 
+@pytest.mark.venv  # pip download from the static index
 def test_static_index_works_with_pip(hub: LocalHub, tmp_path: Path) -> None:
     hub.push(write_dists(tmp_path / "d", "demo-env", "0.1.0"))
     proc = subprocess.run(

@@ -17,6 +17,7 @@ ENVIRONMENTS = Path(__file__).resolve().parents[2] / "environments"
 PACKAGES = sorted(p.name for p in ENVIRONMENTS.iterdir() if (p / "pyproject.toml").is_file())
 
 
+@pytest.mark.venv  # pip wheel of each package
 @pytest.mark.parametrize("name", PACKAGES)
 def test_environment_package_builds_quietly(name: str, tmp_path: Path) -> None:
     source = shutil.copytree(ENVIRONMENTS / name, tmp_path / name)  # keep build/ out of the repo

@@ -21,13 +21,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# a command line naming pip (`[sys.executable, "-m", "pip", ...]`) runs it; uv runs inside
+# ensure_venv / fresh_venv
+INSTALLERS = {"pip"}
 TRIGGERS = {
     "slow": {"vllm_server", "start_server", "torchrun", "torchrun_args", "tiny_train_cmd"},
-    "venv": {"fresh_venv", "ensure_venv"},
+    "venv": {"fresh_venv", "ensure_venv", *INSTALLERS},
     "system": {"require_system", "headless_chromium", "slurm_cluster"},
 }
 # a verifiers environment (`vf-...`) that is loaded or evaluated runs in a bridge venv (uv)
 BRIDGED_ENV_PREFIX = "vf-"
+
 LOADS_ENVS = {"run_cli", "load_environment", "check_environment", "RLKIT"}
 # tests of a trigger itself, not users of the resource
 EXEMPT = {
@@ -56,7 +60,7 @@ def marks_of(decorators: list[ast.expr]) -> set[str]:
 
 
 def names_in(node: ast.AST) -> set[str]:
-    """Identifiers, attribute names and `vf-` environment ids that `node` mentions."""
+    """Identifiers, attribute names, `vf-` environment ids and installers that `node` mentions."""
     names = set()
     for sub in ast.walk(node):
         if isinstance(sub, ast.Name):
@@ -68,6 +72,8 @@ def names_in(node: ast.AST) -> set[str]:
         elif isinstance(sub, ast.Constant) and isinstance(sub.value, str):
             if sub.value.startswith(BRIDGED_ENV_PREFIX):
                 names.add(BRIDGED_ENV_PREFIX)
+            elif sub.value in INSTALLERS:
+                names.add(sub.value)
     return names
 
 
@@ -144,13 +150,16 @@ def test_the_check_finds_an_unmarked_server_test() -> None:
         "def test_b(served): ...\n"
         "def test_c(): load_environment('vf-calc')\n"
         "def test_d(): find_verifiers_source('vf-calc')\n"
+        "def test_e(): subprocess.run([sys.executable, '-m', 'pip', 'download', 'x'])\n"
     )
     assert missing_marks(source) == [
         "test_a: reaches vllm_server but is not marked slow",
         "test_c: reaches ensure_venv but is not marked venv",
+        "test_e: reaches pip but is not marked venv",
     ]
     assert missing_marks("import pytest\npytestmark = [pytest.mark.slow]\n" + source[14:]) == [
-        "test_c: reaches ensure_venv but is not marked venv"
+        "test_c: reaches ensure_venv but is not marked venv",
+        "test_e: reaches pip but is not marked venv",
     ]
 
 
