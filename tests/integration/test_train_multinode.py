@@ -40,13 +40,6 @@ STEPS = 3
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rlkit.models import init_tiny
-
-    return init_tiny(tmp_path_factory.mktemp("multinode") / "base", arch="qwen3", seed=0)
-
-
 def train_cmd(model: Path, run_dir: Path, *extra: str) -> list[str]:
     return roles_train_cmd(
         model,
@@ -82,7 +75,9 @@ def latest_checkpoint(run_dir: Path) -> int:
     return int(pointer.read_text().strip().removeprefix("step_")) if pointer.exists() else 0
 
 
-def test_two_trainer_nodes_kill_resume_and_match_one_node(tiny_model: Path, tmp_path: Path) -> None:
+def test_two_trainer_nodes_kill_resume_and_match_one_node(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "run"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -98,20 +93,22 @@ def test_two_trainer_nodes_kill_resume_and_match_one_node(tiny_model: Path, tmp_
 
     def orchestrator(*extra: str) -> subprocess.Popen:
         cmd = train_cmd(
-            tiny_model, run_dir, "--role", "orchestrator", f'--inference.urls=["{url}"]', *extra
+            tiny_model_dir, run_dir, "--role", "orchestrator", f'--inference.urls=["{url}"]', *extra
         )
         return launch(f"orchestrator{len(procs)}", cmd)
 
     try:
         inference = launch(
             "inference",
-            train_cmd(tiny_model, run_dir, "--role", "inference", f"--inference.base_port={port}"),
+            train_cmd(
+                tiny_model_dir, run_dir, "--role", "inference", f"--inference.base_port={port}"
+            ),
         )
         # phase 1: two trainer nodes; node 1 dies after step 1's checkpoint
         endpoint = f"127.0.0.1:{free_port()}"
-        nodes = [launch(f"node{n}", node_cmd(tiny_model, run_dir, n, endpoint)) for n in (1, 0)][
-            ::-1
-        ]
+        nodes = [
+            launch(f"node{n}", node_cmd(tiny_model_dir, run_dir, n, endpoint)) for n in (1, 0)
+        ][::-1]
         wait_healthy(url, inference, seen, timeout=300)
         orch = orchestrator()
         deadline = time.monotonic() + 400
@@ -144,7 +141,7 @@ def test_two_trainer_nodes_kill_resume_and_match_one_node(tiny_model: Path, tmp_
         while stale.exists() and orch.poll() is None:  # rolled back before trainers look
             time.sleep(0.05)
         nodes = [
-            launch(f"resumed{n}", node_cmd(tiny_model, run_dir, n, endpoint, "--resume"))
+            launch(f"resumed{n}", node_cmd(tiny_model_dir, run_dir, n, endpoint, "--resume"))
             for n in (1, 0)
         ][::-1]
         wait_exit([orch, *nodes], seen, 400, logs)
@@ -160,7 +157,7 @@ def test_two_trainer_nodes_kill_resume_and_match_one_node(tiny_model: Path, tmp_
         # phase 3: one node, one process, the same batches from the start
         replay = tmp_path / "replay"
         shutil.copytree(run_dir / "batches", replay / "batches")
-        one = launch("replay", train_cmd(tiny_model, replay, "--role", "trainer"))
+        one = launch("replay", train_cmd(tiny_model_dir, replay, "--role", "trainer"))
         wait_exit([one], seen, 300, logs)
         assert one.returncode == 0, logs[-1].read_text()[-3000:]
     finally:

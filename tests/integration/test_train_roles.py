@@ -37,13 +37,6 @@ from tests.helpers.roles import (
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rlkit.models import init_tiny
-
-    return init_tiny(tmp_path_factory.mktemp("roles") / "base", arch="qwen3", size="tiny", seed=0)
-
-
 def access_count(log: Path, path: str) -> int:
     """Successful (200) POSTs to `path` in a vLLM server's access log."""
     pattern = rf'"POST {re.escape(path)} HTTP/[0-9.]+" 200'
@@ -73,7 +66,7 @@ def two_free_ports() -> int:
         return port
 
 
-def test_roles_as_separate_processes(tiny_model: Path, tmp_path: Path) -> None:
+def test_roles_as_separate_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -82,16 +75,18 @@ def test_roles_as_separate_processes(tiny_model: Path, tmp_path: Path) -> None:
     procs: list[subprocess.Popen] = []
     try:
         inference = start(
-            train_cmd(tiny_model, run_dir, "--role", "inference", f"--inference.base_port={port}"),
+            train_cmd(
+                tiny_model_dir, run_dir, "--role", "inference", f"--inference.base_port={port}"
+            ),
             logs["inference"],
         )
         procs.append(inference)
-        trainer = start(train_cmd(tiny_model, run_dir, "--role", "trainer"), logs["trainer"])
+        trainer = start(train_cmd(tiny_model_dir, run_dir, "--role", "trainer"), logs["trainer"])
         procs.append(trainer)
         wait_healthy(url, inference, seen, timeout=300)
         orchestrator = start(
             train_cmd(
-                tiny_model,
+                tiny_model_dir,
                 run_dir,
                 "--role",
                 "orchestrator",
@@ -124,7 +119,7 @@ def test_roles_as_separate_processes(tiny_model: Path, tmp_path: Path) -> None:
         kill_all(procs, seen)
 
 
-def test_two_servers_round_robin(tiny_model: Path, tmp_path: Path) -> None:
+def test_two_servers_round_robin(tiny_model_dir: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     port = two_free_ports()
 
@@ -132,7 +127,7 @@ def test_two_servers_round_robin(tiny_model: Path, tmp_path: Path) -> None:
     seen: set[int] = set()
     proc = start(
         train_cmd(
-            tiny_model,
+            tiny_model_dir,
             run_dir,
             "--inference.num_servers=2",
             f"--inference.base_port={port}",
@@ -189,7 +184,9 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_killed_inference_server_is_dropped_and_rejoins(tiny_model: Path, tmp_path: Path) -> None:
+def test_killed_inference_server_is_dropped_and_rejoins(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """Two inference roles (two machines), one killed mid-run: no batch is lost, the run goes on
     with one server, and the server started again rejoins (brought to the current weights).
 
@@ -204,7 +201,7 @@ def test_killed_inference_server_is_dropped_and_rejoins(tiny_model: Path, tmp_pa
     procs: list[subprocess.Popen] = []
 
     def inference(name: str, port: int) -> subprocess.Popen:
-        cmd = train_cmd(tiny_model, tmp_path / f"inf_{name}", "--role", "inference")
+        cmd = train_cmd(tiny_model_dir, tmp_path / f"inf_{name}", "--role", "inference")
         proc = start([*cmd, f"--inference.base_port={port}"], logs[name])
         procs.append(proc)
         return proc
@@ -214,7 +211,7 @@ def test_killed_inference_server_is_dropped_and_rejoins(tiny_model: Path, tmp_pa
         server_b = inference("b", ports[1])
         trainer = start(
             train_cmd(
-                tiny_model, run_dir, "--role", "trainer", f"--orchestrator.max_steps={steps}"
+                tiny_model_dir, run_dir, "--role", "trainer", f"--orchestrator.max_steps={steps}"
             ),
             logs["trainer"],
         )
@@ -223,7 +220,7 @@ def test_killed_inference_server_is_dropped_and_rejoins(tiny_model: Path, tmp_pa
             wait_healthy(url, proc, seen, timeout=300)
         orchestrator = start(
             train_cmd(
-                tiny_model,
+                tiny_model_dir,
                 run_dir,
                 "--role",
                 "orchestrator",
