@@ -25,7 +25,6 @@ from typing import Any
 
 from rich.console import Console
 
-from rlkit import handoff
 from rlkit.atomic import atomic_write
 from rlkit.config import dump_toml
 from rlkit.envs.turns import prepare_token_turns
@@ -38,6 +37,8 @@ from rlkit.lifetime import die_with_parent_preexec
 from rlkit.orchestrator.loop import run_orchestrator
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
 from rlkit.progress import phase, print_line
+from rlkit.protocol import handoff
+from rlkit.protocol.layout import RunLayout
 from rlkit.train import gpus
 from rlkit.train.config import TrainConfig, check_role
 from rlkit.train.roles import Role
@@ -62,7 +63,7 @@ def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
 
 def write_pids(run_dir: Path, role: str, pids: list[int]) -> None:
     """Record child pids in run_dir/pids.json (for operators and fault-injection tests)."""
-    path = run_dir / "pids.json"
+    path = RunLayout(run_dir).pids
     data = json.loads(path.read_text()) if path.exists() else {}
     data[role] = pids
     atomic_write(path, json.dumps(data), durable=False)
@@ -87,7 +88,7 @@ class ServerFleet:
         self.cfg = cfg
         self.devices = devices  # each server's CUDA_VISIBLE_DEVICES (rlkit.train.gpus)
         self.run_dir = run_dir
-        self.log_dir = run_dir / "logs"
+        self.log_dir = RunLayout(run_dir).logs
         self.console = console
         self.servers: list[ServerProcess] = []
         self._stop = threading.Event()
@@ -200,8 +201,11 @@ class TrainerProcess:
         self, cfg: TrainConfig, run_dir: Path, resume: bool, devices: str | None = None
     ) -> None:
         self.name = f"trainer-node{cfg.trainer.node_rank}" if cfg.trainer.nnodes > 1 else "trainer"
-        config_path = atomic_write(run_dir / f"{self.name}.toml", dump_toml(cfg.trainer_config()))
-        self.log_path = run_dir / "logs" / f"{self.name}.log"
+        layout = RunLayout(run_dir)
+        config_path = atomic_write(
+            layout.process_config(self.name), dump_toml(cfg.trainer_config())
+        )
+        self.log_path = layout.process_log(self.name)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -243,7 +247,7 @@ def prepare_run_dir(
         check_fresh_run_dir(run_dir)
         start_step, state = 0, None
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(dump_toml(cfg))
+    RunLayout(run_dir).config.write_text(dump_toml(cfg))
     return start_step, state
 
 

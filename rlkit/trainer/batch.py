@@ -1,6 +1,6 @@
 """The batch format between the orchestrator (writer) and the trainer (reader).
 
-One file per optimiser step, `run_dir/batches/step_{step:06d}.pt`, written atomically
+One file per optimiser step, `batches/step_N.pt` (`rlkit.protocol.layout`), written atomically
 (`rlkit.atomic`) so the trainer never sees half a batch. Each sample is one whole
 conversation: `token_ids`, a `loss_mask` (1 = model token that counts), the engine's
 `inference_logprobs` (0.0 where the mask is 0), one scalar `advantage` and the `policy_version`
@@ -27,6 +27,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from rlkit.atomic import atomic_path
+from rlkit.protocol.layout import RunLayout
 
 
 class MalformedBatchError(ValueError):
@@ -55,10 +56,6 @@ class TrainBatch(BaseModel):
     @property
     def num_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.samples)
-
-
-def batch_path(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / "batches" / f"step_{step:06d}.pt"
 
 
 # how each TrainSample field is stored: per-token fields flat, numbers as one tensor per field
@@ -116,7 +113,7 @@ def from_columns(raw: dict[str, Any]) -> dict[str, Any]:
 
 def write_batch(batch: TrainBatch, run_dir: str | Path) -> Path:
     """Write `batch` to its step file atomically; returns the path."""
-    path = batch_path(run_dir, batch.step)
+    path = RunLayout.of(run_dir).batch(batch.step)
     with atomic_path(path) as tmp:
         torch.save(to_columns(batch), tmp)
     return path

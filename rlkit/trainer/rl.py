@@ -1,12 +1,12 @@
 """The RL trainer loop: wait for the orchestrator's batch, train on it, publish weights.
 
-Protocol with the orchestrator (files under `run_dir`): batches are numbered from 1; for step
-N the trainer waits for `batches/step_{N:06d}.pt`, takes `mini_batches` optimiser steps on it
-(pi_prox recomputed first when `loss.recompute_old_logprobs`) and publishes
-`weights/step_{N:06d}/` (STABLE marker last), which becomes policy version N on the servers.
+Protocol with the orchestrator (files under `run_dir`, `rlkit.protocol.layout`): batches are
+numbered from 1; for step N the trainer waits for `batches/step_N.pt`, takes `mini_batches`
+optimiser steps on it (pi_prox recomputed first when `loss.recompute_old_logprobs`) and publishes
+`weights/step_N/` (marked published last), which becomes policy version N on the servers.
 Metrics go to `trainer_metrics.jsonl`, one JSON object per step, written before the weights.
-Each side rings the other's doorbell (`rlkit.handoff`) when its file is in place, so neither
-sleep-polls.
+Each side rings the other's doorbell (`rlkit.protocol.handoff`) when its file is in place, so
+neither sleep-polls.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ from pathlib import Path
 from rich.console import Console
 from torch import Tensor
 
-from rlkit import handoff
 from rlkit.errors import UsageError
+from rlkit.protocol import handoff
+from rlkit.protocol.layout import RunLayout
 from rlkit.registry import Entry
 from rlkit.trainer import dist
-from rlkit.trainer.batch import TrainBatch, batch_path, read_batch
+from rlkit.trainer.batch import TrainBatch, read_batch
 from rlkit.trainer.config import LossConfig, TrainerConfig
 from rlkit.trainer.engine import LossFn, Trainer
-from rlkit.trainer.export import prune_weights, weights_dir
+from rlkit.trainer.export import prune_weights
 from rlkit.trainer.loss import LossParams, compute_policy_loss, loss_correction, resolve_loss
 from rlkit.trainer.metrics_log import MetricsLog
 from rlkit.trainer.packing import MicroBatch, Sequence
@@ -115,7 +116,7 @@ def wait_for_batch(
 
     None: the orchestrator asked the run to stop (`handoff.request_stop`) instead.
     """
-    path = batch_path(run_dir, step)
+    path = RunLayout.of(run_dir).batch(step)
     start = time.monotonic()
 
     def ready() -> bool:
@@ -149,7 +150,7 @@ def batch_stats(batch: TrainBatch, step: int) -> dict[str, float]:
 def publish(trainer: Trainer, run_dir: Path, step: int) -> None:
     """Collective: export policy version `step` (weights, or the LoRA adapter), tell the
     orchestrator, and drop the oldest published versions."""
-    trainer.export(weights_dir(run_dir, step), extra={"step": step})
+    trainer.export(RunLayout(run_dir).weights_version(step), extra={"step": step})
     if dist.is_main():
         handoff.ring(run_dir, handoff.ORCHESTRATOR)
         prune_weights(run_dir, trainer.cfg.weights.keep_last)
@@ -169,7 +170,7 @@ def run_rl(cfg: TrainerConfig) -> None:
             console.print(f"resumed from step {step}")
         if not step and cfg.model.lora.enabled and cfg.weights.publish:
             publish(trainer, run_dir, 0)  # the initial adapter (B = 0: the base's policy)
-        metrics = MetricsLog(run_dir / "trainer_metrics.jsonl", step, enabled=dist.is_main())
+        metrics = MetricsLog(RunLayout(run_dir).trainer_metrics, step, enabled=dist.is_main())
         doorbell = handoff.Doorbell(run_dir, f"{handoff.TRAINER}{dist.rank()}")
         while not cfg.max_steps or step < cfg.max_steps:
             step += 1

@@ -19,6 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import Tensor
 
 from rlkit.errors import UsageError
+from rlkit.protocol.layout import RunLayout
 from rlkit.trainer import dist
 from rlkit.trainer.config import SFTConfig, SFTDataConfig
 from rlkit.trainer.engine import Trainer
@@ -152,7 +153,7 @@ def run_sft(cfg: SFTConfig) -> Path:
     trainer = Trainer(cfg, total_steps=total)
     try:
         step, _ = trainer.maybe_resume()
-        metrics = MetricsLog(run_dir / "sft_metrics.jsonl", step, enabled=dist.is_main())
+        metrics = MetricsLog(RunLayout(run_dir).sft_metrics, step, enabled=dist.is_main())
         columns = [TextColumn("sft"), BarColumn(), TextColumn("{task.completed}/{task.total}")]
         columns += [TextColumn("loss {task.fields[loss]:.4f}"), TimeRemainingColumn()]
         with Progress(*columns, console=console, disable=not dist.is_main()) as progress:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlkit.protocol.layout import RunLayout
 from rlkit.trainer.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
 from rlkit.trainer.engine import StepResult, Trainer
-from rlkit.trainer.export import weights_dir
 from rlkit.trainer.packing import Sequence, make_micro_batches
 from rlkit.trainer.rl import batch_normalizer, make_rl_loss, split_mini_batches
 from rlkit.trainer.sft import sft_loss
@@ -65,7 +65,7 @@ def stale_setup(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         behaviour = policy_logprobs(trainer, seqs)
         for _ in range(3):  # move the policy: SFT on the batch's own completions
             assert not trainer.train_step(seqs, sft_loss, normalizer=8 * COMPLETION).skipped
-        newer = trainer.export(weights_dir(root, 3))
+        newer = trainer.export(RunLayout.of(root).weights_version(3))
     finally:
         trainer.close()
     for seq, lps in zip(seqs, behaviour, strict=True):

@@ -102,6 +102,9 @@ def test_the_layering_is_the_documented_one() -> None:
     assert "envs" not in graph["hub"] and "eval" not in graph["hub"]
     assert {"envs", "hub"} <= graph["eval"]  # eval results are published by rlkit.eval
     assert "train" not in graph["orchestrator"]  # the whole job's config lives above it
+    # the orchestrator-trainer contract sits below both: data flows one way through it
+    assert "protocol" in graph["orchestrator"] and "protocol" in graph["trainer"]
+    assert not {"orchestrator", "trainer", "train"} & graph["protocol"]
 
 
 def test_imports_inside_functions_and_relative_imports_count() -> None:

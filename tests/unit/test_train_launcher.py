@@ -105,8 +105,8 @@ def test_orchestrator_stops_on_a_reported_trainer_failure(tmp_path) -> None:
     raises at once instead of waiting out weights_timeout_s, and a resume clears the report."""
     import asyncio
 
-    from rlkit import handoff
     from rlkit.orchestrator.loop import TrainerFailed, wait_for_weights
+    from rlkit.protocol import handoff
 
     handoff.report_trainer_failure(tmp_path, "trainer node 0 exited with code 1")
     doorbell = handoff.Doorbell(tmp_path, handoff.ORCHESTRATOR)

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlkit.protocol.layout import RunLayout
 from rlkit.trainer.batch import (
     MalformedBatchError,
     TrainBatch,
     TrainSample,
-    batch_path,
     read_batch,
     write_batch,
 )
@@ -33,7 +33,7 @@ def sample(**changes) -> TrainSample:
 def test_round_trip_and_path(tmp_path: Path) -> None:
     batch = TrainBatch(step=7, samples=[sample(), sample(advantage=-1.0)], meta={"x": 1})
     path = write_batch(batch, tmp_path)
-    assert path == tmp_path / "batches" / "step_000007.pt" == batch_path(tmp_path, 7)
+    assert path == tmp_path / "batches" / "step_000007.pt" == RunLayout(tmp_path).batch(7)
     assert [p.name for p in path.parent.iterdir()] == ["step_000007.pt"]  # no tmp file left
     assert read_batch(path) == batch
     assert batch.num_tokens == 8
@@ -85,13 +85,13 @@ def test_samples_are_stored_as_columns(tmp_path: Path) -> None:
     assert columns["lengths"]["loss_mask"].tolist() == [4, 2, 4]
     assert columns["advantage"].dtype == torch.float64
     assert columns["routing"] == [None, None, bytes(8)]
-    assert read_batch(batch_path(tmp_path, 1)) == batch
+    assert read_batch(RunLayout(tmp_path).batch(1)) == batch
 
 
 def test_batch_written_as_plain_fields_still_reads(tmp_path: Path) -> None:
     """A run resumed across the switch to columns reads its earlier batches."""
     batch = TrainBatch(step=2, samples=[sample(), sample(advantage=-1.0)])
-    path = batch_path(tmp_path, 2)
+    path = RunLayout(tmp_path).batch(2)
     path.parent.mkdir()
     torch.save(batch.model_dump(), path)
     assert read_batch(path) == batch
