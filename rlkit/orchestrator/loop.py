@@ -39,8 +39,8 @@ from rlkit.orchestrator.source import EnvRolloutSource, ServersLost, load_enviro
 from rlkit.orchestrator.state import save_state
 from rlkit.orchestrator.watchdog import NoSignalError, NoSignalWatchdog
 from rlkit.protocol import handoff
+from rlkit.protocol.batch import write_batch
 from rlkit.protocol.layout import RunLayout
-from rlkit.trainer.batch import write_batch
 from rlkit.trainer.export import published_bytes
 
 

@@ -22,8 +22,8 @@ from rlkit.orchestrator.batching import GroupStats
 from rlkit.orchestrator.loggers import Sink, append_samples, scalars
 from rlkit.orchestrator.scheduler import Counters
 from rlkit.progress import print_line
+from rlkit.protocol.batch import TrainBatch, read_batch
 from rlkit.protocol.layout import RunLayout
-from rlkit.trainer.batch import TrainBatch, read_batch
 
 PLOT_PANELS = (
     ("reward", ("reward_mean",)),

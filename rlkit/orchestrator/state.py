@@ -19,12 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from rlkit.atomic import atomic_write
 from rlkit.errors import UsageError
 from rlkit.orchestrator.metrics import recover_step_records, truncate_jsonl
 from rlkit.protocol import handoff
+from rlkit.protocol.batch import read_batch_header
 from rlkit.protocol.layout import RunLayout, step_of
 from rlkit.trainer.checkpoint import resolve_checkpoint
 
@@ -47,7 +46,7 @@ def trainer_checkpoint_step(run_dir: Path) -> int:
 
 
 def _batch_prompts(path: Path) -> int:
-    meta = torch.load(path, weights_only=True)["meta"]
+    meta = read_batch_header(path).meta
     return len(meta.get("prompts", meta.get("group_uids", [])))
 
 

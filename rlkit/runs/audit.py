@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from rlkit.errors import UsageError
+from rlkit.protocol.batch import read_batch_header
 from rlkit.protocol.layout import RunLayout, step_of
 
 
@@ -111,9 +112,8 @@ def _span(values: list[int]) -> str:
 def _read_batch_meta(path: Path, report: AuditReport) -> dict[str, Any] | None:
     """The batch's meta plus `_step` and `_samples`; None (and a violation) if unreadable."""
     try:
-        raw = torch.load(path, weights_only=True)
-        samples = len(raw["columns"]["advantage"]) if "columns" in raw else len(raw["samples"])
-        return {**raw["meta"], "_step": raw["step"], "_samples": samples}
+        header = read_batch_header(path)
+        return {**header.meta, "_step": header.step, "_samples": header.samples}
     except Exception as exc:  # any unreadable batch is a finding, not a crash of the audit
         report.violations.append(f"{path.name}: cannot read: {exc}")
         return None

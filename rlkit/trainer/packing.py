@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from rlkit.errors import UsageError
-from rlkit.trainer.routing import UNKNOWN
+from rlkit.protocol.routing import UNKNOWN
 
 
 @dataclass

@@ -19,17 +19,17 @@ from torch import Tensor
 
 from rlkit.errors import UsageError
 from rlkit.protocol import handoff
+from rlkit.protocol.batch import TrainBatch, read_batch
 from rlkit.protocol.layout import RunLayout
+from rlkit.protocol.routing import decode_routing
 from rlkit.registry import Entry
 from rlkit.trainer import dist
-from rlkit.trainer.batch import TrainBatch, read_batch
 from rlkit.trainer.config import LossConfig, TrainerConfig
 from rlkit.trainer.engine import LossFn, Trainer
 from rlkit.trainer.export import prune_weights
 from rlkit.trainer.loss import LossParams, compute_policy_loss, loss_correction, resolve_loss
 from rlkit.trainer.metrics_log import MetricsLog
 from rlkit.trainer.packing import MicroBatch, Sequence
-from rlkit.trainer.routing import decode_routing
 
 console = Console(stderr=True)
 

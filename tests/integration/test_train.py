@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.trainer.batch import read_batch
+from rlkit.protocol.batch import read_batch
 from tests.cli import default_sigint, tiny_train_cmd
 
 ROOT = Path(__file__).resolve().parents[2]

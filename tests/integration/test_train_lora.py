@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlkit.protocol.batch import read_batch
 from rlkit.protocol.layout import RunLayout
-from rlkit.trainer.batch import read_batch
 from rlkit.trainer.export import published_bytes
 from tests.cli import RLKIT, TEST_SERVER_ARGS, tiny_train_cmd
 from tests.integration.test_train import records, start, wait_for_step

@@ -13,8 +13,8 @@ import pytest
 from rlkit.errors import UsageError
 from rlkit.inference import ClientPool
 from rlkit.orchestrator.loop import require_routing
+from rlkit.protocol.batch import read_batch
 from rlkit.protocol.layout import RunLayout
-from rlkit.trainer.batch import read_batch
 from tests.cli import RLKIT, ROOT, run_train
 
 pytestmark = pytest.mark.slow

@@ -19,8 +19,8 @@ from rlkit.orchestrator.prompts import Prompt
 from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import Counters, Group
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume, save_state
+from rlkit.protocol.batch import read_batch, write_batch
 from rlkit.train.config import TrainConfig
-from rlkit.trainer.batch import read_batch, write_batch
 
 BASE = """
 [model]
@@ -247,7 +247,7 @@ def test_resume_recovers_the_line_of_a_checkpointed_step_the_orchestrator_never_
     tmp_path: Path,
 ) -> None:
     """Interrupted after the trainer checkpointed step 2 but before the orchestrator logged it."""
-    from rlkit.trainer.batch import TrainBatch, TrainSample, write_batch
+    from rlkit.protocol.batch import TrainBatch, TrainSample, write_batch
 
     run = tmp_path / "run"
     (run / "checkpoints" / "step_000002").mkdir(parents=True)

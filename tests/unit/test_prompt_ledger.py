@@ -114,7 +114,7 @@ def test_states_are_kept_for_every_checkpoint_and_since_the_latest(tmp_path: Pat
 
 
 def test_rollback_line_names_discarded_steps_and_owed_prompts(tmp_path: Path) -> None:
-    from rlkit.trainer.batch import TrainBatch, TrainSample, write_batch
+    from rlkit.protocol.batch import TrainBatch, TrainSample, write_batch
 
     run = tmp_path / "run"
     checkpoint(run, 2)

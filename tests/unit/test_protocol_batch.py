@@ -1,4 +1,5 @@
-"""The orchestrator -> trainer batch file: atomic write, round trip, clear errors."""
+"""The orchestrator -> trainer batch file (`rlkit.protocol.batch`): atomic write, round trip,
+clear errors."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlkit.protocol.layout import RunLayout
-from rlkit.trainer.batch import (
+from rlkit.protocol.batch import (
     MalformedBatchError,
     TrainBatch,
     TrainSample,
     read_batch,
+    read_batch_header,
     write_batch,
 )
+from rlkit.protocol.layout import RunLayout
 
 
 def sample(**changes) -> TrainSample:
@@ -104,3 +106,9 @@ def test_missing_column_named(tmp_path: Path) -> None:
     torch.save(raw, path)
     with pytest.raises(MalformedBatchError, match="no column 'inference_logprobs'"):
         read_batch(path)
+
+
+def test_header_is_read_without_the_samples(tmp_path: Path) -> None:
+    batch = TrainBatch(step=4, samples=[sample(), sample()], meta={"prompts": [{"draw": 0}]})
+    header = read_batch_header(write_batch(batch, tmp_path))
+    assert header == (4, {"prompts": [{"draw": 0}]}, 2)
