@@ -210,7 +210,7 @@ class OrchestratorConfig(Config):
 
     @model_validator(mode="after")
     def _valid_advantage(self) -> OrchestratorConfig:
-        from rlkit.trainer.advantages import ADVANTAGES
+        from rlkit.orchestrator.advantages import ADVANTAGES
 
         ADVANTAGES.get(self.advantage).validate(self.advantage_params, "advantage_params")
         return self
