@@ -6,7 +6,7 @@ from rlkit.deprecated import moved_names
 
 __all__ = ["C3POScheduler", "SyncScheduler", "run_orchestrator"]
 
-_moved = moved_names(__name__, {"TrainConfig": "rlkit.train.config:TrainConfig"})
+_moved = moved_names(__name__, {"TrainConfig": "rlkit.launch.config:TrainConfig"})
 
 
 def __getattr__(name: str) -> Any:

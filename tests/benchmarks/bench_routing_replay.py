@@ -32,8 +32,8 @@ import torch
 
 from rlkit.envs.rollout import decode_routed_experts
 from rlkit.inference import InferenceClient, start_server
+from rlkit.launch.launcher import routing_server_options
 from rlkit.models import init_tiny
-from rlkit.train.launcher import routing_server_options
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
 from rlkit.trainer.engine import Trainer
 from rlkit.trainer.packing import Sequence

@@ -15,8 +15,8 @@ import subprocess
 from pathlib import Path
 
 from rlkit.config import load_config
+from rlkit.launch.config import TrainConfig
 from rlkit.orchestrator.config import EnvSpec
-from rlkit.train.config import TrainConfig
 from tests.cli import DEMO_CONFIG, RLKIT, ROOT
 
 GSM8K = ROOT / "environments/math/math_env/data/gsm8k_test.jsonl"

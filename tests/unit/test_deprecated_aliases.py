@@ -7,9 +7,9 @@ import importlib
 import pytest
 
 from rlkit.eval import publish
+from rlkit.launch import config as train_config
 from rlkit.orchestrator import config as orchestrator_config
 from rlkit.orchestrator import scheduler
-from rlkit.train import config as train_config
 
 MOVED = [
     ("rlkit.orchestrator.config", "TrainConfig", train_config.TrainConfig),

@@ -130,7 +130,7 @@ def test_running_servers_context_wins_over_the_launch_flags(tiny_model_dir: Path
     from transformers import AutoTokenizer
 
     from rlkit.config import load_config
-    from rlkit.train.config import TrainConfig, check_environments
+    from rlkit.launch.config import TrainConfig, check_environments
     from tests.cli import DEMO_CONFIG
     from tests.fakes.fake_openai import FakeOpenAIServer
 

@@ -12,6 +12,7 @@ import pytest
 from rlkit.config import load_config
 from rlkit.envs import Rollout, Turn
 from rlkit.errors import UsageError
+from rlkit.launch.config import TrainConfig
 from rlkit.orchestrator.batching import GroupProcessor, make_batch
 from rlkit.orchestrator.config import DifficultyConfig
 from rlkit.orchestrator.metrics import MetricsLogger, step_record, truncate_jsonl
@@ -20,7 +21,6 @@ from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import Counters, Group
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume, save_state
 from rlkit.protocol.batch import read_batch, write_batch
-from rlkit.train.config import TrainConfig
 
 BASE = """
 [model]
@@ -99,7 +99,7 @@ def test_cli_bad_config_exits_2_and_starts_nothing(tmp_path: Path) -> None:
 
 
 def test_evaluation_only_environment_is_refused_for_training(tmp_path: Path) -> None:
-    from rlkit.train.config import check_environments
+    from rlkit.launch.config import check_environments
 
     cfg = config(tmp_path, BASE.replace('id = "reverse-text"', 'id = "math"'))
     with pytest.raises(UsageError, match=r"env\.0\.args: .*no training set"):
@@ -290,7 +290,7 @@ def test_dry_run_prints_resolved_config(tmp_path: Path) -> None:
 
 
 def test_trainer_command_uses_torchrun_for_several_ranks(tmp_path: Path) -> None:
-    from rlkit.train.launcher import trainer_command
+    from rlkit.launch.launcher import trainer_command
 
     one = trainer_command(tmp_path / "t.toml", 1, resume=False)
     assert one[1:3] == ["-m", "rlkit.trainer.main"] and "--resume" not in one

@@ -1,4 +1,4 @@
-"""The trainer's process environment on CPU (`rlkit.train.launcher.trainer_env`)."""
+"""The trainer's process environment on CPU (`rlkit.launch.launcher.trainer_env`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from rlkit.train import launcher
+from rlkit.launch import launcher
 
 
 def test_cpu_trainer_waits_passively_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -25,7 +25,7 @@ def test_gpu_trainer_keeps_openmp_defaults(monkeypatch: pytest.MonkeyPatch) -> N
 
 def demo_config(*overrides: str):
     from rlkit.config import load_config
-    from rlkit.train.config import TrainConfig
+    from rlkit.launch.config import TrainConfig
     from tests.cli import ROOT
 
     return load_config(TrainConfig, ROOT / "examples/tiny-cpu/train.toml", list(overrides))

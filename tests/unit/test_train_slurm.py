@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.config import load_config
-from rlkit.train.config import TrainConfig
+from rlkit.launch.config import TrainConfig
 from tests.cli import ROOT, run_cli
 
 TWO_NODE = ROOT / "examples/multi-node/two-node.toml"

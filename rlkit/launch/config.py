@@ -4,7 +4,7 @@ Sections: `[model]`, `[[env]]`, `[inference]`, `[orchestrator]` (with `.sampling
 `.difficulty`, `.eval`), `[trainer]` (the trainer plus its launch: nodes, processes per node,
 rendezvous), `[loss]`, `[ckpt]`, `[log]`, `[slurm]` (the cluster job of `--slurm`). The sections
 are defined by the parts that read them (`rlkit.orchestrator.config`, `rlkit.trainer.config`,
-`rlkit.train.slurm_config`); this root adds the checks across sections and `check_environments`
+`rlkit.launch.slurm_config`); this root adds the checks across sections and `check_environments`
 the ones pydantic cannot do alone (environments that do not load), so that a bad config fails
 before anything is started.
 """
@@ -19,12 +19,12 @@ from rich.console import Console
 
 from rlkit.config import dump_toml
 from rlkit.envs.fit import fit_training_sets, max_model_len, renderer_for, served_context
+from rlkit.launch.roles import Role
+from rlkit.launch.slurm_config import SlurmConfig
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list
 from rlkit.orchestrator.loggers import check_sinks
 from rlkit.orchestrator.source import load_environments
 from rlkit.progress import phase, print_line
-from rlkit.train.roles import Role
-from rlkit.train.slurm_config import SlurmConfig
 from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig
 from rlkit.trainer.routing import RoutingReplay
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from rlkit.errors import UsageError
 
 if TYPE_CHECKING:
-    from rlkit.train.config import TrainConfig
+    from rlkit.launch.config import TrainConfig
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 DEDICATED_MEMORY_FRACTION = 0.9  # vLLM alone on its GPUs

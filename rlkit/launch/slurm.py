@@ -20,9 +20,9 @@ import subprocess
 from pathlib import Path
 
 from rlkit.errors import SystemRequirementError, UsageError
+from rlkit.launch.config import TrainConfig
+from rlkit.launch.slurm_config import SlurmConfig
 from rlkit.orchestrator.state import check_fresh_run_dir
-from rlkit.train.config import TrainConfig
-from rlkit.train.slurm_config import SlurmConfig
 
 DEFAULT_INFERENCE_PORT = 8000
 

@@ -33,15 +33,15 @@ from rlkit.inference import ServerProcess, start_server
 from rlkit.inference.lifecycle import has_cuda, lora_server_args
 from rlkit.inference.polling import busy_loop_env
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
+from rlkit.launch import gpus
+from rlkit.launch.config import TrainConfig, check_role
+from rlkit.launch.roles import Role
 from rlkit.lifetime import die_with_parent_preexec
 from rlkit.orchestrator.loop import run_orchestrator
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
 from rlkit.progress import phase, print_line
 from rlkit.protocol import handoff
 from rlkit.protocol.layout import RunLayout
-from rlkit.train import gpus
-from rlkit.train.config import TrainConfig, check_role
-from rlkit.train.roles import Role
 from rlkit.trainer.main import Launch, trainer_command
 
 
@@ -86,7 +86,7 @@ class ServerFleet:
         self, cfg: TrainConfig, run_dir: Path, console: Console, devices: list[str | None]
     ) -> None:
         self.cfg = cfg
-        self.devices = devices  # each server's CUDA_VISIBLE_DEVICES (rlkit.train.gpus)
+        self.devices = devices  # each server's CUDA_VISIBLE_DEVICES (rlkit.launch.gpus)
         self.run_dir = run_dir
         self.log_dir = RunLayout(run_dir).logs
         self.console = console

@@ -1,9 +1,9 @@
-"""`rlkit train`: the whole RL job, its config (`rlkit.train.config.TrainConfig`) and the
-launcher of servers, orchestrator and trainer (`rlkit.train.launcher.run_train`)."""
+"""`rlkit train`: the whole RL job, its config (`rlkit.launch.config.TrainConfig`) and the
+launcher of servers, orchestrator and trainer (`rlkit.launch.launcher.run_train`)."""
 
 from typing import Any
 
-from rlkit.train.roles import Role
+from rlkit.launch.roles import Role
 
 __all__ = ["Role", "TrainConfig", "run_train"]
 
@@ -11,11 +11,11 @@ __all__ = ["Role", "TrainConfig", "run_train"]
 def __getattr__(name: str) -> Any:
     """`TrainConfig` and `run_train` load on first use, so `rlkit --help` never imports torch."""
     if name == "TrainConfig":
-        from rlkit.train.config import TrainConfig
+        from rlkit.launch.config import TrainConfig
 
         return TrainConfig
     if name == "run_train":
-        from rlkit.train.launcher import run_train
+        from rlkit.launch.launcher import run_train
 
         return run_train
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
