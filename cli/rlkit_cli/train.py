@@ -31,9 +31,9 @@ def train(
     `rlkit train cfg.toml --orchestrator.max_steps 20 --loss.name grpo`.
     """
     from rlkit.config import dump_toml, load_config
-    from rlkit.launch.config import TrainConfig, check_role
+    from rlkit.launch.config import RLJobConfig, check_role
 
-    cfg = load_config(TrainConfig, config, list(ctx.args))
+    cfg = load_config(RLJobConfig, config, list(ctx.args))
     if slurm:
         from rlkit.errors import UsageError
         from rlkit.launch.slurm import launch

@@ -1,19 +1,19 @@
-"""`rlkit train`: the whole RL job, its config (`rlkit.launch.config.TrainConfig`) and the
+"""`rlkit train`: the whole RL job, its config (`rlkit.launch.config.RLJobConfig`) and the
 launcher of servers, orchestrator and trainer (`rlkit.launch.launcher.run_train`)."""
 
 from typing import Any
 
 from rlkit.launch.roles import Role
 
-__all__ = ["Role", "TrainConfig", "run_train"]
+__all__ = ["Role", "RLJobConfig", "run_train"]
 
 
 def __getattr__(name: str) -> Any:
-    """`TrainConfig` and `run_train` load on first use, so `rlkit --help` never imports torch."""
-    if name == "TrainConfig":
-        from rlkit.launch.config import TrainConfig
+    """`RLJobConfig` and `run_train` load on first use, so `rlkit --help` never imports torch."""
+    if name == "RLJobConfig":
+        from rlkit.launch.config import RLJobConfig
 
-        return TrainConfig
+        return RLJobConfig
     if name == "run_train":
         from rlkit.launch.launcher import run_train
 

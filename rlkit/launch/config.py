@@ -32,8 +32,10 @@ LAUNCH_FIELDS = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "gpus
 ROOT_FIELDS = ("run_dir", "model", "loss", "ckpt", "max_steps")  # TrainerConfig's, from the root
 
 
-class TrainerSection(TrainerConfig):
-    """The trainer's config; `run_dir`, `model`, `loss`, `ckpt`, `max_steps` come from the root.
+class TrainerLaunchConfig(TrainerConfig):
+    """`[trainer]` of `rlkit train`: the trainer process's `TrainerConfig` plus how to launch it
+    (nodes, processes per node, rendezvous, GPUs); `run_dir`, `model`, `loss`, `ckpt`,
+    `max_steps` come from the root (`RLJobConfig.trainer_config`).
 
     The launch fields are read by the launcher only (the torchrun command line, see
     `rlkit.trainer.main.trainer_command`); every node of a multi-node trainer runs
@@ -75,7 +77,7 @@ class TrainerSection(TrainerConfig):
         return data
 
     @model_validator(mode="after")
-    def _valid_launch(self) -> TrainerSection:
+    def _valid_launch(self) -> TrainerLaunchConfig:
         if self.node_rank >= self.nnodes:
             raise ValueError(
                 f"trainer.node_rank ({self.node_rank}) must be below trainer.nnodes ({self.nnodes})"
@@ -100,10 +102,12 @@ class TrainerSection(TrainerConfig):
         return self
 
 
-class TrainConfig(RolloutJobConfig):
+class RLJobConfig(RolloutJobConfig):
     """Root of `rlkit train CONFIG.toml`: the orchestrator's sections plus the trainer's."""
 
-    trainer: TrainerSection = Field(default_factory=TrainerSection, description="Trainer.")
+    trainer: TrainerLaunchConfig = Field(
+        default_factory=TrainerLaunchConfig, description="Trainer."
+    )
     loss: LossConfig = Field(default_factory=LossConfig, description="Policy loss.")
     ckpt: CkptConfig = Field(default_factory=CkptConfig, description="Checkpoints.")
     slurm: SlurmConfig = Field(
@@ -111,7 +115,7 @@ class TrainConfig(RolloutJobConfig):
     )
 
     @model_validator(mode="after")
-    def _consistent(self) -> TrainConfig:
+    def _consistent(self) -> RLJobConfig:
         o = self.orchestrator
         if not self.env:
             raise ValueError("env: at least one [[env]] section is required")
@@ -158,7 +162,7 @@ class TrainConfig(RolloutJobConfig):
         return TrainerConfig.model_validate(data)
 
 
-def check_environments(config: TrainConfig) -> dict[str, Any]:
+def check_environments(config: RLJobConfig) -> dict[str, Any]:
     """Load every `[[env]]` up front (an unknown id is a UsageError naming `env.N.id`) and drop
     the training prompts that do not fit the context, or refuse when too many do not."""
     config.sandbox.apply()
@@ -167,7 +171,7 @@ def check_environments(config: TrainConfig) -> dict[str, Any]:
     return envs
 
 
-def fit_prompts(config: TrainConfig, envs: dict[str, Any], console: Console) -> None:
+def fit_prompts(config: RLJobConfig, envs: dict[str, Any], console: Console) -> None:
     """`rlkit.envs.fit.fit_training_sets` with the servers' context (asked from running servers in
     `inference.urls`, else the launch flags or the model's) and the model's chat template."""
     urls, model = config.inference.urls, config.model.path
@@ -194,7 +198,7 @@ def fit_prompts(config: TrainConfig, envs: dict[str, Any], console: Console) -> 
         )
 
 
-def check_role(config: TrainConfig, role: Role | str) -> dict[str, Any]:
+def check_role(config: RLJobConfig, role: Role | str) -> dict[str, Any]:
     """Validate and load what `role` needs before anything starts: the environments (and their
     prompts' fit) for the roles that run the orchestrator; a trainer or inference node never
     reads them (their datasets may not even be reachable from it)."""

@@ -34,7 +34,7 @@ from rlkit.inference.lifecycle import has_cuda, lora_server_args
 from rlkit.inference.polling import busy_loop_env
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.launch import gpus
-from rlkit.launch.config import TrainConfig, check_role
+from rlkit.launch.config import RLJobConfig, check_role
 from rlkit.launch.roles import Role
 from rlkit.lifetime import die_with_parent_preexec
 from rlkit.orchestrator.loop import run_orchestrator
@@ -83,7 +83,7 @@ class ServerFleet:
     """The inference servers this run launched, with a watchdog that relaunches dead ones."""
 
     def __init__(
-        self, cfg: TrainConfig, run_dir: Path, console: Console, devices: list[str | None]
+        self, cfg: RLJobConfig, run_dir: Path, console: Console, devices: list[str | None]
     ) -> None:
         self.cfg = cfg
         self.devices = devices  # each server's CUDA_VISIBLE_DEVICES (rlkit.launch.gpus)
@@ -178,7 +178,7 @@ def trainer_env() -> dict[str, str]:
     return env
 
 
-def trainer_launch(cfg: TrainConfig) -> Launch:
+def trainer_launch(cfg: RLJobConfig) -> Launch:
     """This node's part of the trainer: torchrun's layout and c10d rendezvous from `[trainer]`.
     The rendezvous id is derived from `log.run_dir`, the same on every node of one run."""
     t = cfg.trainer
@@ -198,7 +198,7 @@ class TrainerProcess:
     which share `run_dir`)."""
 
     def __init__(
-        self, cfg: TrainConfig, run_dir: Path, resume: bool, devices: str | None = None
+        self, cfg: RLJobConfig, run_dir: Path, resume: bool, devices: str | None = None
     ) -> None:
         self.name = f"trainer-node{cfg.trainer.node_rank}" if cfg.trainer.nnodes > 1 else "trainer"
         layout = RunLayout(run_dir)
@@ -236,7 +236,7 @@ class TrainerProcess:
 
 
 def prepare_run_dir(
-    cfg: TrainConfig, resume: bool, console: Console
+    cfg: RLJobConfig, resume: bool, console: Console
 ) -> tuple[int, dict[str, Any] | None]:
     """Check or roll back the run directory (a resume says what it rolls back in one line) and
     save the resolved config; nothing started."""
@@ -252,7 +252,7 @@ def prepare_run_dir(
 
 
 def run_train(
-    cfg: TrainConfig, role: Role | str = Role.ALL, resume: bool = False
+    cfg: RLJobConfig, role: Role | str = Role.ALL, resume: bool = False
 ) -> dict[str, Any]:
     """Run `role` of the training job described by `cfg` (see the module docstring)."""
     role = Role(role)
@@ -291,7 +291,7 @@ def run_train(
 
 
 def _run_trainer_node(
-    cfg: TrainConfig, run_dir: Path, resume: bool, devices: str | None
+    cfg: RLJobConfig, run_dir: Path, resume: bool, devices: str | None
 ) -> dict[str, Any]:
     """Run this node's trainer in the foreground. If it fails or is stopped, the orchestrator
     (on another machine) is told through `run_dir` and stops instead of waiting for weights;
@@ -317,7 +317,7 @@ def _terminate_as_interrupt(signum: int, frame: Any) -> None:
 
 
 def _run_all(
-    cfg: TrainConfig,
+    cfg: RLJobConfig,
     run_dir: Path,
     start_step: int,
     state: dict[str, Any] | None,

@@ -2,11 +2,7 @@
 
 from typing import Any
 
-from rlkit.deprecated import moved_names
-
 __all__ = ["C3POScheduler", "SyncScheduler", "run_orchestrator"]
-
-_moved = moved_names(__name__, {"TrainConfig": "rlkit.launch.config:TrainConfig"})
 
 
 def __getattr__(name: str) -> Any:
@@ -20,4 +16,4 @@ def __getattr__(name: str) -> Any:
         from rlkit.orchestrator import scheduler
 
         return getattr(scheduler, name)
-    return _moved(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,7 @@
 `[orchestrator]` (with `.sampling`, `.difficulty`, `.eval`) and `[log]`.
 
 `RolloutJobConfig` is the orchestrator's view of a training job (policy, environments,
-servers, scheduling, run directory); the whole job's root, `rlkit.launch.config.TrainConfig`,
+servers, scheduling, run directory); the whole job's root, `rlkit.launch.config.RLJobConfig`,
 extends it with the trainer's sections.
 """
 
@@ -281,8 +281,6 @@ class RolloutJobConfig(Config):
 __getattr__ = moved_names(
     __name__,
     {
-        "TrainConfig": "rlkit.launch.config:TrainConfig",
-        "TrainerSection": "rlkit.launch.config:TrainerSection",
         "EvalConfig": "rlkit.orchestrator.config:OnlineEvalConfig",
         "check_environments": "rlkit.launch.config:check_environments",
     },

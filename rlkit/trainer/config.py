@@ -123,7 +123,9 @@ class WeightsConfig(Config):
 
 
 class TrainerConfig(Config):
-    """Everything the FSDP2 trainer needs for RL; SFT adds its `data` section (see SFTConfig)."""
+    """Everything the FSDP2 trainer process reads for RL (`python -m rlkit.trainer.main`); SFT
+    adds its `data` section (see SFTConfig), `rlkit train` its launch fields and the rest of
+    the job (`rlkit.launch.config.TrainerLaunchConfig`, `RLJobConfig`)."""
 
     run_dir: str = Field("runs/train", description="Directory for batches, weights, checkpoints.")
     seed: int = Field(0, description="Seed for torch, python and numpy RNGs.")

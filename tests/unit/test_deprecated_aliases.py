@@ -12,11 +12,8 @@ from rlkit.orchestrator import config as orchestrator_config
 from rlkit.orchestrator import scheduler
 
 MOVED = [
-    ("rlkit.orchestrator.config", "TrainConfig", train_config.TrainConfig),
-    ("rlkit.orchestrator.config", "TrainerSection", train_config.TrainerSection),
     ("rlkit.orchestrator.config", "check_environments", train_config.check_environments),
     ("rlkit.orchestrator.config", "EvalConfig", orchestrator_config.OnlineEvalConfig),
-    ("rlkit.orchestrator", "TrainConfig", train_config.TrainConfig),
     ("rlkit.orchestrator.scheduler", "Accept", scheduler.ProcessGroup),
     ("rlkit.hub", "push_eval_results", publish.push_eval_results),
 ]

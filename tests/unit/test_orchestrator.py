@@ -12,7 +12,7 @@ import pytest
 from rlkit.config import load_config
 from rlkit.envs import Rollout, Turn
 from rlkit.errors import UsageError
-from rlkit.launch.config import TrainConfig
+from rlkit.launch.config import RLJobConfig
 from rlkit.orchestrator.batching import GroupProcessor, make_batch
 from rlkit.orchestrator.config import DifficultyConfig
 from rlkit.orchestrator.metrics import MetricsLogger, step_record, truncate_jsonl
@@ -33,10 +33,10 @@ sampling = { max_tokens = 64 }
 """
 
 
-def config(tmp_path: Path, text: str = BASE, overrides: list[str] | None = None) -> TrainConfig:
+def config(tmp_path: Path, text: str = BASE, overrides: list[str] | None = None) -> RLJobConfig:
     path = tmp_path / "train.toml"
     path.write_text(text)
-    return load_config(TrainConfig, path, overrides)
+    return load_config(RLJobConfig, path, overrides)
 
 
 def test_config_defaults_and_overrides(tmp_path: Path) -> None:

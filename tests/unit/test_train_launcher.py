@@ -25,10 +25,10 @@ def test_gpu_trainer_keeps_openmp_defaults(monkeypatch: pytest.MonkeyPatch) -> N
 
 def demo_config(*overrides: str):
     from rlkit.config import load_config
-    from rlkit.launch.config import TrainConfig
+    from rlkit.launch.config import RLJobConfig
     from tests.cli import ROOT
 
-    return load_config(TrainConfig, ROOT / "examples/tiny-cpu/train.toml", list(overrides))
+    return load_config(RLJobConfig, ROOT / "examples/tiny-cpu/train.toml", list(overrides))
 
 
 def test_multi_node_trainer_command() -> None:
