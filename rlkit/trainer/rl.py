@@ -25,11 +25,11 @@ from rlkit.protocol.routing import decode_routing
 from rlkit.registry import Entry
 from rlkit.trainer import dist
 from rlkit.trainer.config import LossConfig, TrainerConfig
-from rlkit.trainer.engine import LossFn, Trainer
 from rlkit.trainer.export import prune_weights
 from rlkit.trainer.loss import LossParams, compute_policy_loss, loss_correction, resolve_loss
 from rlkit.trainer.metrics_log import MetricsLog
 from rlkit.trainer.packing import MicroBatch, Sequence
+from rlkit.trainer.trainer import LossFn, Trainer
 
 console = Console(stderr=True)
 

@@ -22,9 +22,9 @@ from rlkit.errors import UsageError
 from rlkit.protocol.layout import RunLayout
 from rlkit.trainer import dist
 from rlkit.trainer.config import SFTConfig, SFTDataConfig
-from rlkit.trainer.engine import Trainer
 from rlkit.trainer.metrics_log import MetricsLog
 from rlkit.trainer.packing import MicroBatch, Sequence
+from rlkit.trainer.trainer import Trainer
 
 console = Console(stderr=True)
 

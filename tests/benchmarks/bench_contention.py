@@ -31,9 +31,9 @@ from rlkit.inference import InferenceClient, ServerProcess, start_server
 from rlkit.inference.polling import ENV_VAR
 from rlkit.models import init_tiny
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
 from rlkit.trainer.packing import Sequence
 from rlkit.trainer.rl import batch_normalizer, make_rl_loss
+from rlkit.trainer.trainer import Trainer
 
 VARIANTS = {
     "vllm-default": ({}, 0),

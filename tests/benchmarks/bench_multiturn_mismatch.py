@@ -30,8 +30,8 @@ from rlkit.envs import MultiTurnEnv, Rollout
 from rlkit.inference import InferenceClient, start_server
 from rlkit.models import init_tiny
 from rlkit.trainer.config import ModelConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
 from rlkit.trainer.packing import Sequence, make_micro_batches
+from rlkit.trainer.trainer import Trainer
 
 STOPS = list(range(300, 400))
 

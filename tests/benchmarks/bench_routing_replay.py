@@ -35,9 +35,9 @@ from rlkit.inference import InferenceClient, start_server
 from rlkit.launch.launcher import routing_server_options
 from rlkit.models import init_tiny
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
 from rlkit.trainer.packing import Sequence
 from rlkit.trainer.rl import batch_normalizer, make_rl_loss
+from rlkit.trainer.trainer import Trainer
 
 KEYS = ("mismatch_kl", "mismatch_extreme_frac", "router_disagreement")
 

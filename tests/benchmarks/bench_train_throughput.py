@@ -18,10 +18,10 @@ import torch
 
 from rlkit.models import init_tiny
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
 from rlkit.trainer.packing import Sequence
 from rlkit.trainer.rl import batch_normalizer, make_rl_loss
 from rlkit.trainer.sft import sft_loss
+from rlkit.trainer.trainer import Trainer
 
 MICRO_BATCH_TOKENS = 2048
 

@@ -20,8 +20,8 @@ from rlkit.inference.client import InferenceError
 from rlkit.inference.lifecycle import lora_server_args
 from rlkit.protocol.layout import RunLayout
 from rlkit.trainer.config import LoraConfig, ModelConfig, OptimConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
 from rlkit.trainer.export import published_bytes
+from rlkit.trainer.trainer import Trainer
 from tests.cli import RLKIT, TEST_SERVER_ARGS
 from tests.integration.test_eval_vllm import check_engine_results
 from tests.integration.test_trainer_vllm import train_a_little, trainer_logprobs

@@ -19,8 +19,8 @@ from rlkit.envs import ToolEnv
 from rlkit.envs.tools import ToolCall, parse_tool_calls
 from rlkit.inference import InferenceClient
 from rlkit.trainer.config import ModelConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
 from rlkit.trainer.packing import Sequence, make_micro_batches
+from rlkit.trainer.trainer import Trainer
 
 pytestmark = pytest.mark.slow
 

@@ -41,8 +41,8 @@ def synthetic_batch(vocab: int, seed: int = 0) -> list:
 def probe(out: str, model_dir: str, sharding: str = "full", lora_rank: str = "0") -> None:
     from rlkit.trainer import dist
     from rlkit.trainer.config import LoraConfig, LossConfig, ModelConfig, TrainerConfig
-    from rlkit.trainer.engine import Trainer
     from rlkit.trainer.rl import batch_normalizer, make_rl_loss
+    from rlkit.trainer.trainer import Trainer
 
     cfg = TrainerConfig(
         run_dir=str(Path(out).parent / "run"),

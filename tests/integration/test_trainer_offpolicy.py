@@ -15,10 +15,10 @@ import torch
 
 from rlkit.protocol.layout import RunLayout
 from rlkit.trainer.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
-from rlkit.trainer.engine import StepResult, Trainer
 from rlkit.trainer.packing import Sequence, make_micro_batches
 from rlkit.trainer.rl import batch_normalizer, make_rl_loss, split_mini_batches
 from rlkit.trainer.sft import sft_loss
+from rlkit.trainer.trainer import StepResult, Trainer
 
 LOSSES = ["grpo", "cispo", "gspo", "gppo", "icepop"]
 PROMPT, COMPLETION = 6, 18

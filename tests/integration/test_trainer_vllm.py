@@ -9,9 +9,9 @@ import torch
 
 from rlkit.protocol.layout import RunLayout
 from rlkit.trainer.config import ModelConfig, OptimConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
 from rlkit.trainer.packing import Sequence, make_micro_batches
 from rlkit.trainer.sft import sft_loss
+from rlkit.trainer.trainer import Trainer
 from tests.cli import TEST_SERVER_ARGS
 
 

@@ -15,11 +15,11 @@ from rlkit.inference.client import Response, _response_version, _with_parent
 from rlkit.inference.lifecycle import lora_server_args
 from rlkit.trainer import dist
 from rlkit.trainer.config import LoraConfig, ModelConfig, OptimConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
 from rlkit.trainer.export import published_bytes
 from rlkit.trainer.lora import to_peft_state
 from rlkit.trainer.packing import Sequence, make_micro_batches
 from rlkit.trainer.sft import sft_loss
+from rlkit.trainer.trainer import Trainer
 
 
 def test_lora_server_args_round_the_rank_up() -> None:

@@ -13,10 +13,10 @@ import torch
 from rlkit.errors import UsageError
 from rlkit.protocol.routing import UNKNOWN
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
 from rlkit.trainer.packing import MicroBatch, Sequence, make_micro_batches
 from rlkit.trainer.rl import batch_normalizer, make_rl_loss
 from rlkit.trainer.routing import moe_routers
+from rlkit.trainer.trainer import Trainer
 from tests.unit.test_trainer_packing import sequences
 
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from rlkit.trainer.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
 from rlkit.trainer.optim import lr_factor
 from rlkit.trainer.packing import Sequence
 from rlkit.trainer.rl import batch_normalizer, make_rl_loss, resolve_loss_config
+from rlkit.trainer.trainer import Trainer
 
 
 def test_warmup_then_cosine_and_constant() -> None:

@@ -9,8 +9,8 @@ import torch
 
 from rlkit.errors import UsageError
 from rlkit.trainer.config import ModelConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
 from rlkit.trainer.packing import Sequence, make_micro_batches
+from rlkit.trainer.trainer import Trainer
 
 
 def sequences(vocab: int, lengths: list[int], seed: int = 0) -> list[Sequence]:

@@ -1,4 +1,5 @@
-"""The training step shared by RL and SFT: micro-batches, accumulation, clipping, skip on NaN.
+"""`Trainer`: the training step shared by RL and SFT: micro-batches, accumulation, clipping, skip
+on NaN.
 
 Every rank reads the whole step's samples and builds the same micro-batch list; micro-batch j
 runs on rank j % world_size and a rank with fewer micro-batches repeats its first one with the
