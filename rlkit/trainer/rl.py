@@ -29,7 +29,7 @@ from rlkit.trainer.export import prune_weights
 from rlkit.trainer.loss import LossParams, compute_policy_loss, loss_correction, resolve_loss
 from rlkit.trainer.metrics_log import MetricsLog
 from rlkit.trainer.packing import MicroBatch, Sequence
-from rlkit.trainer.trainer import LossFn, Trainer
+from rlkit.trainer.trainer import MicroBatchLoss, Trainer
 
 console = Console(stderr=True)
 
@@ -58,7 +58,7 @@ def split_mini_batches(seqs: list[Sequence], n: int) -> list[list[Sequence]]:
     return [seqs[bounds[i] : bounds[i + 1]] for i in range(n)]
 
 
-def make_rl_loss(cfg: LossConfig) -> LossFn:
+def make_rl_loss(cfg: LossConfig) -> MicroBatchLoss:
     """The configured loss on one micro-batch, dividing by the global normaliser.
 
     `prox` is pi_prox from the recomputation pass, or None: then the losses with a fixed

@@ -33,8 +33,10 @@ from rlkit.trainer.optim import build_optimizer
 from rlkit.trainer.packing import MicroBatch, Sequence, make_micro_batches
 from rlkit.trainer.routing import RoutingReplay
 
-# loss_fn(micro_batch, logprobs [S, T], old_logprobs [S, T] | None, entropy [S, T], normalizer)
-LossFn = Callable[[MicroBatch, Tensor, Tensor | None, Tensor, float], tuple[Tensor, dict]]
+# The trainer's loss on one micro-batch (`rl.make_rl_loss`, `sft.sft_loss`), not a registered loss
+# (`loss.LossFn`): (micro_batch, logprobs [S, T], old_logprobs [S, T] | None, entropy [S, T],
+# normalizer) -> (loss, metrics)
+MicroBatchLoss = Callable[[MicroBatch, Tensor, Tensor | None, Tensor, float], tuple[Tensor, dict]]
 # How each per-micro-batch metric combines over micro-batches and ranks.
 SUMMED_METRICS = {
     "num_tokens",
@@ -122,7 +124,7 @@ class Trainer:
     def _gradients(
         self,
         local: list[tuple[MicroBatch, float]],
-        loss_fn: LossFn,
+        loss_fn: MicroBatchLoss,
         normalizer: float,
         olds: list[Tensor] | None,
     ) -> tuple[dict[str, float], bool]:
@@ -168,7 +170,11 @@ class Trainer:
         return contextlib.nullcontext()
 
     def compute_gradients(
-        self, seqs: list[Sequence], loss_fn: LossFn, normalizer: float, recompute_old: bool = False
+        self,
+        seqs: list[Sequence],
+        loss_fn: MicroBatchLoss,
+        normalizer: float,
+        recompute_old: bool = False,
     ) -> tuple[dict[str, float], bool, int]:
         """Gradients of one batch without a step: (metrics, any non-finite, micro-batches)."""
         local, olds, n_mbs = self._prepare(seqs, recompute_old)
@@ -220,7 +226,11 @@ class Trainer:
         return grad_norm, skipped
 
     def train_step(
-        self, seqs: list[Sequence], loss_fn: LossFn, normalizer: float, recompute_old: bool = False
+        self,
+        seqs: list[Sequence],
+        loss_fn: MicroBatchLoss,
+        normalizer: float,
+        recompute_old: bool = False,
     ) -> StepResult:
         """One optimiser step; a non-finite loss or gradient norm skips it (grads dropped)."""
         return self.train_steps([seqs], loss_fn, [normalizer], recompute_old)
@@ -228,7 +238,7 @@ class Trainer:
     def train_steps(
         self,
         mini_batches: list[list[Sequence]],
-        loss_fn: LossFn,
+        loss_fn: MicroBatchLoss,
         normalizers: list[float],
         recompute_old: bool = False,
     ) -> StepResult:
