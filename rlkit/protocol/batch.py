@@ -19,7 +19,7 @@ every step.
 One sample on its way: `rlkit.envs.rollout.TrainingTokens` (what a rollout's turns make: tokens,
 mask, engine logprobs, routing) -> `TrainSample` (this record: plus what the orchestrator adds,
 the advantage, policy version, environment, temperature) -> the trainer's
-`rlkit.trainer.packing.Sequence` (routing decoded) -> `MicroBatch` (many packed as tensors).
+`rlkit.trainer.packing.TokenSequence` (routing decoded) -> `MicroBatch` (many packed as tensors).
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ class GSPOParams(ClipParams):
     eps_high: float = Field(4e-4, ge=0, description="Upper clip of the sequence ratio.")
 
 
-class Sequences:
+class SequenceIndex:
     """Which sequence each token belongs to: a row, or a `segment_ids` span in packed rows."""
 
     def __init__(self, shape: torch.Size, segment_ids: Tensor | None, device: torch.device):
@@ -144,7 +144,7 @@ class Sequences:
 def _aggregate(
     per_token: Tensor,
     mask: Tensor,
-    sequences: Sequences,
+    sequences: SequenceIndex,
     agg: str,
     normalizer: float | None,
 ) -> Tensor:
@@ -184,7 +184,7 @@ def sft_on_correct_loss(
     mask = loss_mask.bool()
     adv = advantages[:, None].expand(mask.shape) if advantages.dim() == 1 else advantages
     nll = torch.where(mask & (adv > 0), -logprobs.float(), 0.0)
-    sequences = Sequences(mask.shape, segment_ids, mask.device)
+    sequences = SequenceIndex(mask.shape, segment_ids, mask.device)
     return _aggregate(nll, mask, sequences, agg, normalizer)
 
 
@@ -201,7 +201,7 @@ def reference_kl_loss(
     mask = loss_mask.bool()
     delta = torch.where(mask, ref_logprobs.float().detach() - logprobs.float(), 0.0)
     k3 = torch.exp(delta) - delta - 1
-    sequences = Sequences(mask.shape, segment_ids, mask.device)
+    sequences = SequenceIndex(mask.shape, segment_ids, mask.device)
     return _aggregate(k3, mask, sequences, agg, normalizer)
 
 
@@ -213,7 +213,7 @@ class LossInputs:
     old: Tensor  # log pi_prox [B, T] (the "old" policy of the PPO ratio), no grad
     advantages: Tensor  # [B, T]
     mask: Tensor  # [B, T] bool: tokens that count
-    sequences: Sequences
+    sequences: SequenceIndex
 
     @property
     def ratio(self) -> Tensor:
@@ -440,7 +440,7 @@ def compute_policy_loss(
     inference = inference_logprobs.detach().float().masked_fill(~mask, 0.0)
     adv = advantages.detach().float()
     adv = (adv[:, None].expand(mask.shape) if adv.dim() == 1 else adv).masked_fill(~mask, 0.0)
-    sequences = Sequences(mask.shape, segment_ids, mask.device)
+    sequences = SequenceIndex(mask.shape, segment_ids, mask.device)
 
     objective, stats = entry.fn(LossInputs(logprobs, old, adv, mask, sequences), p)
     k = torch.exp(old - inference)

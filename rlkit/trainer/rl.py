@@ -28,7 +28,7 @@ from rlkit.trainer.config import LossConfig, TrainerConfig
 from rlkit.trainer.export import prune_weights
 from rlkit.trainer.loss import LossParams, compute_policy_loss, loss_correction, resolve_loss
 from rlkit.trainer.metrics_log import MetricsLog
-from rlkit.trainer.packing import MicroBatch, Sequence
+from rlkit.trainer.packing import MicroBatch, TokenSequence
 from rlkit.trainer.trainer import MicroBatchLoss, Trainer
 
 console = Console(stderr=True)
@@ -42,7 +42,7 @@ def resolve_loss_config(cfg: LossConfig) -> tuple[Entry, LossParams]:
         raise UsageError(f"loss: {exc}") from exc
 
 
-def batch_normalizer(seqs: list[Sequence], agg: str) -> float:
+def batch_normalizer(seqs: list[TokenSequence], agg: str) -> float:
     """Global count the loss divides by: counted tokens, or sequences with any counted token."""
     if agg == "token-mean":
         count = sum(sum(s.loss_mask[1:]) for s in seqs)
@@ -51,7 +51,7 @@ def batch_normalizer(seqs: list[Sequence], agg: str) -> float:
     return float(max(count, 1))
 
 
-def split_mini_batches(seqs: list[Sequence], n: int) -> list[list[Sequence]]:
+def split_mini_batches(seqs: list[TokenSequence], n: int) -> list[list[TokenSequence]]:
     """`n` contiguous, near-equal mini-batches (groups stay together as far as sizes allow)."""
     n = max(1, min(n, len(seqs)))
     bounds = [round(i * len(seqs) / n) for i in range(n + 1)]
@@ -95,9 +95,9 @@ def make_rl_loss(cfg: LossConfig) -> MicroBatchLoss:
     return loss_fn
 
 
-def to_sequences(batch: TrainBatch) -> list[Sequence]:
+def to_sequences(batch: TrainBatch) -> list[TokenSequence]:
     return [
-        Sequence(
+        TokenSequence(
             s.token_ids,
             s.loss_mask,
             s.inference_logprobs,

@@ -30,7 +30,7 @@ from rlkit.trainer import checkpoint, dist, export
 from rlkit.trainer.config import TrainerConfig
 from rlkit.trainer.model import load_policy
 from rlkit.trainer.optim import build_optimizer
-from rlkit.trainer.packing import MicroBatch, Sequence, make_micro_batches
+from rlkit.trainer.packing import MicroBatch, TokenSequence, make_micro_batches
 from rlkit.trainer.routing import RoutingReplay
 
 # The trainer's loss on one micro-batch (`rl.make_rl_loss`, `sft.sft_loss`), not a registered loss
@@ -171,7 +171,7 @@ class Trainer:
 
     def compute_gradients(
         self,
-        seqs: list[Sequence],
+        seqs: list[TokenSequence],
         loss_fn: MicroBatchLoss,
         normalizer: float,
         recompute_old: bool = False,
@@ -182,7 +182,7 @@ class Trainer:
         return metrics, nonfinite, n_mbs
 
     def _prepare(
-        self, seqs: list[Sequence], recompute_old: bool
+        self, seqs: list[TokenSequence], recompute_old: bool
     ) -> tuple[list[tuple[MicroBatch, float]], list[Tensor] | None, int]:
         """This rank's micro-batches of `seqs`, their pi_prox (no grad) when `recompute_old`,
         and the number of micro-batches over all ranks."""
@@ -227,7 +227,7 @@ class Trainer:
 
     def train_step(
         self,
-        seqs: list[Sequence],
+        seqs: list[TokenSequence],
         loss_fn: MicroBatchLoss,
         normalizer: float,
         recompute_old: bool = False,
@@ -237,7 +237,7 @@ class Trainer:
 
     def train_steps(
         self,
-        mini_batches: list[list[Sequence]],
+        mini_batches: list[list[TokenSequence]],
         loss_fn: MicroBatchLoss,
         normalizers: list[float],
         recompute_old: bool = False,

@@ -30,7 +30,7 @@ from rlkit.envs import MultiTurnEnv, Rollout
 from rlkit.inference import InferenceClient, start_server
 from rlkit.models import init_tiny
 from rlkit.trainer.config import ModelConfig, TrainerConfig
-from rlkit.trainer.packing import Sequence, make_micro_batches
+from rlkit.trainer.packing import TokenSequence, make_micro_batches
 from rlkit.trainer.trainer import Trainer
 
 STOPS = list(range(300, 400))
@@ -67,7 +67,7 @@ def mismatch(trainer: Trainer, batch: list[Rollout]) -> dict[str, float]:
     k3_sum = tokens = 0.0
     for rollout in batch:
         sample = rollout.training_sample()
-        seq = Sequence(sample.token_ids, sample.loss_mask, sample.inference_logprobs)
+        seq = TokenSequence(sample.token_ids, sample.loss_mask, sample.inference_logprobs)
         (mb,) = make_micro_batches([seq], 8192)
         with torch.no_grad():
             lp, _ = trainer.logprobs(mb)

@@ -15,7 +15,7 @@ import torch
 
 from rlkit.protocol.layout import RunLayout
 from rlkit.trainer.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
-from rlkit.trainer.packing import Sequence, make_micro_batches
+from rlkit.trainer.packing import TokenSequence, make_micro_batches
 from rlkit.trainer.rl import batch_normalizer, make_rl_loss, split_mini_batches
 from rlkit.trainer.sft import sft_loss
 from rlkit.trainer.trainer import StepResult, Trainer
@@ -24,10 +24,10 @@ LOSSES = ["grpo", "cispo", "gspo", "gppo", "icepop"]
 PROMPT, COMPLETION = 6, 18
 
 
-def random_sequences(n: int = 8) -> list[Sequence]:
+def random_sequences(n: int = 8) -> list[TokenSequence]:
     g = torch.Generator().manual_seed(0)
     return [
-        Sequence(
+        TokenSequence(
             torch.randint(0, 1000, (PROMPT + COMPLETION,), generator=g).tolist(),
             [0] * PROMPT + [1] * COMPLETION,
             [0.0] * (PROMPT + COMPLETION),
@@ -37,7 +37,7 @@ def random_sequences(n: int = 8) -> list[Sequence]:
     ]
 
 
-def policy_logprobs(trainer: Trainer, seqs: list[Sequence]) -> list[list[float]]:
+def policy_logprobs(trainer: Trainer, seqs: list[TokenSequence]) -> list[list[float]]:
     """Per-token logprobs (0.0 on prompt tokens) in the batch-file layout."""
     out = []
     for seq in seqs:
@@ -97,7 +97,7 @@ def spy_gradients(trainer: Trainer) -> list[torch.Tensor]:
 
 
 def run_step(
-    model: Path, run_dir: Path, seqs: list[Sequence], loss: LossConfig, mini_batches: int
+    model: Path, run_dir: Path, seqs: list[TokenSequence], loss: LossConfig, mini_batches: int
 ) -> tuple[StepResult, list[torch.Tensor]]:
     trainer = make_trainer(model, run_dir, loss)
     try:
@@ -176,11 +176,11 @@ def test_tokens_outside_the_icepop_band_get_no_gradient(
         for i, (seq, lps) in enumerate(zip(seqs, prox, strict=True)):
             shift = 2.302585 if i < 4 else 0.0  # k = exp(-shift): 0.1 or 1
             inf = [0.0] * PROMPT + [lp + shift for lp in lps[PROMPT:]]
-            mixed.append(Sequence(seq.token_ids, seq.loss_mask, inf, seq.advantage))
+            mixed.append(TokenSequence(seq.token_ids, seq.loss_mask, inf, seq.advantage))
         loss_fn = make_rl_loss(loss)
         norm = 100.0
 
-        def grads_of(batch: list[Sequence]) -> torch.Tensor:
+        def grads_of(batch: list[TokenSequence]) -> torch.Tensor:
             metrics, _, _ = trainer.compute_gradients(batch, loss_fn, norm, recompute_old=True)
             flat = torch.cat([p.grad.full_tensor().flatten() for p in trainer.params]).clone()
             trainer.optimizer.zero_grad(set_to_none=True)

@@ -9,7 +9,7 @@ import torch
 
 from rlkit.protocol.layout import RunLayout
 from rlkit.trainer.config import ModelConfig, OptimConfig, TrainerConfig
-from rlkit.trainer.packing import Sequence, make_micro_batches
+from rlkit.trainer.packing import TokenSequence, make_micro_batches
 from rlkit.trainer.sft import sft_loss
 from rlkit.trainer.trainer import Trainer
 from tests.cli import TEST_SERVER_ARGS
@@ -21,14 +21,14 @@ def train_a_little(trainer: Trainer, steps: int = 4) -> None:
     seqs = []
     for _ in range(8):
         ids = torch.randint(0, 1000, (24,), generator=g).tolist()
-        seqs.append(Sequence(ids, [0] * 8 + [1] * 16, [0.0] * 24))
+        seqs.append(TokenSequence(ids, [0] * 8 + [1] * 16, [0.0] * 24))
     for _ in range(steps):
         assert not trainer.train_step(seqs, sft_loss, normalizer=8 * 15.0).skipped
 
 
 def trainer_logprobs(trainer: Trainer, prompt: list[int], completion: list[int]) -> torch.Tensor:
     ids = prompt + completion
-    seq = Sequence(ids, [0] * len(prompt) + [1] * len(completion), [0.0] * len(ids))
+    seq = TokenSequence(ids, [0] * len(prompt) + [1] * len(completion), [0.0] * len(ids))
     (mb,) = make_micro_batches([seq], 4096)
     with torch.no_grad():
         lp, _ = trainer.logprobs(mb)
@@ -84,7 +84,7 @@ def k3(trainer: Trainer, prompt: list[int], gens: list, temperature: float) -> f
     for gen in gens:
         ids = prompt + gen.completion_token_ids
         mask = [0] * len(prompt) + [1] * len(gen.completion_token_ids)
-        seq = Sequence(ids, mask, [0.0] * len(ids), temperature=temperature)
+        seq = TokenSequence(ids, mask, [0.0] * len(ids), temperature=temperature)
         (mb,) = make_micro_batches([seq], 4096)
         with torch.no_grad():
             ours = trainer.logprobs(mb)[0][0, len(prompt) - 1 :]

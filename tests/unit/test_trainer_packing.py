@@ -1,4 +1,4 @@
-"""Sequence packing: capacity and boundaries, and packed == padded == plain HF logprobs."""
+"""Packing token sequences: capacity and boundaries, and packed == padded == plain HF logprobs."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ import torch
 
 from rlkit.errors import UsageError
 from rlkit.trainer.config import ModelConfig, TrainerConfig
-from rlkit.trainer.packing import Sequence, make_micro_batches
+from rlkit.trainer.packing import TokenSequence, make_micro_batches
 from rlkit.trainer.trainer import Trainer
 
 
-def sequences(vocab: int, lengths: list[int], seed: int = 0) -> list[Sequence]:
+def sequences(vocab: int, lengths: list[int], seed: int = 0) -> list[TokenSequence]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for n in lengths:
         ids = torch.randint(0, vocab, (n,), generator=g).tolist()
         prompt = max(1, n // 3)
-        out.append(Sequence(ids, [0] * prompt + [1] * (n - prompt), [0.0] * n, 1.0))
+        out.append(TokenSequence(ids, [0] * prompt + [1] * (n - prompt), [0.0] * n, 1.0))
     return out
 
 
@@ -56,7 +56,7 @@ def test_sample_longer_than_micro_batch_names_the_setting() -> None:
         make_micro_batches(sequences(100, [10, 50]), 40)
 
 
-def reference_logprobs(model_dir: Path, seq: Sequence) -> torch.Tensor:
+def reference_logprobs(model_dir: Path, seq: TokenSequence) -> torch.Tensor:
     """Plain HF forward of one sequence, full log-softmax, counted positions only."""
     from transformers import AutoModelForCausalLM
 
