@@ -84,12 +84,12 @@ class LossConfig(Config):
     )
     behaviour_correction: Correction = Field(
         "icepop",
-        description="Weight on pi_prox/pi_behav for losses without their own (icepop mask, "
+        description="Weight on pi_old/pi_inf for losses without their own (icepop mask, "
         "truncated IS weight, or none); icepop and tis always use theirs.",
     )
     recompute_old_logprobs: bool = Field(
         False,
-        description="Recompute pi_prox (the trainer's policy at step start) with a no-grad pass; "
+        description="Recompute pi_old (the trainer's policy at step start) with a no-grad pass; "
         "off: grpo/cispo/gspo/gppo use the engine's logprobs as their old policy.",
     )
 

@@ -2,7 +2,7 @@
 
 Protocol with the orchestrator (files under `run_dir`, `rlkit.protocol.layout`): batches are
 numbered from 1; for step N the trainer waits for `batches/step_N.pt`, takes `mini_batches`
-optimiser steps on it (pi_prox recomputed first when `loss.recompute_old_logprobs`) and publishes
+optimiser steps on it (pi_old recomputed first when `loss.recompute_old_logprobs`) and publishes
 `weights/step_N/` (marked published last), which becomes policy version N on the servers.
 Metrics go to `trainer_metrics.jsonl`, one JSON object per step, written before the weights.
 Each side rings the other's doorbell (`rlkit.protocol.handoff`) when its file is in place, so
@@ -61,7 +61,7 @@ def split_mini_batches(seqs: list[TokenSequence], n: int) -> list[list[TokenSequ
 def make_rl_loss(cfg: LossConfig) -> MicroBatchLoss:
     """The configured loss on one micro-batch, dividing by the global normaliser.
 
-    `prox` is pi_prox from the recomputation pass, or None: then the losses with a fixed
+    `recomputed_old` is pi_old from the recomputation pass, or None: then the losses with a fixed
     behaviour correction (icepop, tis) take the detached current policy (single-step form,
     r = 1 in value) and the others the engine's logprobs as their old policy (k = 1).
     """
@@ -70,12 +70,16 @@ def make_rl_loss(cfg: LossConfig) -> MicroBatchLoss:
     single_step = "correction" in entry.options
 
     def loss_fn(
-        mb: MicroBatch, logprobs: Tensor, prox: Tensor | None, entropy: Tensor, normalizer: float
+        mb: MicroBatch,
+        logprobs: Tensor,
+        recomputed_old: Tensor | None,
+        entropy: Tensor,
+        normalizer: float,
     ) -> tuple[Tensor, dict]:
         d = logprobs.device
         inference = mb.inference_logprobs.to(d)
-        if prox is not None:
-            old = prox
+        if recomputed_old is not None:
+            old = recomputed_old
         else:
             old = logprobs.detach() if single_step else inference
         return compute_policy_loss(
@@ -89,7 +93,7 @@ def make_rl_loss(cfg: LossConfig) -> MicroBatchLoss:
             mb.loss_mask.to(d),
             normalizer=normalizer,
             entropy=entropy,
-            trainer_logprobs=logprobs if prox is None else prox,
+            trainer_logprobs=logprobs if recomputed_old is None else recomputed_old,
         )
 
     return loss_fn

@@ -184,14 +184,14 @@ class Trainer:
     def _prepare(
         self, seqs: list[TokenSequence], recompute_old: bool
     ) -> tuple[list[tuple[MicroBatch, float]], list[Tensor] | None, int]:
-        """This rank's micro-batches of `seqs`, their pi_prox (no grad) when `recompute_old`,
+        """This rank's micro-batches of `seqs`, their pi_old (no grad) when `recompute_old`,
         and the number of micro-batches over all ranks."""
         mbs = make_micro_batches(
             seqs, self.cfg.micro_batch_tokens, self.cfg.packing, self.hidden_size
         )
         local = self._local(mbs)
         olds = None
-        if self.replay == RoutingReplay.R2:  # record the pre-update routing (and pi_prox)
+        if self.replay == RoutingReplay.R2:  # record the pre-update routing (and pi_old)
             olds = [self._record_routing(mb) for mb, _ in local]
         elif recompute_old:
             olds = [self._no_grad_logprobs(mb) for mb, _ in local]
@@ -200,7 +200,7 @@ class Trainer:
     @torch.no_grad()
     def _record_routing(self, mb: MicroBatch) -> Tensor:
         """R2: the routers' own choice for `mb` now, stored as its routing to replay; returns
-        the no-grad logprobs of the same forward (pi_prox)."""
+        the no-grad logprobs of the same forward (pi_old)."""
         mb.routing = None
         lp = self.logprobs(mb)[0]
         mb.routing = self.policy.router.own_routing().unflatten(0, mb.input_ids.shape).cpu()
@@ -244,14 +244,14 @@ class Trainer:
     ) -> StepResult:
         """One optimiser step per mini-batch, then one LR-schedule step for the whole batch.
 
-        With `recompute_old`, pi_prox of every mini-batch is computed without grad before the
-        first update, so later mini-steps see r = pi_theta / pi_prox move away from 1. A
+        With `recompute_old`, pi_old of every mini-batch is computed without grad before the
+        first update, so later mini-steps see r = pi_theta / pi_old move away from 1. A
         non-finite loss or gradient norm skips that mini-step's update (grads dropped).
         Metrics are averaged over mini-steps (token-weighted; counts summed).
         """
         t0 = time.perf_counter()
         lr = self.scheduler.get_last_lr()[0]
-        # every mini-batch's pi_prox before the first update
+        # every mini-batch's pi_old before the first update
         plans = [self._prepare(seqs, recompute_old) for seqs in mini_batches]
         steps: list[dict[str, float]] = []
         skipped_steps = 0

@@ -4,7 +4,7 @@ One vLLM CPU server (tiny Qwen3, seed 0) and one trainer; the same multi-turn en
 user says "again" after each model turn, 3 model turns) is rolled out with the same per-rollout
 seeds twice: with chat messages re-rendered by the server each turn (the path before token
 in/token out) and with token-id prompts. The trainer recomputes logprobs on each rollout's
-training sample; reported per path: the k3 KL estimate of KL(pi_infer || pi_train) over the
+training sample; reported per path: the k3 KL estimate of KL(pi_inf || pi_old) over the
 sample's model tokens (the trainer's `mismatch_kl`), the fraction of rollouts whose turns were
 exact token continuations, and the fraction of all sampled model tokens that the training sample
 still contains (the message path loses the turns whose re-rendered history diverged).

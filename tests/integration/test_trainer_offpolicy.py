@@ -141,8 +141,8 @@ def test_recomputed_prox_with_mini_batches_clips_and_separates_losses(
         clipped = m["clip_frac_low"] + m["clip_frac_high"]
         print(f"{name}: clip_frac {clipped:.3f} mismatch_kl {m['mismatch_kl']:.3f}")
         clips[name] = clipped
-        assert m["mismatch_kl"] > 0.01  # pi_prox is measured against the stale engine logprobs
-        second[name] = grads[1]  # after one update, r = pi_theta / pi_prox != 1
+        assert m["mismatch_kl"] > 0.01  # pi_old is measured against the stale engine logprobs
+        second[name] = grads[1]  # after one update, r = pi_theta / pi_old != 1
     assert all(clips.values()), f"a loss clipped no token over two mini-steps: {clips}"
     # icepop is GRPO with the icepop correction (both are the default); every other pair differs.
     torch.testing.assert_close(second.pop("icepop"), second["grpo"])
@@ -150,13 +150,13 @@ def test_recomputed_prox_with_mini_batches_clips_and_separates_losses(
 
 
 def test_without_recompute_every_loss_differs(stale_setup: tuple, tmp_path: Path) -> None:
-    """grpo/cispo/gspo/gppo take pi_infer as old policy; icepop the single-step form."""
+    """grpo/cispo/gspo/gppo take pi_inf as old policy; icepop the single-step form."""
     model, seqs = stale_setup
     first: dict[str, torch.Tensor] = {}
     for name in LOSSES:
         result, grads = run_step(model, tmp_path / name, seqs, LossConfig(name=name), 2)
         m = result.metrics
-        if name != "icepop":  # r = pi_theta / pi_infer is far from 1 on stale samples
+        if name != "icepop":  # r = pi_theta / pi_inf is far from 1 on stale samples
             assert m["clip_frac_low"] + m["clip_frac_high"] > 0, name
         first[name] = grads[0]
     assert_pairwise_different(first)
@@ -166,7 +166,7 @@ def test_without_recompute_every_loss_differs(stale_setup: tuple, tmp_path: Path
 def test_tokens_outside_the_icepop_band_get_no_gradient(
     stale_setup: tuple, tmp_path: Path, name: str
 ) -> None:
-    """pi_prox / pi_infer = 0.1 (< alpha) on half the sequences: they add nothing."""
+    """pi_old / pi_inf = 0.1 (< alpha) on half the sequences: they add nothing."""
     model, seqs = stale_setup
     loss = LossConfig(name=name, recompute_old_logprobs=True)
     trainer = make_trainer(model, tmp_path, loss)
