@@ -6,7 +6,7 @@ code, docs and metrics: the inference policy pi_inf, the engine that sampled the
 the start of the step (`old_logprobs`; AReaL: proximal policy); the current policy pi_theta, the
 policy being optimised (`logprobs`, with grad). Every loss is
 a per-token objective J (to maximise) of the PPO-style ratio r = pi_theta / pi_old, multiplied
-by a behaviour correction w(k) of the mismatch k = pi_old / pi_inf (without gradient):
+by a mismatch correction w(k) of the mismatch k = pi_old / pi_inf (without gradient):
 
 - correction "icepop" (Ring-1T eq. 1-2): w = M(k) = k if alpha <= k <= beta else 0: tokens the
   trainer and engine disagree on get no gradient at all, the rest are calibrated;
@@ -72,13 +72,13 @@ from torch import Tensor
 from rlkit.config import Config
 from rlkit.registry import Entry, Registry
 
-Correction = Literal["icepop", "tis", "none"]  # behaviour corrections, see below
+Correction = Literal["icepop", "tis", "none"]  # mismatch corrections, see below
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean"]
 
 
 class LossParams(Config):
-    """Parameters every loss accepts: aggregation, behaviour correction, auxiliary terms."""
+    """Parameters every loss accepts: aggregation, mismatch correction, auxiliary terms."""
 
     agg: Aggregation = Field(
         "token-mean", description="Divide by counted tokens, or average per-sequence means."
@@ -259,7 +259,7 @@ def grpo(x: LossInputs, p: GRPOParams) -> tuple[Tensor, dict[str, Tensor]]:
 
 @register_loss("icepop", params=ClipParams, correction="icepop")
 def icepop(x: LossInputs, p: ClipParams) -> tuple[Tensor, dict[str, Tensor]]:
-    """IcePop (Ring-1T): PPO clip; the mask M(k) is its fixed behaviour correction."""
+    """IcePop (Ring-1T): PPO clip; the mask M(k) is its fixed mismatch correction."""
     return _clipped(x, p)
 
 
@@ -306,7 +306,7 @@ def gppo(x: LossInputs, p: ClipParams) -> tuple[Tensor, dict[str, Tensor]]:
     return torch.minimum(ratio * x.advantages, bound * x.advantages), _clip_stats(x, ratio, p)
 
 
-def behaviour_weight(
+def mismatch_weight(
     correction: str, k: Tensor, p: LossParams, stats: dict[str, Tensor]
 ) -> Tensor | None:
     """w(k) on k = pi_old / pi_inf (no gradient); None for "none". Adds its statistics."""
@@ -320,7 +320,7 @@ def behaviour_weight(
     if correction == "none":
         return None
     raise ValueError(
-        f"unknown behaviour correction {correction!r}; expected one of {get_args(Correction)}"
+        f"unknown mismatch correction {correction!r}; expected one of {get_args(Correction)}"
     )
 
 
@@ -446,7 +446,7 @@ def compute_policy_loss(
 
     objective, stats = entry.fn(LossInputs(logprobs, old, adv, mask, sequences), p)
     k = torch.exp(old - inference)
-    weight = behaviour_weight(correction, k, p, stats)
+    weight = mismatch_weight(correction, k, p, stats)
     if weight is not None:
         objective = weight * objective
     if p.seq_reject_below is not None:

@@ -62,11 +62,11 @@ def make_rl_loss(cfg: LossConfig) -> MicroBatchLoss:
     """The configured loss on one micro-batch, dividing by the global normaliser.
 
     `recomputed_old` is pi_old from the recomputation pass, or None: then the losses with a fixed
-    behaviour correction (icepop, tis) take the detached current policy (single-step form,
+    mismatch correction (icepop, tis) take the detached current policy (single-step form,
     r = 1 in value) and the others the engine's logprobs as their old policy (k = 1).
     """
     entry, params = resolve_loss_config(cfg)
-    correction = loss_correction(entry, cfg.behaviour_correction)
+    correction = loss_correction(entry, cfg.mismatch_correction)
     single_step = "correction" in entry.options
 
     def loss_fn(

@@ -62,13 +62,13 @@ def stale_setup(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     )
     try:
         seqs = random_sequences()
-        behaviour = policy_logprobs(trainer, seqs)
+        inference = policy_logprobs(trainer, seqs)
         for _ in range(3):  # move the policy: SFT on the batch's own completions
             assert not trainer.train_step(seqs, sft_loss, normalizer=8 * COMPLETION).skipped
         newer = trainer.export(RunLayout.of(root).weights_version(3))
     finally:
         trainer.close()
-    for seq, lps in zip(seqs, behaviour, strict=True):
+    for seq, lps in zip(seqs, inference, strict=True):
         seq.inference_logprobs = lps
     return newer, seqs
 
@@ -133,7 +133,7 @@ def test_recomputed_prox_with_mini_batches_clips_and_separates_losses(
             # cispo's default has no lower bound; here the update mostly lowers ratios
             params={"eps_low": 0.2} if name == "cispo" else {},
             recompute_old_logprobs=True,
-            behaviour_correction="none" if name.endswith("none") else "icepop",
+            mismatch_correction="none" if name.endswith("none") else "icepop",
         )
         result, grads = run_step(model, tmp_path / name, seqs, loss, mini_batches=2)
         m = result.metrics

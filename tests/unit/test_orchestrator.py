@@ -64,7 +64,7 @@ def test_config_defaults_and_overrides(tmp_path: Path) -> None:
         ("loss.name=no_such_module_xyz:fn", "loss.name: .*cannot import no_such_module_xyz"),
         ("loss.params.alpha=2", "loss: .*params.alpha: Input should be less than or equal to 1"),
         ("loss.params.clip_c=3", "loss: .*params.clip_c: Extra inputs"),
-        ("loss.behaviour_correction=mask", "loss.behaviour_correction"),
+        ("loss.mismatch_correction=mask", "loss.mismatch_correction"),
         ("trainer.mini_batches=0", "trainer.mini_batches"),
         ("orchestrator.advantage=ppo", "orchestrator: .*unknown advantage estimator 'ppo'"),
         ("orchestrator.advantage_params.eps=0", "advantage_params.eps: Input should be greater"),
