@@ -15,6 +15,7 @@ once. Per-step files are named `step_{N:06d}` (`step_name`), so they sort by ste
     STOP, TRAINER_FAILED        notes between the processes (`protocol.handoff`)
     .doorbells/                 wake-ups between the processes (`protocol.handoff`)
     logs/, pids.json            the launcher's per-process logs and process ids
+    final/, sft_metrics.jsonl   `rlkit sft`'s trained model and its per-step records
     trainer.toml                the trainer process's own config (`trainer-nodeR.toml`)
 """
 
@@ -122,6 +123,11 @@ class RunLayout:
     @property
     def sft_metrics(self) -> Path:
         return self.root / "sft_metrics.jsonl"
+
+    @property
+    def sft_model(self) -> Path:
+        """`rlkit sft`'s trained model, published like a weights version."""
+        return self.root / "final"
 
     @property
     def samples(self) -> Path:

@@ -167,7 +167,7 @@ def run_sft(cfg: SFTConfig) -> Path:
                 progress.update(task, completed=step, loss=result.metrics.get("loss", 0.0))
                 if cfg.ckpt.interval and step % cfg.ckpt.interval == 0:
                     trainer.save_checkpoint(step, {"sft_step": step})
-        final = run_dir / "final"
+        final = RunLayout(run_dir).sft_model
         trainer.export(final, extra={"step": step, "source": cfg.model.path})
         if dist.is_main():
             console.print(f"wrote {final}")
