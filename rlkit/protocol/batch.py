@@ -118,7 +118,7 @@ def from_columns(raw: dict[str, Any]) -> dict[str, Any]:
 
 def write_batch(batch: TrainBatch, run_dir: str | Path) -> Path:
     """Write `batch` to its step file atomically; returns the path."""
-    path = RunLayout.of(run_dir).batch(batch.step)
+    path = RunLayout(run_dir).batch(batch.step)
     with atomic_path(path) as tmp:
         torch.save(to_columns(batch), tmp)
     return path

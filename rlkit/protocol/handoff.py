@@ -32,7 +32,7 @@ NO_FIFO_POLL_S = 0.05  # polling interval where no FIFO can be made
 
 def ring(run_dir: str | Path, role: str) -> None:
     """Wake every waiter whose doorbell name starts with `role`; never blocks or raises."""
-    folder = RunLayout.of(run_dir).doorbells
+    folder = RunLayout(run_dir).doorbells
     if not folder.is_dir():
         return
     for path in folder.glob(f"{role}*"):
@@ -52,7 +52,7 @@ class Doorbell:
     """The waiting side: `wait(ready)` returns once `ready()` is true (woken by `ring`)."""
 
     def __init__(self, run_dir: str | Path, name: str) -> None:
-        self.path = RunLayout.of(run_dir).doorbells / name
+        self.path = RunLayout(run_dir).doorbells / name
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fd: int | None = None
         try:
@@ -134,17 +134,17 @@ def is_published(folder: Path) -> bool:
 
 def request_stop(run_dir: str | Path, reason: str) -> None:
     """Ask the trainer to checkpoint its last step and exit (it is waiting for a batch)."""
-    atomic_write(RunLayout.of(run_dir).stop, reason)
+    atomic_write(RunLayout(run_dir).stop, reason)
     ring(run_dir, TRAINER)
 
 
 def stop_requested(run_dir: str | Path) -> bool:
-    return RunLayout.of(run_dir).stop.exists()
+    return RunLayout(run_dir).stop.exists()
 
 
 def clear_stop(run_dir: str | Path) -> None:
     """A resumed run starts without the previous run's stop request or trainer failure."""
-    layout = RunLayout.of(run_dir)
+    layout = RunLayout(run_dir)
     layout.stop.unlink(missing_ok=True)
     layout.trainer_failed.unlink(missing_ok=True)
 
@@ -152,13 +152,13 @@ def clear_stop(run_dir: str | Path) -> None:
 def report_trainer_failure(run_dir: str | Path, reason: str) -> None:
     """Tell an orchestrator on another machine that the trainer exited (it stops instead of
     waiting out `weights_timeout_s`)."""
-    atomic_write(RunLayout.of(run_dir).trainer_failed, reason)
+    atomic_write(RunLayout(run_dir).trainer_failed, reason)
     ring(run_dir, ORCHESTRATOR)
 
 
 def trainer_failure(run_dir: str | Path) -> str | None:
     """The reason a trainer node reported, or None."""
     try:
-        return RunLayout.of(run_dir).trainer_failed.read_text()
+        return RunLayout(run_dir).trainer_failed.read_text()
     except FileNotFoundError:
         return None

@@ -21,7 +21,6 @@ once. Per-step files are named `step_{N:06d}` (`step_name`), so they sort by ste
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 STEP_PREFIX = "step_"
@@ -41,20 +40,29 @@ def _step_dirs(folder: Path) -> list[Path]:
     return sorted((p for p in folder.glob(f"{STEP_PREFIX}*") if p.is_dir()), key=step_of)
 
 
-@dataclass(frozen=True)
 class RunLayout:
-    """Paths of one run directory; `RunLayout.of(run_dir)` on every side of the run."""
+    """Paths of one run directory, the same on every side of the run: `RunLayout(run_dir)`."""
 
-    root: Path
-
-    @classmethod
-    def of(cls, run_dir: str | Path) -> RunLayout:
-        return cls(Path(run_dir))
-
-    # orchestrator -> trainer
-    @property
-    def batches(self) -> Path:
-        return self.root / "batches"
+    def __init__(self, run_dir: str | Path) -> None:
+        self.root = root = Path(run_dir)
+        self.config = root / "config.toml"
+        self.batches = root / "batches"  # orchestrator -> trainer
+        self.weights = root / "weights"  # trainer -> inference servers
+        self.checkpoints = root / "checkpoints"  # the trainer's resumable state
+        self.latest_checkpoint_pointer = self.checkpoints / "latest"
+        self.orchestrator_states = root / "orchestrator"  # the orchestrator's resumable state
+        self.metrics = root / "metrics.jsonl"
+        self.metrics_plot = root / "metrics.png"
+        self.trainer_metrics = root / "trainer_metrics.jsonl"
+        self.samples = root / "samples.jsonl"
+        self.evals = root / "eval.jsonl"
+        self.doorbells = root / ".doorbells"
+        self.stop = root / "STOP"
+        self.trainer_failed = root / "TRAINER_FAILED"
+        self.logs = root / "logs"
+        self.pids = root / "pids.json"
+        self.sft_metrics = root / "sft_metrics.jsonl"
+        self.sft_model = root / "final"  # `rlkit sft`'s model, published like a weights version
 
     def batch(self, step: int) -> Path:
         return self.batches / f"{step_name(step)}.pt"
@@ -62,11 +70,6 @@ class RunLayout:
     def batch_files(self) -> list[Path]:
         """Every batch file, by step."""
         return sorted(self.batches.glob(f"{STEP_PREFIX}*.pt"), key=step_of)
-
-    # trainer -> inference servers
-    @property
-    def weights(self) -> Path:
-        return self.root / "weights"
 
     def weights_version(self, step: int) -> Path:
         """The folder of policy version `step` (complete once `handoff.is_published`)."""
@@ -76,11 +79,6 @@ class RunLayout:
         """Every published (or partly written) weights folder, by step."""
         return _step_dirs(self.weights)
 
-    # the trainer's resumable state
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / step_name(step)
 
@@ -88,75 +86,14 @@ class RunLayout:
         """Every finished checkpoint folder, by step."""
         return _step_dirs(self.checkpoints)
 
-    @property
-    def latest_checkpoint_pointer(self) -> Path:
-        return self.checkpoints / "latest"
-
-    # the orchestrator's resumable state
-    @property
-    def orchestrator_states(self) -> Path:
-        return self.root / "orchestrator"
-
     def orchestrator_state(self, step: int) -> Path:
         return self.orchestrator_states / f"{step_name(step)}.json"
 
     def orchestrator_state_files(self) -> list[Path]:
         return sorted(self.orchestrator_states.glob(f"{STEP_PREFIX}*.json"), key=step_of)
 
-    # records
-    @property
-    def config(self) -> Path:
-        return self.root / "config.toml"
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / "metrics.jsonl"
-
-    @property
-    def metrics_plot(self) -> Path:
-        return self.root / "metrics.png"
-
-    @property
-    def trainer_metrics(self) -> Path:
-        return self.root / "trainer_metrics.jsonl"
-
-    @property
-    def sft_metrics(self) -> Path:
-        return self.root / "sft_metrics.jsonl"
-
-    @property
-    def sft_model(self) -> Path:
-        """`rlkit sft`'s trained model, published like a weights version."""
-        return self.root / "final"
-
-    @property
-    def samples(self) -> Path:
-        return self.root / "samples.jsonl"
-
-    @property
-    def evals(self) -> Path:
-        return self.root / "eval.jsonl"
-
     def eval_rollouts(self, step: int) -> Path:
         return self.root / "eval" / f"{step_name(step)}.jsonl"
-
-    # between the processes
-    @property
-    def doorbells(self) -> Path:
-        return self.root / ".doorbells"
-
-    @property
-    def stop(self) -> Path:
-        return self.root / "STOP"
-
-    @property
-    def trainer_failed(self) -> Path:
-        return self.root / "TRAINER_FAILED"
-
-    # the launcher
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
 
     def process_log(self, name: str) -> Path:
         return self.logs / f"{name}.log"
@@ -164,7 +101,3 @@ class RunLayout:
     def process_config(self, name: str) -> Path:
         """The resolved config a launched process reads (`trainer.toml`)."""
         return self.root / f"{name}.toml"
-
-    @property
-    def pids(self) -> Path:
-        return self.root / "pids.json"

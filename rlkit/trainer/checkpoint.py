@@ -67,7 +67,7 @@ def save_checkpoint(
     keep_last: int,
 ) -> Path:
     """Collective: every rank must call it. Returns the final checkpoint directory."""
-    layout = RunLayout.of(run_dir)
+    layout = RunLayout(run_dir)
     root, final = layout.checkpoints, layout.checkpoint(step)
     tmp = root / f".tmp_{step_name(step)}"
     if dist.is_main():
@@ -105,7 +105,7 @@ def resolve_checkpoint(run_dir: str | Path, resume: str) -> Path | None:
     if not resume:
         return None
     if resume == "latest":
-        layout = RunLayout.of(run_dir)
+        layout = RunLayout(run_dir)
         pointer = layout.latest_checkpoint_pointer
         if not pointer.is_file():
             return None

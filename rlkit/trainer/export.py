@@ -118,6 +118,6 @@ def published_bytes(path: str | Path) -> int:
 
 def prune_weights(run_dir: str | Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` published weight dirs (rank 0 only)."""
-    done = RunLayout.of(run_dir).weights_versions()
+    done = RunLayout(run_dir).weights_versions()
     for old in done[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)

@@ -120,7 +120,7 @@ def wait_for_batch(
 
     None: the orchestrator asked the run to stop (`handoff.request_stop`) instead.
     """
-    path = RunLayout.of(run_dir).batch(step)
+    path = RunLayout(run_dir).batch(step)
     start = time.monotonic()
 
     def ready() -> bool:

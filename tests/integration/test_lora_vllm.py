@@ -65,9 +65,9 @@ async def test_adapter_served_by_name_matches_trainer_and_merge(
         total_steps=3,
     )
     try:
-        initial = trainer.export(RunLayout.of(run).weights_version(0))
+        initial = trainer.export(RunLayout(run).weights_version(0))
         train_a_little(trainer, steps=3)
-        trained = trainer.export(RunLayout.of(run).weights_version(3))
+        trained = trainer.export(RunLayout(run).weights_version(3))
         assert initial is not None and trained is not None
         assert sorted(p.name for p in trained.glob("adapter_*")) == [
             "adapter_config.json",

@@ -65,7 +65,7 @@ def stale_setup(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         inference = policy_logprobs(trainer, seqs)
         for _ in range(3):  # move the policy: SFT on the batch's own completions
             assert not trainer.train_step(seqs, sft_loss, normalizer=8 * COMPLETION).skipped
-        newer = trainer.export(RunLayout.of(root).weights_version(3))
+        newer = trainer.export(RunLayout(root).weights_version(3))
     finally:
         trainer.close()
     for seq, lps in zip(seqs, inference, strict=True):

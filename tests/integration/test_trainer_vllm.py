@@ -54,7 +54,7 @@ async def test_exported_weights_served_with_trainer_logprobs(
     )
     try:
         train_a_little(trainer)
-        exported = trainer.export(RunLayout.of(tmp_path / "run").weights_version(4))
+        exported = trainer.export(RunLayout(tmp_path / "run").weights_version(4))
         assert exported is not None and (exported / "STABLE").exists()
         server.wait_ready(timeout=600)
         async with InferenceClient(server.url) as client:
@@ -109,7 +109,7 @@ async def test_trainer_scores_tokens_at_the_sampling_temperature(
     )
     try:
         train_a_little(trainer)  # a peaked policy: temperature changes its distribution a lot
-        exported = trainer.export(RunLayout.of(tmp_path / "run").weights_version(4))
+        exported = trainer.export(RunLayout(tmp_path / "run").weights_version(4))
         prompt = trainer.tokenizer("<|im_start|>user\nreverse abc<|im_end|>\n")["input_ids"]
         gens: dict[float, list] = {}
         async with InferenceClient(vllm_server.url) as client:

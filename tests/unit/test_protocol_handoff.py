@@ -32,7 +32,7 @@ def test_ring_wakes_every_rank_at_once(tmp_path: Path) -> None:
         assert time.monotonic() - t0 < 0.2 + 0.5
     for bell in bells:
         bell.close()
-    assert not list(RunLayout.of(tmp_path).doorbells.iterdir())
+    assert not list(RunLayout(tmp_path).doorbells.iterdir())
 
 
 def test_async_wait_lets_other_tasks_run(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from rlkit.protocol.layout import RunLayout, step_name, step_of
 
 
 def test_step_files_are_named_and_parsed_by_step(tmp_path: Path) -> None:
-    layout = RunLayout.of(str(tmp_path))
+    layout = RunLayout(str(tmp_path))  # a str works as well as a Path
     assert step_name(12) == "step_000012"
     assert layout.batch(12) == tmp_path / "batches" / "step_000012.pt"
     assert layout.weights_version(3) == tmp_path / "weights" / "step_000003"
