@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from rlkit.train.roles import Role
+from rlkit.launch.roles import Role
 
 
 def train(
@@ -31,12 +31,12 @@ def train(
     `rlkit train cfg.toml --orchestrator.max_steps 20 --loss.name grpo`.
     """
     from rlkit.config import dump_toml, load_config
-    from rlkit.train.config import TrainConfig, check_role
+    from rlkit.launch.config import RLJobConfig, check_role
 
-    cfg = load_config(TrainConfig, config, list(ctx.args))
+    cfg = load_config(RLJobConfig, config, list(ctx.args))
     if slurm:
         from rlkit.errors import UsageError
-        from rlkit.train.slurm import launch
+        from rlkit.launch.slurm import launch
 
         if role != Role.ALL:
             raise UsageError("--role: a --slurm job starts every role on its nodes; drop --role")
@@ -47,7 +47,7 @@ def train(
         check_role(cfg, role)  # what this role loads and checks before it starts
         typer.echo(dump_toml(cfg), nl=False)
         return
-    from rlkit.train import run_train
+    from rlkit.launch import run_train
 
     result = run_train(cfg, role=role, resume=resume)
     evals = result.get("eval") or {}

@@ -19,12 +19,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rlkit.envs.rollout import Rollout, TrainingTokens
+from rlkit.orchestrator.advantages import group_advantages
 from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import Group, oldest_version
 from rlkit.orchestrator.watchdog import NoSignalWatchdog
-from rlkit.trainer.advantages import group_advantages
-from rlkit.trainer.batch import TrainBatch, TrainSample
-from rlkit.trainer.routing import encode_routing
+from rlkit.protocol.batch import TrainBatch, TrainSample
+from rlkit.protocol.routing import encode_routing
 
 
 @dataclass

@@ -2,7 +2,7 @@
 `[orchestrator]` (with `.sampling`, `.difficulty`, `.eval`) and `[log]`.
 
 `RolloutJobConfig` is the orchestrator's view of a training job (policy, environments,
-servers, scheduling, run directory); the whole job's root, `rlkit.train.config.TrainConfig`,
+servers, scheduling, run directory); the whole job's root, `rlkit.launch.config.RLJobConfig`,
 extends it with the trainer's sections.
 """
 
@@ -209,7 +209,7 @@ class OrchestratorConfig(Config):
 
     @model_validator(mode="after")
     def _valid_advantage(self) -> OrchestratorConfig:
-        from rlkit.trainer.advantages import ADVANTAGES
+        from rlkit.orchestrator.advantages import ADVANTAGES
 
         ADVANTAGES.get(self.advantage).validate(self.advantage_params, "advantage_params")
         return self

@@ -18,6 +18,7 @@ from rich.console import Console
 from rlkit.eval.metrics import summarize
 from rlkit.inference import ClientPool
 from rlkit.orchestrator.config import OnlineEvalConfig
+from rlkit.protocol.layout import RunLayout
 
 
 async def evaluate(
@@ -35,8 +36,8 @@ async def evaluate(
     """Evaluate every environment; returns {env_id: summary}."""
     eval_sampling = {**sampling, **cfg.sampling}
     summaries: dict[str, dict[str, Any]] = {}
-    out_dir = run_dir / "eval"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    layout = RunLayout(run_dir)
+    layout.eval_rollouts(step).parent.mkdir(parents=True, exist_ok=True)
     for env_id, env in envs.items():
         rows = env.get_eval_dataset(cfg.examples)
         groups = await asyncio.gather(
@@ -48,10 +49,10 @@ async def evaluate(
         rollouts = [r for group in groups for r in group]
         summary = summarize(rollouts, cfg.rollouts_per_example, threshold=solve_threshold)
         summaries[env_id] = summary
-        with open(out_dir / f"step_{step:06d}.jsonl", "a") as f:
+        with open(layout.eval_rollouts(step), "a") as f:
             for rollout in rollouts:
                 f.write(json.dumps(rollout.model_dump(mode="json")) + "\n")
-        with open(run_dir / "eval.jsonl", "a") as f:
+        with open(layout.evals, "a") as f:
             f.write(json.dumps({"step": step, "env_id": env_id, **summary}) + "\n")
         console.print(
             f"[bold]eval[/] step {step} {env_id}: reward {summary['reward_mean']:.3f} "

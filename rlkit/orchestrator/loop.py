@@ -2,10 +2,10 @@
 
 Per step N (numbered from 1, as the trainer expects):
 1. `scheduler.next_batch()` (sync: the whole batch; c3po: the shortest pool prefix with C >= Phi),
-2. `write_batch` -> `run_dir/batches/step_N.pt` (ringing the trainer), then the orchestrator
+2. `write_batch` -> `batches/step_N.pt` (ringing the trainer), then the orchestrator
    state for step N (sampler + prompts handed out but untrained, `rlkit.orchestrator.prompts`),
-3. sleep until the trainer rings (`rlkit.handoff`) with `weights/step_N/STABLE` and its metrics
-   in place; while it trains, c3po keeps generating,
+3. sleep until the trainer rings (`rlkit.protocol.handoff`) with `weights/step_N/` published and
+   its metrics in place; while it trains, c3po keeps generating,
 4. load the weights on every server as policy version N (each worker verifies them against the
    trainer's fingerprint), score the logprob canary on each (`weights_canary_kl`; the run stops
    above `inference.canary_max_kl`); c3po purges over-retained rollouts,
@@ -23,7 +23,6 @@ from typing import Any
 
 from rich.console import Console
 
-from rlkit import handoff
 from rlkit.errors import RunStopped, UsageError
 from rlkit.inference import ClientPool
 from rlkit.inference.canary import CanaryMismatch, pool_canary_kl
@@ -39,8 +38,10 @@ from rlkit.orchestrator.scheduler import C3POScheduler, Group, SyncScheduler
 from rlkit.orchestrator.source import EnvRolloutSource, ServersLost, load_environments
 from rlkit.orchestrator.state import save_state
 from rlkit.orchestrator.watchdog import NoSignalError, NoSignalWatchdog
-from rlkit.trainer.batch import write_batch
-from rlkit.trainer.export import STABLE_MARKER, published_bytes, weights_dir
+from rlkit.protocol import handoff
+from rlkit.protocol.batch import write_batch
+from rlkit.protocol.layout import RunLayout
+from rlkit.trainer.export import published_bytes
 
 
 class TrainerFailed(RuntimeError):
@@ -89,10 +90,10 @@ async def wait_for_weights(
     trainer_exit: Callable[[], int | None] | None,
 ) -> Path:
     """Sleep until the trainer rings after publishing step N's weights; fail if it died."""
-    path = weights_dir(run_dir, step)
+    path = RunLayout(run_dir).weights_version(step)
 
     def published() -> bool:
-        if (path / STABLE_MARKER).exists():
+        if handoff.is_published(path):
             return True
         failure = handoff.trainer_failure(run_dir)  # a trainer on other machines
         if failure is not None:
@@ -256,7 +257,7 @@ async def run_orchestrator(
         await pool.wait_healthy(cfg.inference.startup_timeout_s)
         monitor = asyncio.create_task(pool.monitor())  # brings servers that went down back
         if start_step:
-            resumed = weights_dir(run_dir, start_step)
+            resumed = RunLayout(run_dir).weights_version(start_step)
             await source.update_weights(str(resumed), start_step)
             await pool_canary_kl(pool, model, resumed, cfg.inference.canary_max_kl)
             console.print(f"resuming at step {start_step + 1} (policy version {start_step})")

@@ -1,5 +1,5 @@
-"""Per-step metrics: `run_dir/metrics.jsonl`, one console line, the `[log]` sinks (TensorBoard,
-W&B, MLflow: `rlkit.orchestrator.loggers`) and the PNG plot.
+"""Per-step metrics: `metrics.jsonl` (`rlkit.protocol.layout`), one console line, the `[log]`
+sinks (TensorBoard, W&B, MLflow: `rlkit.orchestrator.loggers`) and the PNG plot.
 
 The orchestrator's own numbers (rewards, phase times, idle fraction, staleness, purges) are
 merged with the trainer's record for the same step from `trainer_metrics.jsonl` (mismatch KL,
@@ -22,7 +22,8 @@ from rlkit.orchestrator.batching import GroupStats
 from rlkit.orchestrator.loggers import Sink, append_samples, scalars
 from rlkit.orchestrator.scheduler import Counters
 from rlkit.progress import print_line
-from rlkit.trainer.batch import TrainBatch, batch_path, read_batch
+from rlkit.protocol.batch import TrainBatch, read_batch
+from rlkit.protocol.layout import RunLayout
 
 PLOT_PANELS = (
     ("reward", ("reward_mean",)),
@@ -94,7 +95,7 @@ def step_record(
 
 def read_trainer_record(run_dir: Path, step: int) -> dict[str, Any] | None:
     """The trainer's metrics line for `step`, if written yet."""
-    path = run_dir / "trainer_metrics.jsonl"
+    path = RunLayout(run_dir).trainer_metrics
     if not path.exists():
         return None
     for line in reversed(path.read_text().splitlines()):
@@ -129,13 +130,14 @@ def recover_step_records(run_dir: Path, last_step: int) -> list[int]:
     It is rebuilt from N's batch and the trainer's line, marked `recovered`; the orchestrator's
     timings and counters of that step are gone and left out.
     """
-    logged = {r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")}
+    layout = RunLayout(run_dir)
+    logged = {r["step"] for r in read_jsonl(layout.metrics)}
     recovered = []
     for step in range(1, last_step + 1):
         trainer = read_trainer_record(run_dir, step)
-        if step in logged or trainer is None or not batch_path(run_dir, step).exists():
+        if step in logged or trainer is None or not layout.batch(step).exists():
             continue
-        batch = read_batch(batch_path(run_dir, step))
+        batch = read_batch(layout.batch(step))
         rewards: dict[str, list[float]] = {}
         for sample in batch.samples:
             rewards.setdefault(sample.env_id, []).append(sample.reward)
@@ -147,8 +149,8 @@ def recover_step_records(run_dir: Path, last_step: int) -> list[int]:
         ours.update(batch_samples=len(batch.samples), batch_tokens=batch.meta.get("tokens"))
         recovered.append({**ours, **{k: v for k, v in trainer.items() if k not in ours}})
     if recovered:
-        records = sorted(read_jsonl(run_dir / "metrics.jsonl") + recovered, key=lambda r: r["step"])
-        atomic_write(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        records = sorted(read_jsonl(layout.metrics) + recovered, key=lambda r: r["step"])
+        atomic_write(layout.metrics, "".join(json.dumps(r) + "\n" for r in records))
     return [r["step"] for r in recovered]
 
 
@@ -217,9 +219,10 @@ class MetricsLogger:
         sinks: list[Sink] | None = None,
         samples_every: int = 0,
     ) -> None:
-        self.path = run_dir / "metrics.jsonl"
-        self.plot_path = run_dir / "metrics.png"
-        self.samples_path = run_dir / "samples.jsonl"
+        layout = RunLayout(run_dir)
+        self.path = layout.metrics
+        self.plot_path = layout.metrics_plot
+        self.samples_path = layout.samples
         self.console = console
         self.plot = plot
         self.plot_every_s = plot_every_s

@@ -26,7 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rlkit.envs.rollout import Rollout
 from rlkit.orchestrator.prompts import Prompt, PromptStream
+from rlkit.protocol.batch import TrainSample
 
 
 class RolloutSource(Protocol):
@@ -34,7 +36,7 @@ class RolloutSource(Protocol):
 
     group_size: int
 
-    async def next_group(self, prompt: Prompt) -> list[Any]: ...
+    async def next_group(self, prompt: Prompt) -> list[Rollout]: ...
 
 
 @dataclass
@@ -43,8 +45,8 @@ class Group:
 
     prompt: Prompt
     start_version: int
-    rollouts: list[Any] = field(default_factory=list)
-    samples: list[Any] = field(default_factory=list)  # trainable samples after the processor
+    rollouts: list[Rollout] = field(default_factory=list)
+    samples: list[TrainSample] = field(default_factory=list)  # after the group processor
     tokens: int = 0  # tokens counted against the budget
 
     @property
@@ -61,12 +63,12 @@ class Group:
         return self.prompt.index
 
 
-def rollout_tokens(rollout: Any) -> int:
+def rollout_tokens(rollout: Rollout) -> int:
     """Model-generated tokens of a rollout (what the budget Phi counts)."""
     return sum(len(t.completion_token_ids) for t in rollout.turns)
 
 
-def rollout_versions(rollout: Any) -> list[int]:
+def rollout_versions(rollout: Rollout) -> list[int]:
     """Every policy version that produced a turn of this rollout."""
     out: list[int] = []
     for turn in rollout.turns:
@@ -74,7 +76,7 @@ def rollout_versions(rollout: Any) -> list[int]:
     return out
 
 
-def oldest_version(rollout: Any, default: int) -> int:
+def oldest_version(rollout: Rollout, default: int) -> int:
     versions = rollout_versions(rollout)
     return min(versions) if versions else default
 

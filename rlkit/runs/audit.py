@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from rlkit.errors import UsageError
-from rlkit.orchestrator.state import step_of
+from rlkit.protocol.batch import read_batch_header
+from rlkit.protocol.layout import RunLayout, step_of
 
 
 @dataclass
@@ -111,9 +112,8 @@ def _span(values: list[int]) -> str:
 def _read_batch_meta(path: Path, report: AuditReport) -> dict[str, Any] | None:
     """The batch's meta plus `_step` and `_samples`; None (and a violation) if unreadable."""
     try:
-        raw = torch.load(path, weights_only=True)
-        samples = len(raw["columns"]["advantage"]) if "columns" in raw else len(raw["samples"])
-        return {**raw["meta"], "_step": raw["step"], "_samples": samples}
+        header = read_batch_header(path)
+        return {**header.meta, "_step": header.step, "_samples": header.samples}
     except Exception as exc:  # any unreadable batch is a finding, not a crash of the audit
         report.violations.append(f"{path.name}: cannot read: {exc}")
         return None
@@ -122,19 +122,20 @@ def _read_batch_meta(path: Path, report: AuditReport) -> dict[str, Any] | None:
 def audit_run(run_dir: str | Path) -> AuditReport:
     """Audit the run in `run_dir` (see the module docstring); a bad path is a UsageError."""
     run_dir = Path(run_dir)
+    layout = RunLayout(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"RUN_DIR {run_dir} is not a directory")
-    if not (run_dir / "metrics.jsonl").exists() and not (run_dir / "batches").is_dir():
+    if not layout.metrics.exists() and not layout.batches.is_dir():
         raise UsageError(f"RUN_DIR {run_dir} holds no training run (no metrics.jsonl, no batches/)")
     report = AuditReport(run_dir)
-    logged = _read_steps(run_dir / "metrics.jsonl", report)
-    trained = _read_steps(run_dir / "trainer_metrics.jsonl", report)
+    logged = _read_steps(layout.metrics, report)
+    trained = _read_steps(layout.trainer_metrics, report)
     report.last_step = max([*logged, *trained], default=0)
-    _check_steps("metrics.jsonl", logged, report.last_step, report)
-    _check_steps("trainer_metrics.jsonl", trained, report.last_step, report)
+    _check_steps(layout.metrics.name, logged, report.last_step, report)
+    _check_steps(layout.trainer_metrics.name, trained, report.last_step, report)
 
     metas: dict[int, dict[str, Any]] = {}
-    for path in sorted((run_dir / "batches").glob("step_*.pt")):
+    for path in layout.batch_files():
         meta = _read_batch_meta(path, report)
         if meta is None:
             continue
@@ -151,7 +152,7 @@ def audit_run(run_dir: str | Path) -> AuditReport:
 
 
 def _newest_state(run_dir: Path) -> dict[str, Any] | None:
-    paths = sorted((run_dir / "orchestrator").glob("step_*.json"), key=step_of)
+    paths = RunLayout(run_dir).orchestrator_state_files()
     return json.loads(paths[-1].read_text()) if paths else None
 
 

@@ -1,6 +1,6 @@
 """`rlkit runs show RUN_DIR`: what a training run did, from the files it left.
 
-Read-only over the run directory: `metrics.jsonl` (one record per step), `eval.jsonl` (the
+Read-only over the run directory (`rlkit.protocol.layout`): `metrics.jsonl` (one record per step), `eval.jsonl` (the
 interleaved evaluations), `samples.jsonl` (sample rollouts), `checkpoints/step_N`,
 `weights/step_N`, `config.toml`, and the `STOP` / `TRAINER_FAILED` notes of a run that stopped
 itself. `summary_lines` is the terminal summary (reward as a sparkline); `write_html` writes one
@@ -19,9 +19,8 @@ from typing import Any
 
 from rlkit.atomic import atomic_write
 from rlkit.errors import UsageError
-from rlkit.handoff import STOP_FILE, TRAINER_FAILED_FILE
 from rlkit.orchestrator.metrics import PLOT_PANELS
-from rlkit.trainer.checkpoint import checkpoints_dir
+from rlkit.protocol.layout import RunLayout
 
 SPARKS = "▁▂▃▄▅▆▇█"
 # (title, keys) of the HTML plots: the curves people look at
@@ -43,10 +42,6 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:  # a line being written by a live run
             continue
     return records
-
-
-def _steps(root: Path) -> list[Path]:
-    return sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
 
 
 @dataclass
@@ -88,28 +83,29 @@ class RunView:
 def load_run(run_dir: str | Path) -> RunView:
     """Read a training run directory; a UsageError when it is not one."""
     root = Path(run_dir)
+    layout = RunLayout(root)
     if not root.is_dir():
         raise UsageError(f"{root}: no such run directory")
-    if not (root / "metrics.jsonl").exists() and not (root / "config.toml").exists():
+    if not layout.metrics.exists() and not layout.config.exists():
         raise UsageError(
             f"{root} is not a training run directory (no metrics.jsonl or config.toml): "
             "pass the log.run_dir of an `rlkit train` run"
         )
     config: dict[str, Any] = {}
-    if (root / "config.toml").exists():
-        config = tomllib.loads((root / "config.toml").read_text())
+    if layout.config.exists():
+        config = tomllib.loads(layout.config.read_text())
     stopped = None
-    for name in (STOP_FILE, TRAINER_FAILED_FILE):
-        if (root / name).exists():
-            stopped = (root / name).read_text().strip()
+    for note in (layout.stop, layout.trainer_failed):
+        if note.exists():
+            stopped = note.read_text().strip()
     return RunView(
         run_dir=root,
         config=config,
-        steps=sorted(_jsonl(root / "metrics.jsonl"), key=lambda r: r.get("step", 0)),
-        evals=_jsonl(root / "eval.jsonl"),
-        samples=_jsonl(root / "samples.jsonl"),
-        checkpoints=_steps(checkpoints_dir(root)),
-        weights=_steps(root / "weights"),
+        steps=sorted(_jsonl(layout.metrics), key=lambda r: r.get("step", 0)),
+        evals=_jsonl(layout.evals),
+        samples=_jsonl(layout.samples),
+        checkpoints=layout.checkpoint_dirs(),
+        weights=layout.weights_versions(),
         stopped=stopped,
     )
 
@@ -126,9 +122,7 @@ def sparkline(values: list[float], width: int = 60) -> str:
         ]
     low, high = min(values), max(values)
     span = high - low
-    return "".join(
-        SPARKS[int((v - low) / span * (len(SPARKS) - 1)) if span else 0] for v in values
-    )
+    return "".join(SPARKS[int((v - low) / span * (len(SPARKS) - 1)) if span else 0] for v in values)
 
 
 def _num(value: Any, spec: str = ".3f") -> str:
@@ -177,8 +171,7 @@ def summary_lines(run: RunView) -> list[str]:
     if run.stopped:
         lines.append(f"stopped: {run.stopped}")
     lines.append(
-        "checkpoints "
-        + (", ".join(str(p) for p in run.checkpoints) if run.checkpoints else "none")
+        "checkpoints " + (", ".join(str(p) for p in run.checkpoints) if run.checkpoints else "none")
     )
     if run.weights:
         lines.append(f"latest weights {run.weights[-1]}")

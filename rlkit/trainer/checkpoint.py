@@ -1,7 +1,7 @@
 """Exact, resumable checkpoints: sharded model + optimiser via torch.distributed.checkpoint.
 
-Layout: `run_dir/checkpoints/step_{N:06d}/` holds DCP shards of the model and the optimiser
-state (AdamW moments, Muon momentum: DTensors sharded like their parameters). Each rank
+Layout (`rlkit.protocol.layout`): `checkpoints/step_N/` holds DCP shards of the model and the
+optimiser state (AdamW moments, Muon momentum: DTensors sharded like their parameters). Each rank
 writes its own shard, so saving scales and a run can resume on another world size; beside them
 go `extra_rank{r}.pt` with the scheduler, step, data position and every RNG state.
 A checkpoint is written into `.tmp_step_N`, fsynced, renamed, and only then the `latest`
@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from rlkit.atomic import atomic_write, replace
 from rlkit.errors import UsageError
+from rlkit.protocol.layout import RunLayout, step_name
 from rlkit.trainer import dist
 
 # Frozen parameters (a LoRA run's base weights) are left out: they never change, and the run
@@ -35,10 +36,6 @@ from rlkit.trainer import dist
 # not strict about the frozen ones only: DCP itself fails on any trainable tensor it lacks.
 TRAINABLE = StateDictOptions(ignore_frozen_params=True)
 TRAINABLE_LOAD = StateDictOptions(ignore_frozen_params=True, strict=False)
-
-
-def checkpoints_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
 
 
 def rng_state() -> dict[str, Any]:
@@ -70,9 +67,9 @@ def save_checkpoint(
     keep_last: int,
 ) -> Path:
     """Collective: every rank must call it. Returns the final checkpoint directory."""
-    root = checkpoints_dir(run_dir)
-    final = root / f"step_{step:06d}"
-    tmp = root / f".tmp_step_{step:06d}"
+    layout = RunLayout(run_dir)
+    root, final = layout.checkpoints, layout.checkpoint(step)
+    tmp = root / f".tmp_{step_name(step)}"
     if dist.is_main():
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -91,14 +88,14 @@ def save_checkpoint(
     dist.barrier()
     if dist.is_main():
         replace(tmp, final)  # fsync the tree, then rename it over any older copy
-        atomic_write(root / "latest", final.name + "\n")
-        _prune(root, keep_last)
+        atomic_write(layout.latest_checkpoint_pointer, final.name + "\n")
+        _prune(layout, keep_last)
     dist.barrier()
     return final
 
 
-def _prune(root: Path, keep_last: int) -> None:
-    done = sorted(p for p in root.glob("step_*") if p.is_dir())
+def _prune(layout: RunLayout, keep_last: int) -> None:
+    done = layout.checkpoint_dirs()
     for old in done[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -108,10 +105,11 @@ def resolve_checkpoint(run_dir: str | Path, resume: str) -> Path | None:
     if not resume:
         return None
     if resume == "latest":
-        pointer = checkpoints_dir(run_dir) / "latest"
+        layout = RunLayout(run_dir)
+        pointer = layout.latest_checkpoint_pointer
         if not pointer.is_file():
             return None
-        path = checkpoints_dir(run_dir) / pointer.read_text().strip()
+        path = layout.checkpoints / pointer.read_text().strip()
     else:
         path = Path(resume)
     if not (path / ".metadata").is_file():

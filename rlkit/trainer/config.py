@@ -70,7 +70,7 @@ class ModelConfig(Config):
 
 
 class LossConfig(Config):
-    """`[loss]`: a registered policy loss, its parameters and the behaviour correction."""
+    """`[loss]`: a registered policy loss, its parameters and the mismatch correction."""
 
     name: str = Field(
         "icepop",
@@ -82,14 +82,14 @@ class LossConfig(Config):
         description="Parameters of the loss (alpha, beta, eps_low, eps_high, agg, ...), "
         "validated by the loss's own parameter model.",
     )
-    behaviour_correction: Correction = Field(
+    mismatch_correction: Correction = Field(
         "icepop",
-        description="Weight on pi_prox/pi_behav for losses without their own (icepop mask, "
+        description="Weight on pi_old/pi_inf for losses without their own (icepop mask, "
         "truncated IS weight, or none); icepop and tis always use theirs.",
     )
     recompute_old_logprobs: bool = Field(
         False,
-        description="Recompute pi_prox (the trainer's policy at step start) with a no-grad pass; "
+        description="Recompute pi_old (the trainer's policy at step start) with a no-grad pass; "
         "off: grpo/cispo/gspo/gppo use the engine's logprobs as their old policy.",
     )
 
@@ -103,9 +103,9 @@ class LossConfig(Config):
     def _valid_params(self) -> LossConfig:
         entry = LOSSES.get(self.name)
         entry.validate(self.params)  # ValueError naming params.<field>
-        fixed = loss_correction(entry, self.behaviour_correction)
-        if "behaviour_correction" in self.model_fields_set and fixed != self.behaviour_correction:
-            raise ValueError(f"behaviour_correction: loss {self.name!r} always applies {fixed!r}")
+        fixed = loss_correction(entry, self.mismatch_correction)
+        if "mismatch_correction" in self.model_fields_set and fixed != self.mismatch_correction:
+            raise ValueError(f"mismatch_correction: loss {self.name!r} always applies {fixed!r}")
         return self
 
 
@@ -123,7 +123,9 @@ class WeightsConfig(Config):
 
 
 class TrainerConfig(Config):
-    """Everything the FSDP2 trainer needs for RL; SFT adds its `data` section (see SFTConfig)."""
+    """Everything the FSDP2 trainer process reads for RL (`python -m rlkit.trainer.main`); SFT
+    adds its `data` section (see SFTConfig), `rlkit train` its launch fields and the rest of
+    the job (`rlkit.launch.config.TrainerLaunchConfig`, `RLJobConfig`)."""
 
     run_dir: str = Field("runs/train", description="Directory for batches, weights, checkpoints.")
     seed: int = Field(0, description="Seed for torch, python and numpy RNGs.")

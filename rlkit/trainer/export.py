@@ -4,8 +4,9 @@ when it trains a LoRA adapter, as a PEFT adapter directory (`export_adapter`).
 The sharded parameters are gathered to rank 0 on CPU, cast to the checkpoint's original dtype
 and written with `save_pretrained` (which also reverts transformers' in-memory fused layouts,
 e.g. MoE experts, to the on-disk names vLLM expects), plus the tokenizer files. The directory
-is built under a temporary name, renamed into place, and only then marked with a `STABLE` file
-so a reader that waits for `STABLE` never sees a partial model. Beside the weights go the
+is built under a temporary name, renamed into place, and only then marked published
+(`rlkit.protocol.handoff.mark_published`) so a reader that waits for it never sees a partial
+model. Beside the weights go the
 fingerprint of the files as written (`rlkit.inference.fingerprint`: every engine worker checks
 what it reads against it) and the trainer's logprobs of the canary sequence under these weights
 (`rlkit.inference.canary`: the orchestrator compares the engine's after the update).
@@ -26,16 +27,12 @@ from rlkit.atomic import atomic_dir
 from rlkit.inference.canary import write_canary
 from rlkit.inference.fingerprint import write_fingerprint
 from rlkit.inference.weights import iter_safetensors
+from rlkit.protocol import handoff
+from rlkit.protocol.layout import RunLayout
 from rlkit.trainer import dist
 from rlkit.trainer.config import LoraConfig
 from rlkit.trainer.lora import to_peft_state, write_adapter
 from rlkit.trainer.model import PolicyModel
-
-STABLE_MARKER = "STABLE"
-
-
-def weights_dir(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / "weights" / f"step_{step:06d}"
 
 
 def export_hf(
@@ -46,7 +43,7 @@ def export_hf(
     extra: dict | None = None,
     canary: tuple[list[int], list[float]] | None = None,
 ) -> Path | None:
-    """Collective. Rank 0 writes `out` atomically (with STABLE marker); returns it on rank 0.
+    """Collective. Rank 0 writes `out` atomically, then marks it published; returns it on rank 0.
 
     `canary`: (token ids, the trainer's logprobs of ids[1:]) written beside the weights."""
     lm = policy.lm
@@ -99,7 +96,7 @@ def _publish(
     extra: dict | None,
 ) -> Path | None:
     """Collective: gather the state dict to rank 0, which lets `write` fill a temporary
-    directory renamed to `out` (a hand-off to the servers: not flushed), then marks it STABLE."""
+    directory renamed to `out` (a hand-off to the servers: not flushed), then marks it published."""
     full = get_model_state_dict(policy, options=options)
     if not dist.is_main():
         dist.barrier()
@@ -108,7 +105,7 @@ def _publish(
         write(tmp, full)
         if extra:
             (tmp / "rlkit_export.json").write_text(json.dumps(extra, indent=2) + "\n")
-    (out / STABLE_MARKER).write_text("")
+    handoff.mark_published(out)
     dist.barrier()
     return out
 
@@ -121,6 +118,6 @@ def published_bytes(path: str | Path) -> int:
 
 def prune_weights(run_dir: str | Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` published weight dirs (rank 0 only)."""
-    done = sorted(p for p in (Path(run_dir) / "weights").glob("step_*") if p.is_dir())
+    done = RunLayout(run_dir).weights_versions()
     for old in done[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)

@@ -1,10 +1,12 @@
 """The policy-loss family: one registered function per loss, one entry point `policy_loss`.
 
-Three policies are kept apart (decoupled PPO, as in AReaL and prime-rl): pi_behav, the engine
-that sampled the tokens (`inference_logprobs`); pi_prox, the trainer's policy at the start of the
-step (`old_logprobs`); pi_theta, the policy being optimised (`logprobs`, with grad). Every loss is
-a per-token objective J (to maximise) of the PPO-style ratio r = pi_theta / pi_prox, multiplied
-by a behaviour correction w(k) of the mismatch k = pi_prox / pi_behav (without gradient):
+Three policies are kept apart (decoupled PPO, as in AReaL and prime-rl), each with one name in
+code, docs and metrics: the inference policy pi_inf, the engine that sampled the tokens
+(`inference_logprobs`; papers: behaviour policy); the old policy pi_old, the trainer's policy at
+the start of the step (`old_logprobs`; AReaL: proximal policy); the current policy pi_theta, the
+policy being optimised (`logprobs`, with grad). Every loss is
+a per-token objective J (to maximise) of the PPO-style ratio r = pi_theta / pi_old, multiplied
+by a mismatch correction w(k) of the mismatch k = pi_old / pi_inf (without gradient):
 
 - correction "icepop" (Ring-1T eq. 1-2): w = M(k) = k if alpha <= k <= beta else 0: tokens the
   trainer and engine disagree on get no gradient at all, the rest are calibrated;
@@ -26,10 +28,10 @@ The losses (each a function below, registered under its name with its own parame
   (1 +/- eps) * A instead of 0 (the clip bound is written as (1+eps) * r / sg(r)).
 
 Which "old" policy the trainer passes (`rlkit.trainer.rl`): with `recompute_old_logprobs` it is
-pi_prox from a no-grad pass at the start of the step, and `[trainer] mini_batches = N` optimiser
+pi_old from a no-grad pass at the start of the step, and `[trainer] mini_batches = N` optimiser
 steps move r away from 1 so clipping acts. Without recomputation, grpo / cispo / gspo / gppo take
-pi_behav as their old policy (their papers' asynchronous use: r = pi_theta / pi_infer, k = 1), and
-icepop / tis take the detached current policy (r = 1 in value, k = sg(pi_theta) / pi_infer), which
+pi_inf as their old policy (their papers' asynchronous use: r = pi_theta / pi_inf, k = 1), and
+icepop / tis take the detached current policy (r = 1 in value, k = sg(pi_theta) / pi_inf), which
 is INTELLECT-3's single-step asynchronous objective.
 
 `seq_reject_below` (INTELLECT-3) zeroes a whole sequence when any counted token has k below it.
@@ -48,7 +50,7 @@ importable module, named in the config as `"my_pkg.my_loss:fn"` (or an entry poi
 parameters (a subclass of `LossParams`).
 
 Metrics (floats; means over this call's counted tokens unless noted): mismatch_kl (k3 = k - 1 -
-log k, unbiased for KL(pi_behav || pi_prox) since the engine sampled the tokens),
+log k, unbiased for KL(pi_inf || pi_old) since the engine sampled the tokens),
 mismatch_extreme_frac (R3 eq. 3: share of tokens with max(k, 1/k) > extreme_tau), clip_frac_low /
 clip_frac_high (tokens whose gradient the clip cuts; for cispo, weights clipped), ratio_mean,
 icepop_masked_low_frac / icepop_masked_high_frac, dual_clip_frac (grpo with clip_c),
@@ -70,21 +72,21 @@ from torch import Tensor
 from rlkit.config import Config
 from rlkit.registry import Entry, Registry
 
-Correction = Literal["icepop", "tis", "none"]  # behaviour corrections, see below
+Correction = Literal["icepop", "tis", "none"]  # mismatch corrections, see below
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean"]
 
 
 class LossParams(Config):
-    """Parameters every loss accepts: aggregation, behaviour correction, auxiliary terms."""
+    """Parameters every loss accepts: aggregation, mismatch correction, auxiliary terms."""
 
     agg: Aggregation = Field(
         "token-mean", description="Divide by counted tokens, or average per-sequence means."
     )
     alpha: float = Field(
-        0.5, ge=0, le=1, description="icepop correction: lowest pi_prox/pi_behav kept."
+        0.5, ge=0, le=1, description="icepop correction: lowest pi_old/pi_inf kept."
     )
-    beta: float = Field(5.0, ge=1, description="icepop correction: highest pi_prox/pi_behav kept.")
+    beta: float = Field(5.0, ge=1, description="icepop correction: highest pi_old/pi_inf kept.")
     tis_cap: float = Field(2.0, gt=0, description="tis correction: cap of the importance weight.")
     seq_reject_below: float | None = Field(
         None, gt=0, description="Zero a whole sequence if any token's k is below this."
@@ -118,7 +120,7 @@ class GSPOParams(ClipParams):
     eps_high: float = Field(4e-4, ge=0, description="Upper clip of the sequence ratio.")
 
 
-class Sequences:
+class SequenceIndex:
     """Which sequence each token belongs to: a row, or a `segment_ids` span in packed rows."""
 
     def __init__(self, shape: torch.Size, segment_ids: Tensor | None, device: torch.device):
@@ -144,7 +146,7 @@ class Sequences:
 def _aggregate(
     per_token: Tensor,
     mask: Tensor,
-    sequences: Sequences,
+    sequences: SequenceIndex,
     agg: str,
     normalizer: float | None,
 ) -> Tensor:
@@ -184,7 +186,7 @@ def sft_on_correct_loss(
     mask = loss_mask.bool()
     adv = advantages[:, None].expand(mask.shape) if advantages.dim() == 1 else advantages
     nll = torch.where(mask & (adv > 0), -logprobs.float(), 0.0)
-    sequences = Sequences(mask.shape, segment_ids, mask.device)
+    sequences = SequenceIndex(mask.shape, segment_ids, mask.device)
     return _aggregate(nll, mask, sequences, agg, normalizer)
 
 
@@ -201,7 +203,7 @@ def reference_kl_loss(
     mask = loss_mask.bool()
     delta = torch.where(mask, ref_logprobs.float().detach() - logprobs.float(), 0.0)
     k3 = torch.exp(delta) - delta - 1
-    sequences = Sequences(mask.shape, segment_ids, mask.device)
+    sequences = SequenceIndex(mask.shape, segment_ids, mask.device)
     return _aggregate(k3, mask, sequences, agg, normalizer)
 
 
@@ -210,14 +212,14 @@ class LossInputs:
     """What a loss function sees; masked positions already hold 0 (never NaN)."""
 
     logprobs: Tensor  # log pi_theta [B, T], with grad
-    old: Tensor  # log pi_prox [B, T] (the "old" policy of the PPO ratio), no grad
+    old: Tensor  # log pi_old [B, T] (the "old" policy of the PPO ratio), no grad
     advantages: Tensor  # [B, T]
     mask: Tensor  # [B, T] bool: tokens that count
-    sequences: Sequences
+    sequences: SequenceIndex
 
     @property
     def ratio(self) -> Tensor:
-        """r = pi_theta / pi_prox per token."""
+        """r = pi_theta / pi_old per token."""
         return torch.exp(self.logprobs - self.old)
 
 
@@ -257,7 +259,7 @@ def grpo(x: LossInputs, p: GRPOParams) -> tuple[Tensor, dict[str, Tensor]]:
 
 @register_loss("icepop", params=ClipParams, correction="icepop")
 def icepop(x: LossInputs, p: ClipParams) -> tuple[Tensor, dict[str, Tensor]]:
-    """IcePop (Ring-1T): PPO clip; the mask M(k) is its fixed behaviour correction."""
+    """IcePop (Ring-1T): PPO clip; the mask M(k) is its fixed mismatch correction."""
     return _clipped(x, p)
 
 
@@ -304,10 +306,10 @@ def gppo(x: LossInputs, p: ClipParams) -> tuple[Tensor, dict[str, Tensor]]:
     return torch.minimum(ratio * x.advantages, bound * x.advantages), _clip_stats(x, ratio, p)
 
 
-def behaviour_weight(
+def mismatch_weight(
     correction: str, k: Tensor, p: LossParams, stats: dict[str, Tensor]
 ) -> Tensor | None:
-    """w(k) on k = pi_prox / pi_behav (no gradient); None for "none". Adds its statistics."""
+    """w(k) on k = pi_old / pi_inf (no gradient); None for "none". Adds its statistics."""
     if correction == "icepop":
         stats["icepop_masked_low_frac"] = k < p.alpha
         stats["icepop_masked_high_frac"] = k > p.beta
@@ -318,7 +320,7 @@ def behaviour_weight(
     if correction == "none":
         return None
     raise ValueError(
-        f"unknown behaviour correction {correction!r}; expected one of {get_args(Correction)}"
+        f"unknown mismatch correction {correction!r}; expected one of {get_args(Correction)}"
     )
 
 
@@ -370,7 +372,7 @@ def policy_loss(
 ) -> tuple[Tensor, dict[str, float]]:
     """Scalar loss to minimise and float metrics of loss `name`; see the module docstring.
 
-    Shapes: logprobs (pi_theta) / old_logprobs (pi_prox) / inference_logprobs (pi_behav) /
+    Shapes: logprobs (pi_theta) / old_logprobs (pi_old) / inference_logprobs (pi_inf) /
     loss_mask [B, T], advantages [B] or [B, T]. `correction` ("icepop" | "tis" | "none") applies
     to losses without a fixed one. normalizer: whole-batch count for exact micro-batch/rank
     accumulation; segment_ids ([B, T] ints): sequence id per token when several sequences are
@@ -414,7 +416,7 @@ def compute_policy_loss(
     """`policy_loss` for an already resolved loss (the trainer resolves once per run).
 
     `trainer_logprobs` (default `old_logprobs`) is what the mismatch metrics compare with the
-    engine: the trainer's policy, also when the loss takes pi_behav as its old policy.
+    engine: the trainer's policy, also when the loss takes pi_inf as its old policy.
     """
     if normalizer is not None and not normalizer > 0:
         raise ValueError(f"normalizer must be > 0, got {normalizer}")
@@ -440,11 +442,11 @@ def compute_policy_loss(
     inference = inference_logprobs.detach().float().masked_fill(~mask, 0.0)
     adv = advantages.detach().float()
     adv = (adv[:, None].expand(mask.shape) if adv.dim() == 1 else adv).masked_fill(~mask, 0.0)
-    sequences = Sequences(mask.shape, segment_ids, mask.device)
+    sequences = SequenceIndex(mask.shape, segment_ids, mask.device)
 
     objective, stats = entry.fn(LossInputs(logprobs, old, adv, mask, sequences), p)
     k = torch.exp(old - inference)
-    weight = behaviour_weight(correction, k, p, stats)
+    weight = mismatch_weight(correction, k, p, stats)
     if weight is not None:
         objective = weight * objective
     if p.seq_reject_below is not None:
@@ -486,8 +488,8 @@ def _metrics(
     def token_mean(values: Tensor) -> Tensor:
         return torch.where(mask, values.float(), 0.0).sum() / count
 
-    # k3 = k - 1 - log k with k = pi_train / pi_behav: unbiased for KL(pi_behav || pi_train)
-    # because the tokens were sampled by the engine.
+    # k3 = k - 1 - log k with k = pi_old / pi_inf (pi_theta's values where pi_old is not
+    # recomputed): unbiased for KL(pi_inf || pi_old) because the engine sampled the tokens.
     delta = trainer - inference
     values = {
         "mismatch_kl": token_mean(torch.exp(delta) - delta - 1),

@@ -20,7 +20,7 @@ from rich.console import Console
 from rlkit.config import load_config
 from rlkit.errors import UsageError
 from rlkit.lifetime import die_with_parent
-from rlkit.trainer.batch import MalformedBatchError
+from rlkit.protocol.batch import MalformedBatchError
 
 
 @dataclass(frozen=True)

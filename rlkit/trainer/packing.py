@@ -24,11 +24,11 @@ import torch
 from torch import Tensor
 
 from rlkit.errors import UsageError
-from rlkit.trainer.routing import UNKNOWN
+from rlkit.protocol.routing import UNKNOWN
 
 
 @dataclass
-class Sequence:
+class TokenSequence:
     """One training sequence as the trainer sees it (RL sample or SFT conversation)."""
 
     token_ids: list[int]
@@ -91,7 +91,7 @@ def _bins_padded(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def _build(seqs: list[Sequence], rows: list[list[int]]) -> MicroBatch:
+def _build(seqs: list[TokenSequence], rows: list[list[int]]) -> MicroBatch:
     """Lay out `rows` (each a list of indices into `seqs`) as one micro-batch."""
     order = [i for row in rows for i in row]
     row_len = max(sum(len(seqs[i].token_ids) for i in row) for row in rows)
@@ -159,7 +159,7 @@ def layout_cost(lengths: list[int], bins: list[list[int]], packed: bool, hidden:
 
 
 def _routing_layout(
-    seqs: list[Sequence], order: list[int], rows: int, length: int
+    seqs: list[TokenSequence], order: list[int], rows: int, length: int
 ) -> Tensor | None:
     """An all-UNKNOWN [rows, length, layers, k] routing tensor when any sample has routing."""
     given = [seqs[i].routing for i in order if seqs[i].routing is not None]
@@ -176,7 +176,7 @@ def _routing_layout(
 
 
 def make_micro_batches(
-    seqs: list[Sequence],
+    seqs: list[TokenSequence],
     micro_batch_tokens: int,
     packing: bool | Literal["auto"] = True,
     hidden_size: int = 1024,

@@ -1,12 +1,12 @@
 """The RL trainer loop: wait for the orchestrator's batch, train on it, publish weights.
 
-Protocol with the orchestrator (files under `run_dir`): batches are numbered from 1; for step
-N the trainer waits for `batches/step_{N:06d}.pt`, takes `mini_batches` optimiser steps on it
-(pi_prox recomputed first when `loss.recompute_old_logprobs`) and publishes
-`weights/step_{N:06d}/` (STABLE marker last), which becomes policy version N on the servers.
+Protocol with the orchestrator (files under `run_dir`, `rlkit.protocol.layout`): batches are
+numbered from 1; for step N the trainer waits for `batches/step_N.pt`, takes `mini_batches`
+optimiser steps on it (pi_old recomputed first when `loss.recompute_old_logprobs`) and publishes
+`weights/step_N/` (marked published last), which becomes policy version N on the servers.
 Metrics go to `trainer_metrics.jsonl`, one JSON object per step, written before the weights.
-Each side rings the other's doorbell (`rlkit.handoff`) when its file is in place, so neither
-sleep-polls.
+Each side rings the other's doorbell (`rlkit.protocol.handoff`) when its file is in place, so
+neither sleep-polls.
 """
 
 from __future__ import annotations
@@ -17,18 +17,19 @@ from pathlib import Path
 from rich.console import Console
 from torch import Tensor
 
-from rlkit import handoff
 from rlkit.errors import UsageError
+from rlkit.protocol import handoff
+from rlkit.protocol.batch import TrainBatch, read_batch
+from rlkit.protocol.layout import RunLayout
+from rlkit.protocol.routing import decode_routing
 from rlkit.registry import Entry
 from rlkit.trainer import dist
-from rlkit.trainer.batch import TrainBatch, batch_path, read_batch
 from rlkit.trainer.config import LossConfig, TrainerConfig
-from rlkit.trainer.engine import LossFn, Trainer
-from rlkit.trainer.export import prune_weights, weights_dir
+from rlkit.trainer.export import prune_weights
 from rlkit.trainer.loss import LossParams, compute_policy_loss, loss_correction, resolve_loss
 from rlkit.trainer.metrics_log import MetricsLog
-from rlkit.trainer.packing import MicroBatch, Sequence
-from rlkit.trainer.routing import decode_routing
+from rlkit.trainer.packing import MicroBatch, TokenSequence
+from rlkit.trainer.trainer import MicroBatchLoss, Trainer
 
 console = Console(stderr=True)
 
@@ -41,7 +42,7 @@ def resolve_loss_config(cfg: LossConfig) -> tuple[Entry, LossParams]:
         raise UsageError(f"loss: {exc}") from exc
 
 
-def batch_normalizer(seqs: list[Sequence], agg: str) -> float:
+def batch_normalizer(seqs: list[TokenSequence], agg: str) -> float:
     """Global count the loss divides by: counted tokens, or sequences with any counted token."""
     if agg == "token-mean":
         count = sum(sum(s.loss_mask[1:]) for s in seqs)
@@ -50,31 +51,35 @@ def batch_normalizer(seqs: list[Sequence], agg: str) -> float:
     return float(max(count, 1))
 
 
-def split_mini_batches(seqs: list[Sequence], n: int) -> list[list[Sequence]]:
+def split_mini_batches(seqs: list[TokenSequence], n: int) -> list[list[TokenSequence]]:
     """`n` contiguous, near-equal mini-batches (groups stay together as far as sizes allow)."""
     n = max(1, min(n, len(seqs)))
     bounds = [round(i * len(seqs) / n) for i in range(n + 1)]
     return [seqs[bounds[i] : bounds[i + 1]] for i in range(n)]
 
 
-def make_rl_loss(cfg: LossConfig) -> LossFn:
+def make_rl_loss(cfg: LossConfig) -> MicroBatchLoss:
     """The configured loss on one micro-batch, dividing by the global normaliser.
 
-    `prox` is pi_prox from the recomputation pass, or None: then the losses with a fixed
-    behaviour correction (icepop, tis) take the detached current policy (single-step form,
+    `recomputed_old` is pi_old from the recomputation pass, or None: then the losses with a fixed
+    mismatch correction (icepop, tis) take the detached current policy (single-step form,
     r = 1 in value) and the others the engine's logprobs as their old policy (k = 1).
     """
     entry, params = resolve_loss_config(cfg)
-    correction = loss_correction(entry, cfg.behaviour_correction)
+    correction = loss_correction(entry, cfg.mismatch_correction)
     single_step = "correction" in entry.options
 
     def loss_fn(
-        mb: MicroBatch, logprobs: Tensor, prox: Tensor | None, entropy: Tensor, normalizer: float
+        mb: MicroBatch,
+        logprobs: Tensor,
+        recomputed_old: Tensor | None,
+        entropy: Tensor,
+        normalizer: float,
     ) -> tuple[Tensor, dict]:
         d = logprobs.device
         inference = mb.inference_logprobs.to(d)
-        if prox is not None:
-            old = prox
+        if recomputed_old is not None:
+            old = recomputed_old
         else:
             old = logprobs.detach() if single_step else inference
         return compute_policy_loss(
@@ -88,15 +93,15 @@ def make_rl_loss(cfg: LossConfig) -> LossFn:
             mb.loss_mask.to(d),
             normalizer=normalizer,
             entropy=entropy,
-            trainer_logprobs=logprobs if prox is None else prox,
+            trainer_logprobs=logprobs if recomputed_old is None else recomputed_old,
         )
 
     return loss_fn
 
 
-def to_sequences(batch: TrainBatch) -> list[Sequence]:
+def to_sequences(batch: TrainBatch) -> list[TokenSequence]:
     return [
-        Sequence(
+        TokenSequence(
             s.token_ids,
             s.loss_mask,
             s.inference_logprobs,
@@ -115,7 +120,7 @@ def wait_for_batch(
 
     None: the orchestrator asked the run to stop (`handoff.request_stop`) instead.
     """
-    path = batch_path(run_dir, step)
+    path = RunLayout(run_dir).batch(step)
     start = time.monotonic()
 
     def ready() -> bool:
@@ -149,7 +154,7 @@ def batch_stats(batch: TrainBatch, step: int) -> dict[str, float]:
 def publish(trainer: Trainer, run_dir: Path, step: int) -> None:
     """Collective: export policy version `step` (weights, or the LoRA adapter), tell the
     orchestrator, and drop the oldest published versions."""
-    trainer.export(weights_dir(run_dir, step), extra={"step": step})
+    trainer.export(RunLayout(run_dir).weights_version(step), extra={"step": step})
     if dist.is_main():
         handoff.ring(run_dir, handoff.ORCHESTRATOR)
         prune_weights(run_dir, trainer.cfg.weights.keep_last)
@@ -169,7 +174,7 @@ def run_rl(cfg: TrainerConfig) -> None:
             console.print(f"resumed from step {step}")
         if not step and cfg.model.lora.enabled and cfg.weights.publish:
             publish(trainer, run_dir, 0)  # the initial adapter (B = 0: the base's policy)
-        metrics = MetricsLog(run_dir / "trainer_metrics.jsonl", step, enabled=dist.is_main())
+        metrics = MetricsLog(RunLayout(run_dir).trainer_metrics, step, enabled=dist.is_main())
         doorbell = handoff.Doorbell(run_dir, f"{handoff.TRAINER}{dist.rank()}")
         while not cfg.max_steps or step < cfg.max_steps:
             step += 1

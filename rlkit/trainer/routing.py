@@ -7,20 +7,18 @@ renormalised exactly as the model does after its own top-k, so the forward uses 
 experts while the router still receives a gradient. Replaying the indices a forward chose
 reproduces that forward exactly (gather of the top-k values == the top-k values).
 
-Routing is a tensor [tokens, moe_layers, top_k] of expert ids laid out like the input ids;
-`UNKNOWN` (-1) marks tokens without a given routing (padding, the engine's last sampled token):
-there the router's own top-k is used. Layer indices count MoE layers only.
+Routing is a tensor [tokens, moe_layers, top_k] of expert ids laid out like the input ids
+(`rlkit.protocol.routing`); `UNKNOWN` (-1) marks tokens without a given routing (padding, the
+engine's last sampled token): there the router's own top-k is used. Layer indices count MoE
+layers only.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-import numpy as np
 import torch
 from torch import Tensor, nn
-
-UNKNOWN = -1
 
 
 class RoutingReplay(StrEnum):
@@ -132,17 +130,6 @@ class RouterControl:
             slots = nn.functional.one_hot(chosen[valid], router.num_experts).float()
             losses.append(router.num_experts * (slots.mean((0, 1)) * probs.mean(0)).sum())
         return torch.stack(losses).mean()
-
-
-def encode_routing(routing: np.ndarray) -> bytes:
-    """[tokens, moe_layers, top_k] expert ids as little-endian int16 bytes (UNKNOWN = -1)."""
-    return np.ascontiguousarray(routing, dtype="<i2").tobytes()
-
-
-def decode_routing(data: bytes, dims: tuple[int, int]) -> Tensor:
-    """`encode_routing`'s bytes back to a [tokens, moe_layers, top_k] long tensor."""
-    flat = np.frombuffer(data, dtype="<i2").astype(np.int64)
-    return torch.from_numpy(flat.reshape(-1, *dims))
 
 
 def replay_weights(router: nn.Module, logits: Tensor, chosen: Tensor) -> Tensor:

@@ -19,11 +19,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import Tensor
 
 from rlkit.errors import UsageError
+from rlkit.protocol.layout import RunLayout
 from rlkit.trainer import dist
 from rlkit.trainer.config import SFTConfig, SFTDataConfig
-from rlkit.trainer.engine import Trainer
 from rlkit.trainer.metrics_log import MetricsLog
-from rlkit.trainer.packing import MicroBatch, Sequence
+from rlkit.trainer.packing import MicroBatch, TokenSequence
+from rlkit.trainer.trainer import Trainer
 
 console = Console(stderr=True)
 
@@ -66,7 +67,7 @@ def conversation(row: dict[str, Any], index: int) -> list[dict[str, Any]]:
     return [{k: v for k, v in m.items() if v is not None} for m in messages]
 
 
-def tokenize_conversation(tokenizer, messages: list[dict[str, Any]], index: int) -> Sequence:
+def tokenize_conversation(tokenizer, messages: list[dict[str, Any]], index: int) -> TokenSequence:
     """Token ids of the whole conversation and a mask of its assistant turns' tokens."""
 
     def ids(msgs: list[dict[str, Any]], gen_prompt: bool) -> list[int]:
@@ -86,15 +87,15 @@ def tokenize_conversation(tokenizer, messages: list[dict[str, Any]], index: int)
                 "the conversation, so assistant tokens cannot be located"
             )
         mask[start : len(upto)] = [1] * (len(upto) - start)
-    return Sequence(token_ids=full, loss_mask=mask, inference_logprobs=[0.0] * len(full))
+    return TokenSequence(token_ids=full, loss_mask=mask, inference_logprobs=[0.0] * len(full))
 
 
-def build_sequences(tokenizer, rows: list[dict[str, Any]], max_len: int) -> list[Sequence]:
+def build_sequences(tokenizer, rows: list[dict[str, Any]], max_len: int) -> list[TokenSequence]:
     seqs = []
     for i, row in enumerate(rows):
         seq = tokenize_conversation(tokenizer, conversation(row, i), i)
         n = min(max_len, len(seq.token_ids))
-        seq = Sequence(seq.token_ids[:n], seq.loss_mask[:n], [0.0] * n)
+        seq = TokenSequence(seq.token_ids[:n], seq.loss_mask[:n], [0.0] * n)
         if any(seq.loss_mask[1:]):
             seqs.append(seq)
     if not seqs:
@@ -102,7 +103,7 @@ def build_sequences(tokenizer, rows: list[dict[str, Any]], max_len: int) -> list
     return seqs
 
 
-def plan_steps(seqs: list[Sequence], cfg: SFTDataConfig, seed: int) -> list[list[int]]:
+def plan_steps(seqs: list[TokenSequence], cfg: SFTDataConfig, seed: int) -> list[list[int]]:
     """Sample indices of every optimiser step over all epochs (seeded shuffle per epoch)."""
     steps: list[list[int]] = []
     for epoch in range(cfg.epochs):
@@ -152,7 +153,7 @@ def run_sft(cfg: SFTConfig) -> Path:
     trainer = Trainer(cfg, total_steps=total)
     try:
         step, _ = trainer.maybe_resume()
-        metrics = MetricsLog(run_dir / "sft_metrics.jsonl", step, enabled=dist.is_main())
+        metrics = MetricsLog(RunLayout(run_dir).sft_metrics, step, enabled=dist.is_main())
         columns = [TextColumn("sft"), BarColumn(), TextColumn("{task.completed}/{task.total}")]
         columns += [TextColumn("loss {task.fields[loss]:.4f}"), TimeRemainingColumn()]
         with Progress(*columns, console=console, disable=not dist.is_main()) as progress:
@@ -166,7 +167,7 @@ def run_sft(cfg: SFTConfig) -> Path:
                 progress.update(task, completed=step, loss=result.metrics.get("loss", 0.0))
                 if cfg.ckpt.interval and step % cfg.ckpt.interval == 0:
                     trainer.save_checkpoint(step, {"sft_step": step})
-        final = run_dir / "final"
+        final = RunLayout(run_dir).sft_model
         trainer.export(final, extra={"step": step, "source": cfg.model.path})
         if dist.is_main():
             console.print(f"wrote {final}")

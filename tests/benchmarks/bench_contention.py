@@ -31,9 +31,9 @@ from rlkit.inference import InferenceClient, ServerProcess, start_server
 from rlkit.inference.polling import ENV_VAR
 from rlkit.models import init_tiny
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
-from rlkit.trainer.packing import Sequence
+from rlkit.trainer.packing import TokenSequence
 from rlkit.trainer.rl import batch_normalizer, make_rl_loss
+from rlkit.trainer.trainer import Trainer
 
 VARIANTS = {
     "vllm-default": ({}, 0),
@@ -42,7 +42,7 @@ VARIANTS = {
 }
 
 
-def demo_batch(vocab: int, samples: int = 96, seed: int = 0) -> list[Sequence]:
+def demo_batch(vocab: int, samples: int = 96, seed: int = 0) -> list[TokenSequence]:
     """Like a demo step: ~30-token prompts, 16-token completions."""
     g = torch.Generator().manual_seed(seed)
     seqs = []
@@ -50,7 +50,7 @@ def demo_batch(vocab: int, samples: int = 96, seed: int = 0) -> list[Sequence]:
         prompt = int(torch.randint(24, 36, (1,), generator=g))
         ids = torch.randint(0, vocab, (prompt + 16,), generator=g).tolist()
         inf = [0.0] * prompt + (-torch.rand(16, generator=g) * 3).tolist()
-        seqs.append(Sequence(ids, [0] * prompt + [1] * 16, inf, (i % 2) - 0.5))
+        seqs.append(TokenSequence(ids, [0] * prompt + [1] * 16, inf, (i % 2) - 0.5))
     return seqs
 
 

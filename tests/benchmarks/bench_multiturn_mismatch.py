@@ -4,7 +4,7 @@ One vLLM CPU server (tiny Qwen3, seed 0) and one trainer; the same multi-turn en
 user says "again" after each model turn, 3 model turns) is rolled out with the same per-rollout
 seeds twice: with chat messages re-rendered by the server each turn (the path before token
 in/token out) and with token-id prompts. The trainer recomputes logprobs on each rollout's
-training sample; reported per path: the k3 KL estimate of KL(pi_infer || pi_train) over the
+training sample; reported per path: the k3 KL estimate of KL(pi_inf || pi_old) over the
 sample's model tokens (the trainer's `mismatch_kl`), the fraction of rollouts whose turns were
 exact token continuations, and the fraction of all sampled model tokens that the training sample
 still contains (the message path loses the turns whose re-rendered history diverged).
@@ -30,8 +30,8 @@ from rlkit.envs import MultiTurnEnv, Rollout
 from rlkit.inference import InferenceClient, start_server
 from rlkit.models import init_tiny
 from rlkit.trainer.config import ModelConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
-from rlkit.trainer.packing import Sequence, make_micro_batches
+from rlkit.trainer.packing import TokenSequence, make_micro_batches
+from rlkit.trainer.trainer import Trainer
 
 STOPS = list(range(300, 400))
 
@@ -67,7 +67,7 @@ def mismatch(trainer: Trainer, batch: list[Rollout]) -> dict[str, float]:
     k3_sum = tokens = 0.0
     for rollout in batch:
         sample = rollout.training_sample()
-        seq = Sequence(sample.token_ids, sample.loss_mask, sample.inference_logprobs)
+        seq = TokenSequence(sample.token_ids, sample.loss_mask, sample.inference_logprobs)
         (mb,) = make_micro_batches([seq], 8192)
         with torch.no_grad():
             lp, _ = trainer.logprobs(mb)

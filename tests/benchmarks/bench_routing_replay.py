@@ -32,17 +32,17 @@ import torch
 
 from rlkit.envs.rollout import decode_routed_experts
 from rlkit.inference import InferenceClient, start_server
+from rlkit.launch.launcher import routing_server_options
 from rlkit.models import init_tiny
-from rlkit.train.launcher import routing_server_options
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
-from rlkit.trainer.packing import Sequence
+from rlkit.trainer.packing import TokenSequence
 from rlkit.trainer.rl import batch_normalizer, make_rl_loss
+from rlkit.trainer.trainer import Trainer
 
 KEYS = ("mismatch_kl", "mismatch_extreme_frac", "router_disagreement")
 
 
-async def sample(url: str, model: str, n: int, max_tokens: int, vocab: int) -> list[Sequence]:
+async def sample(url: str, model: str, n: int, max_tokens: int, vocab: int) -> list[TokenSequence]:
     """`n` completions of random prompts with the engine's logprobs and routing."""
     g = torch.Generator().manual_seed(0)
     async with InferenceClient(url) as client:
@@ -58,7 +58,7 @@ async def sample(url: str, model: str, n: int, max_tokens: int, vocab: int) -> l
         routing = decode_routed_experts(gen.routed_experts)
         pad = np.full((len(ids) - len(routing), *routing.shape[1:]), -1, np.int16)
         seqs.append(
-            Sequence(
+            TokenSequence(
                 ids,
                 [0] * len(prompt) + [1] * len(gen.completion_token_ids),
                 [0.0] * len(prompt) + gen.completion_logprobs,
@@ -69,7 +69,7 @@ async def sample(url: str, model: str, n: int, max_tokens: int, vocab: int) -> l
     return seqs
 
 
-def measure(model: str, run_dir: str, seqs: list[Sequence], replay: str) -> dict[str, dict]:
+def measure(model: str, run_dir: str, seqs: list[TokenSequence], replay: str) -> dict[str, dict]:
     cfg = TrainerConfig(
         run_dir=run_dir,
         model=ModelConfig(path=model),

@@ -18,15 +18,15 @@ import torch
 
 from rlkit.models import init_tiny
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
-from rlkit.trainer.packing import Sequence
+from rlkit.trainer.packing import TokenSequence
 from rlkit.trainer.rl import batch_normalizer, make_rl_loss
 from rlkit.trainer.sft import sft_loss
+from rlkit.trainer.trainer import Trainer
 
 MICRO_BATCH_TOKENS = 2048
 
 
-def synthetic_batch(vocab: int, samples: int, seed: int = 0) -> list[Sequence]:
+def synthetic_batch(vocab: int, samples: int, seed: int = 0) -> list[TokenSequence]:
     g = torch.Generator().manual_seed(seed)
     seqs = []
     for i in range(samples):
@@ -35,11 +35,13 @@ def synthetic_batch(vocab: int, samples: int, seed: int = 0) -> list[Sequence]:
         n = prompt + completion
         ids = torch.randint(0, vocab, (n,), generator=g).tolist()
         inf = [0.0] * prompt + (-torch.rand(completion, generator=g) * 3 - 4).tolist()
-        seqs.append(Sequence(ids, [0] * prompt + [1] * completion, inf, (i % 2) - 0.5))
+        seqs.append(TokenSequence(ids, [0] * prompt + [1] * completion, inf, (i % 2) - 0.5))
     return seqs
 
 
-def measure(trainer: Trainer, seqs: list[Sequence], mode: str, steps: int) -> dict[bool, float]:
+def measure(
+    trainer: Trainer, seqs: list[TokenSequence], mode: str, steps: int
+) -> dict[bool, float]:
     """Best tokens/s of packed and padded over `steps` interleaved steps (after a warm-up each).
 
     Interleaving and best-of keep other processes' load on a shared machine from favouring

@@ -20,7 +20,7 @@ environment's own rubric, 64 held-out prompts at temperature 1), with its standa
 prompts' means: 16 samples a prompt on `demo` (4 gave +-0.02 run-to-run, too coarse to call two
 models equal), 4 on `small` (no model learns there in 6 steps; 16 took ~4 min a model).
 For rlkit it also reruns its trainer alone over the run's saved batches, in the environment
-`rlkit train` gives its trainer (`rlkit.train.launcher.trainer_env`: on CPU, OpenMP threads wait
+`rlkit train` gives its trainer (`rlkit.launch.launcher.trainer_env`: on CPU, OpenMP threads wait
 passively), and reports the step time inside `rlkit train` against the same step alone.
 
 TRL runs with OMP_WAIT_POLICY=PASSIVE, as `rlkit train` starts its CPU trainer (on a shared
@@ -248,7 +248,7 @@ def trainer_alone(run_dir: Path, root: Path, steps: int) -> float:
     shutil.copytree(run_dir / "batches", alone / "batches")
     cmd = [sys.executable, "-m", "rlkit.trainer.main", "--config", str(run_dir / "trainer.toml")]
     cmd += [f"--run_dir={alone}", "--weights.publish=false", "--ckpt.interval=0"]
-    from rlkit.train.launcher import trainer_env
+    from rlkit.launch.launcher import trainer_env
 
     with open(root / f"{alone.name}.log", "w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=trainer_env())

@@ -90,6 +90,6 @@ def run_train(cmd: list[str], run_dir: Path, log: Path, timeout: float = 900) ->
 
 def demo_config(*overrides: str):
     from rlkit.config import load_config
-    from rlkit.train.config import TrainConfig
+    from rlkit.launch.config import RLJobConfig
 
-    return load_config(TrainConfig, ROOT / "examples/tiny-cpu/train.toml", list(overrides))
+    return load_config(RLJobConfig, ROOT / "examples/tiny-cpu/train.toml", list(overrides))

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.trainer.engine import Trainer
-from rlkit.trainer.packing import Sequence, make_micro_batches
+from rlkit.trainer.packing import TokenSequence, make_micro_batches
 from rlkit.trainer.sft import sft_loss
+from rlkit.trainer.trainer import Trainer
 
 
 def train_a_little(trainer: Trainer, steps: int = 4) -> None:
@@ -16,14 +16,14 @@ def train_a_little(trainer: Trainer, steps: int = 4) -> None:
     seqs = []
     for _ in range(8):
         ids = torch.randint(0, 1000, (24,), generator=g).tolist()
-        seqs.append(Sequence(ids, [0] * 8 + [1] * 16, [0.0] * 24))
+        seqs.append(TokenSequence(ids, [0] * 8 + [1] * 16, [0.0] * 24))
     for _ in range(steps):
         assert not trainer.train_step(seqs, sft_loss, normalizer=8 * 15.0).skipped
 
 
 def trainer_logprobs(trainer: Trainer, prompt: list[int], completion: list[int]) -> torch.Tensor:
     ids = prompt + completion
-    seq = Sequence(ids, [0] * len(prompt) + [1] * len(completion), [0.0] * len(ids))
+    seq = TokenSequence(ids, [0] * len(prompt) + [1] * len(completion), [0.0] * len(ids))
     (mb,) = make_micro_batches([seq], 4096)
     with torch.no_grad():
         lp, _ = trainer.logprobs(mb)

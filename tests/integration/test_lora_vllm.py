@@ -18,9 +18,10 @@ import torch
 
 from rlkit.inference.client import InferenceError
 from rlkit.inference.lifecycle import lora_server_args
+from rlkit.protocol.layout import RunLayout
 from rlkit.trainer.config import LoraConfig, ModelConfig, OptimConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
-from rlkit.trainer.export import published_bytes, weights_dir
+from rlkit.trainer.export import published_bytes
+from rlkit.trainer.trainer import Trainer
 from tests.helpers.cli import RLKIT, TEST_SERVER_ARGS
 from tests.helpers.eval_results import check_engine_results
 from tests.helpers.trainer_logprobs import train_a_little, trainer_logprobs
@@ -64,9 +65,9 @@ async def test_adapter_served_by_name_matches_trainer_and_merge(
         total_steps=3,
     )
     try:
-        initial = trainer.export(weights_dir(run, 0))
+        initial = trainer.export(RunLayout(run).weights_version(0))
         train_a_little(trainer, steps=3)
-        trained = trainer.export(weights_dir(run, 3))
+        trained = trainer.export(RunLayout(run).weights_version(3))
         assert initial is not None and trained is not None
         assert sorted(p.name for p in trained.glob("adapter_*")) == [
             "adapter_config.json",

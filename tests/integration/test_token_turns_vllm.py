@@ -19,8 +19,8 @@ from rlkit.envs import ToolEnv
 from rlkit.envs.tools import ToolCall, parse_tool_calls
 from rlkit.inference import InferenceClient
 from rlkit.trainer.config import ModelConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
-from rlkit.trainer.packing import Sequence, make_micro_batches
+from rlkit.trainer.packing import TokenSequence, make_micro_batches
+from rlkit.trainer.trainer import Trainer
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ async def test_four_turn_tool_rollout_logprobs_match_the_trainer(
         total_steps=1,
     )
     try:
-        (mb,) = make_micro_batches([Sequence(ids, mask, sample.inference_logprobs)], 4096)
+        (mb,) = make_micro_batches([TokenSequence(ids, mask, sample.inference_logprobs)], 4096)
         with torch.no_grad():
             lp, _ = trainer.logprobs(mb)
     finally:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.trainer.batch import read_batch
+from rlkit.protocol.batch import read_batch
 from tests.helpers.cli import tiny_train_cmd
 from tests.helpers.train_runs import records, start, wait_for_step
 

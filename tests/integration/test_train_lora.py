@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlkit.trainer.batch import read_batch
-from rlkit.trainer.export import published_bytes, weights_dir
+from rlkit.protocol.batch import read_batch
+from rlkit.protocol.layout import RunLayout
+from rlkit.trainer.export import published_bytes
 from tests.helpers.cli import RLKIT, TEST_SERVER_ARGS, tiny_train_cmd
 from tests.helpers.train_runs import records, start, wait_for_step
 
@@ -55,7 +56,7 @@ def test_lora_train_kill_resume(tiny_model_dir: Path, tmp_path: Path) -> None:
     for r in recs.values():
         assert 0 < r["weight_update_bytes"] < model_bytes / 5, r["weight_update_bytes"]
         assert r["mismatch_kl"] < 1e-3, r["mismatch_kl"]  # engine (base + adapter) = trainer
-    final = weights_dir(run_dir, 5)
+    final = RunLayout(run_dir).weights_version(5)
     assert (final / "adapter_config.json").is_file()
     assert json.loads((final / "adapter_config.json").read_text())["r"] == 8
 
@@ -140,7 +141,7 @@ def test_two_runs_share_one_lora_server(tiny_model_dir: Path, tmp_path: Path) ->
         version = max(s.policy_version for s in batch.samples)
         assert version == 2, [s.policy_version for s in batch.samples]
         samples = [s for s in batch.samples if s.policy_version == version][:4]
-        own = mean_gap(tiny_model_dir, weights_dir(run_dir, version), samples)
-        theirs = mean_gap(tiny_model_dir, weights_dir(other, version), samples)
+        own = mean_gap(tiny_model_dir, RunLayout(run_dir).weights_version(version), samples)
+        theirs = mean_gap(tiny_model_dir, RunLayout(other).weights_version(version), samples)
         print(f"run {name}: |engine - own adapter| {own:.4f}, other run's adapter {theirs:.4f}")
         assert own < 0.05 and theirs > 3 * own

@@ -13,7 +13,8 @@ import pytest
 from rlkit.errors import UsageError
 from rlkit.inference import ClientPool
 from rlkit.orchestrator.loop import require_routing
-from rlkit.trainer.batch import batch_path, read_batch
+from rlkit.protocol.batch import read_batch
+from rlkit.protocol.layout import RunLayout
 from tests.helpers.cli import RLKIT, ROOT, run_train
 
 pytestmark = pytest.mark.slow
@@ -41,7 +42,7 @@ def test_rlkit_train_tiny_moe_with_r3(tiny_moe_model_dir: Path, tmp_path: Path) 
         # engine (bf16) and trainer (fp32) mostly agree: the captured routing is aligned with
         # the tokens (random expert pairs out of 4 choose 2 would disagree 5 times in 6)
         assert 0 <= r["router_disagreement"] < 0.3
-    batch = read_batch(batch_path(run_dir, 1))
+    batch = read_batch(RunLayout(run_dir).batch(1))
     for sample in batch.samples:
         assert sample.routing is not None and sample.routing_dims == (2, 2)
     published = sorted(p.name for p in (run_dir / "weights").glob("step_*"))

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from rlkit.config import load_config
+from rlkit.launch.config import RLJobConfig
 from rlkit.orchestrator.config import EnvSpec
-from rlkit.train.config import TrainConfig
 from tests.helpers.cli import DEMO_CONFIG, RLKIT, ROOT
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ def write_config(model: Path, tmp_path: Path) -> Path:
     data.write_text(
         "".join(json.dumps({k: r[k] for k in ("question", "answer")}) + "\n" for r in rows)
     )
-    cfg = load_config(TrainConfig, DEMO_CONFIG, [f"--model.path={model}"])
+    cfg = load_config(RLJobConfig, DEMO_CONFIG, [f"--model.path={model}"])
     cfg.env = [EnvSpec(id="math-python", args={"dataset": str(data), "verify_workers": 1})]
     cfg.orchestrator.sampling = {"temperature": 1.0, "max_tokens": 64}
     cfg.log.run_dir = str(tmp_path / "run")

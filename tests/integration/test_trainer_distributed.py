@@ -23,7 +23,7 @@ from rlkit.trainer.main import Launch
 
 def synthetic_batch(vocab: int, seed: int = 0) -> list:
     """Seven samples of mixed lengths with prompt (mask 0) and completion (mask 1) tokens."""
-    from rlkit.trainer.packing import Sequence
+    from rlkit.trainer.packing import TokenSequence
 
     g = torch.Generator().manual_seed(seed)
     seqs = []
@@ -34,15 +34,15 @@ def synthetic_batch(vocab: int, seed: int = 0) -> list:
         ids = torch.randint(0, vocab, (n,), generator=g).tolist()
         mask = [0] * prompt + [1] * completion
         inf = [0.0] * prompt + (-torch.rand(completion, generator=g) * 5).tolist()
-        seqs.append(Sequence(ids, mask, inf, advantage=(i % 3) - 1.0 + 0.25))
+        seqs.append(TokenSequence(ids, mask, inf, advantage=(i % 3) - 1.0 + 0.25))
     return seqs
 
 
 def probe(out: str, model_dir: str, sharding: str = "full", lora_rank: str = "0") -> None:
     from rlkit.trainer import dist
     from rlkit.trainer.config import LoraConfig, LossConfig, ModelConfig, TrainerConfig
-    from rlkit.trainer.engine import Trainer
     from rlkit.trainer.rl import batch_normalizer, make_rl_loss
+    from rlkit.trainer.trainer import Trainer
 
     cfg = TrainerConfig(
         run_dir=str(Path(out).parent / "run"),

@@ -13,21 +13,21 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlkit.protocol.layout import RunLayout
 from rlkit.trainer.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
-from rlkit.trainer.engine import StepResult, Trainer
-from rlkit.trainer.export import weights_dir
-from rlkit.trainer.packing import Sequence, make_micro_batches
+from rlkit.trainer.packing import TokenSequence, make_micro_batches
 from rlkit.trainer.rl import batch_normalizer, make_rl_loss, split_mini_batches
 from rlkit.trainer.sft import sft_loss
+from rlkit.trainer.trainer import StepResult, Trainer
 
 LOSSES = ["grpo", "cispo", "gspo", "gppo", "icepop"]
 PROMPT, COMPLETION = 6, 18
 
 
-def random_sequences(n: int = 8) -> list[Sequence]:
+def random_sequences(n: int = 8) -> list[TokenSequence]:
     g = torch.Generator().manual_seed(0)
     return [
-        Sequence(
+        TokenSequence(
             torch.randint(0, 1000, (PROMPT + COMPLETION,), generator=g).tolist(),
             [0] * PROMPT + [1] * COMPLETION,
             [0.0] * (PROMPT + COMPLETION),
@@ -37,7 +37,7 @@ def random_sequences(n: int = 8) -> list[Sequence]:
     ]
 
 
-def policy_logprobs(trainer: Trainer, seqs: list[Sequence]) -> list[list[float]]:
+def policy_logprobs(trainer: Trainer, seqs: list[TokenSequence]) -> list[list[float]]:
     """Per-token logprobs (0.0 on prompt tokens) in the batch-file layout."""
     out = []
     for seq in seqs:
@@ -62,13 +62,13 @@ def stale_setup(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     )
     try:
         seqs = random_sequences()
-        behaviour = policy_logprobs(trainer, seqs)
+        inference = policy_logprobs(trainer, seqs)
         for _ in range(3):  # move the policy: SFT on the batch's own completions
             assert not trainer.train_step(seqs, sft_loss, normalizer=8 * COMPLETION).skipped
-        newer = trainer.export(weights_dir(root, 3))
+        newer = trainer.export(RunLayout(root).weights_version(3))
     finally:
         trainer.close()
-    for seq, lps in zip(seqs, behaviour, strict=True):
+    for seq, lps in zip(seqs, inference, strict=True):
         seq.inference_logprobs = lps
     return newer, seqs
 
@@ -97,7 +97,7 @@ def spy_gradients(trainer: Trainer) -> list[torch.Tensor]:
 
 
 def run_step(
-    model: Path, run_dir: Path, seqs: list[Sequence], loss: LossConfig, mini_batches: int
+    model: Path, run_dir: Path, seqs: list[TokenSequence], loss: LossConfig, mini_batches: int
 ) -> tuple[StepResult, list[torch.Tensor]]:
     trainer = make_trainer(model, run_dir, loss)
     try:
@@ -133,7 +133,7 @@ def test_recomputed_prox_with_mini_batches_clips_and_separates_losses(
             # cispo's default has no lower bound; here the update mostly lowers ratios
             params={"eps_low": 0.2} if name == "cispo" else {},
             recompute_old_logprobs=True,
-            behaviour_correction="none" if name.endswith("none") else "icepop",
+            mismatch_correction="none" if name.endswith("none") else "icepop",
         )
         result, grads = run_step(model, tmp_path / name, seqs, loss, mini_batches=2)
         m = result.metrics
@@ -141,8 +141,8 @@ def test_recomputed_prox_with_mini_batches_clips_and_separates_losses(
         clipped = m["clip_frac_low"] + m["clip_frac_high"]
         print(f"{name}: clip_frac {clipped:.3f} mismatch_kl {m['mismatch_kl']:.3f}")
         clips[name] = clipped
-        assert m["mismatch_kl"] > 0.01  # pi_prox is measured against the stale engine logprobs
-        second[name] = grads[1]  # after one update, r = pi_theta / pi_prox != 1
+        assert m["mismatch_kl"] > 0.01  # pi_old is measured against the stale engine logprobs
+        second[name] = grads[1]  # after one update, r = pi_theta / pi_old != 1
     assert all(clips.values()), f"a loss clipped no token over two mini-steps: {clips}"
     # icepop is GRPO with the icepop correction (both are the default); every other pair differs.
     torch.testing.assert_close(second.pop("icepop"), second["grpo"])
@@ -150,13 +150,13 @@ def test_recomputed_prox_with_mini_batches_clips_and_separates_losses(
 
 
 def test_without_recompute_every_loss_differs(stale_setup: tuple, tmp_path: Path) -> None:
-    """grpo/cispo/gspo/gppo take pi_infer as old policy; icepop the single-step form."""
+    """grpo/cispo/gspo/gppo take pi_inf as old policy; icepop the single-step form."""
     model, seqs = stale_setup
     first: dict[str, torch.Tensor] = {}
     for name in LOSSES:
         result, grads = run_step(model, tmp_path / name, seqs, LossConfig(name=name), 2)
         m = result.metrics
-        if name != "icepop":  # r = pi_theta / pi_infer is far from 1 on stale samples
+        if name != "icepop":  # r = pi_theta / pi_inf is far from 1 on stale samples
             assert m["clip_frac_low"] + m["clip_frac_high"] > 0, name
         first[name] = grads[0]
     assert_pairwise_different(first)
@@ -166,7 +166,7 @@ def test_without_recompute_every_loss_differs(stale_setup: tuple, tmp_path: Path
 def test_tokens_outside_the_icepop_band_get_no_gradient(
     stale_setup: tuple, tmp_path: Path, name: str
 ) -> None:
-    """pi_prox / pi_infer = 0.1 (< alpha) on half the sequences: they add nothing."""
+    """pi_old / pi_inf = 0.1 (< alpha) on half the sequences: they add nothing."""
     model, seqs = stale_setup
     loss = LossConfig(name=name, recompute_old_logprobs=True)
     trainer = make_trainer(model, tmp_path, loss)
@@ -176,11 +176,11 @@ def test_tokens_outside_the_icepop_band_get_no_gradient(
         for i, (seq, lps) in enumerate(zip(seqs, prox, strict=True)):
             shift = 2.302585 if i < 4 else 0.0  # k = exp(-shift): 0.1 or 1
             inf = [0.0] * PROMPT + [lp + shift for lp in lps[PROMPT:]]
-            mixed.append(Sequence(seq.token_ids, seq.loss_mask, inf, seq.advantage))
+            mixed.append(TokenSequence(seq.token_ids, seq.loss_mask, inf, seq.advantage))
         loss_fn = make_rl_loss(loss)
         norm = 100.0
 
-        def grads_of(batch: list[Sequence]) -> torch.Tensor:
+        def grads_of(batch: list[TokenSequence]) -> torch.Tensor:
             metrics, _, _ = trainer.compute_gradients(batch, loss_fn, norm, recompute_old=True)
             flat = torch.cat([p.grad.full_tensor().flatten() for p in trainer.params]).clone()
             trainer.optimizer.zero_grad(set_to_none=True)

@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from rlkit.errors import UsageError
-from rlkit.trainer.batch import MalformedBatchError, TrainBatch, TrainSample, write_batch
+from rlkit.protocol.batch import MalformedBatchError, TrainBatch, TrainSample, write_batch
 from rlkit.trainer.config import CkptConfig, LossConfig, ModelConfig, TrainerConfig, WeightsConfig
-from rlkit.trainer.engine import Trainer
 from rlkit.trainer.rl import run_rl, to_sequences
+from rlkit.trainer.trainer import Trainer
 
 
 def make_batch(step: int, advantage_scale: float = 1.0, n: int = 6) -> TrainBatch:

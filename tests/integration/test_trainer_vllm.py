@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlkit.protocol.layout import RunLayout
 from rlkit.trainer.config import ModelConfig, OptimConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
-from rlkit.trainer.export import weights_dir
-from rlkit.trainer.packing import Sequence, make_micro_batches
+from rlkit.trainer.packing import TokenSequence, make_micro_batches
+from rlkit.trainer.trainer import Trainer
 from tests.helpers.cli import TEST_SERVER_ARGS
 from tests.helpers.trainer_logprobs import train_a_little, trainer_logprobs
 
@@ -34,7 +34,7 @@ async def test_exported_weights_served_with_trainer_logprobs(
     )
     try:
         train_a_little(trainer)
-        exported = trainer.export(weights_dir(tmp_path / "run", 4))
+        exported = trainer.export(RunLayout(tmp_path / "run").weights_version(4))
         assert exported is not None and (exported / "STABLE").exists()
         server.wait_ready(timeout=600)
         async with InferenceClient(server.url) as client:
@@ -64,7 +64,7 @@ def k3(trainer: Trainer, prompt: list[int], gens: list, temperature: float) -> f
     for gen in gens:
         ids = prompt + gen.completion_token_ids
         mask = [0] * len(prompt) + [1] * len(gen.completion_token_ids)
-        seq = Sequence(ids, mask, [0.0] * len(ids), temperature=temperature)
+        seq = TokenSequence(ids, mask, [0.0] * len(ids), temperature=temperature)
         (mb,) = make_micro_batches([seq], 4096)
         with torch.no_grad():
             ours = trainer.logprobs(mb)[0][0, len(prompt) - 1 :]
@@ -89,7 +89,7 @@ async def test_trainer_scores_tokens_at_the_sampling_temperature(
     )
     try:
         train_a_little(trainer)  # a peaked policy: temperature changes its distribution a lot
-        exported = trainer.export(weights_dir(tmp_path / "run", 4))
+        exported = trainer.export(RunLayout(tmp_path / "run").weights_version(4))
         prompt = trainer.tokenizer("<|im_start|>user\nreverse abc<|im_end|>\n")["input_ids"]
         gens: dict[float, list] = {}
         async with InferenceClient(vllm_server.url) as client:

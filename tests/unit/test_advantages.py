@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlkit.trainer.advantages import (
+from rlkit.orchestrator.advantages import (
     drgrpo_advantages,
     group_advantages,
     grpo_advantages,

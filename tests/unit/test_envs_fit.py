@@ -130,7 +130,7 @@ def test_running_servers_context_wins_over_the_launch_flags(tiny_model_dir: Path
     from transformers import AutoTokenizer
 
     from rlkit.config import load_config
-    from rlkit.train.config import TrainConfig, check_environments
+    from rlkit.launch.config import RLJobConfig, check_environments
     from tests.helpers.cli import DEMO_CONFIG
     from tests.helpers.fake_openai import FakeOpenAIServer
 
@@ -138,7 +138,7 @@ def test_running_servers_context_wins_over_the_launch_flags(tiny_model_dir: Path
     tok = AutoTokenizer.from_pretrained(model)
     with FakeOpenAIServer(models=[model], tokenizer=tok, model_root=model, max_model_len=40) as srv:
         cfg = load_config(
-            TrainConfig, DEMO_CONFIG, [f"--model.path={model}", f"--inference.urls=[{srv.url!r}]"]
+            RLJobConfig, DEMO_CONFIG, [f"--model.path={model}", f"--inference.urls=[{srv.url!r}]"]
         )
         assert "512" in cfg.inference.extra_args  # the launch flags would say 512
         with pytest.raises(

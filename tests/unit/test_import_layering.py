@@ -55,7 +55,7 @@ def subpackage_graph() -> dict[str, set[str]]:
 
 def test_no_cycle_between_rlkit_subpackages() -> None:
     graph = subpackage_graph()
-    assert {"envs", "eval", "hub", "orchestrator", "train", "trainer"} <= graph.keys()
+    assert {"envs", "eval", "hub", "orchestrator", "launch", "trainer"} <= graph.keys()
     try:
         TopologicalSorter(graph).prepare()
     except CycleError as exc:
@@ -99,7 +99,10 @@ def test_the_layering_is_the_documented_one() -> None:
     assert "hub" in graph["envs"]  # the loader installs hub environments
     assert "envs" not in graph["hub"] and "eval" not in graph["hub"]
     assert {"envs", "hub"} <= graph["eval"]  # eval results are published by rlkit.eval
-    assert "train" not in graph["orchestrator"]  # the whole job's config lives above it
+    assert "launch" not in graph["orchestrator"]  # the whole job's config lives above it
+    # the orchestrator-trainer contract sits below both: data flows one way through it
+    assert "protocol" in graph["orchestrator"] and "protocol" in graph["trainer"]
+    assert not {"orchestrator", "trainer", "launch"} & graph["protocol"]
 
 
 def test_imports_inside_functions_and_relative_imports_count() -> None:

@@ -15,11 +15,11 @@ from rlkit.inference.client import Response, _response_version, _with_parent
 from rlkit.inference.lifecycle import lora_server_args
 from rlkit.trainer import dist
 from rlkit.trainer.config import LoraConfig, ModelConfig, OptimConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
 from rlkit.trainer.export import published_bytes
 from rlkit.trainer.lora import to_peft_state
-from rlkit.trainer.packing import Sequence, make_micro_batches
+from rlkit.trainer.packing import TokenSequence, make_micro_batches
 from rlkit.trainer.sft import sft_loss
+from rlkit.trainer.trainer import Trainer
 
 
 def test_lora_server_args_round_the_rank_up() -> None:
@@ -59,10 +59,10 @@ def test_adapter_versions_and_cards() -> None:
     assert _with_parent(base, cards) is base
 
 
-def seqs() -> list[Sequence]:
+def seqs() -> list[TokenSequence]:
     g = torch.Generator().manual_seed(0)
     return [
-        Sequence(
+        TokenSequence(
             torch.randint(0, 1000, (24,), generator=g).tolist(), [0] * 8 + [1] * 16, [0.0] * 24
         )
         for _ in range(4)

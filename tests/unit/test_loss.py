@@ -65,7 +65,7 @@ def test_icepop_masks_tokens_that_stay_in_the_denominator() -> None:
     _close(metrics["clip_frac_high"], 1 / 3)  # t1
     _close(metrics["clip_frac_low"], 0.0)
     _close(metrics["ratio_mean"], (1.1 + 1.5 + 1.0) / 3)
-    # k3 = k - 1 - log k (KL(pi_infer || pi_train) on engine samples): t0 0;
+    # k3 = k - 1 - log k (KL(pi_inf || pi_old) on engine samples): t0 0;
     # t1 2.5 - 1 - log 2.5 = 0.583709; t2 0.25 - 1 + log 4 = 0.636294; mean = 0.406668.
     _close(metrics["mismatch_kl"], (2.5 - 1 - math.log(2.5) + 0.25 - 1 + math.log(4)) / 3)
     # F(2): max(k, 1/k) > 2 for t1 (2.5) and t2 (4).

@@ -12,6 +12,7 @@ import pytest
 from rlkit.config import load_config
 from rlkit.envs import Rollout, Turn
 from rlkit.errors import UsageError
+from rlkit.launch.config import RLJobConfig
 from rlkit.orchestrator.batching import GroupProcessor, make_batch
 from rlkit.orchestrator.config import DifficultyConfig
 from rlkit.orchestrator.metrics import MetricsLogger, step_record, truncate_jsonl
@@ -19,8 +20,7 @@ from rlkit.orchestrator.prompts import Prompt
 from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import Counters, Group
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume, save_state
-from rlkit.train.config import TrainConfig
-from rlkit.trainer.batch import read_batch, write_batch
+from rlkit.protocol.batch import read_batch, write_batch
 
 BASE = """
 [model]
@@ -33,10 +33,10 @@ sampling = { max_tokens = 64 }
 """
 
 
-def config(tmp_path: Path, text: str = BASE, overrides: list[str] | None = None) -> TrainConfig:
+def config(tmp_path: Path, text: str = BASE, overrides: list[str] | None = None) -> RLJobConfig:
     path = tmp_path / "train.toml"
     path.write_text(text)
-    return load_config(TrainConfig, path, overrides)
+    return load_config(RLJobConfig, path, overrides)
 
 
 def test_config_defaults_and_overrides(tmp_path: Path) -> None:
@@ -64,7 +64,7 @@ def test_config_defaults_and_overrides(tmp_path: Path) -> None:
         ("loss.name=no_such_module_xyz:fn", "loss.name: .*cannot import no_such_module_xyz"),
         ("loss.params.alpha=2", "loss: .*params.alpha: Input should be less than or equal to 1"),
         ("loss.params.clip_c=3", "loss: .*params.clip_c: Extra inputs"),
-        ("loss.behaviour_correction=mask", "loss.behaviour_correction"),
+        ("loss.mismatch_correction=mask", "loss.mismatch_correction"),
         ("trainer.mini_batches=0", "trainer.mini_batches"),
         ("orchestrator.advantage=ppo", "orchestrator: .*unknown advantage estimator 'ppo'"),
         ("orchestrator.advantage_params.eps=0", "advantage_params.eps: Input should be greater"),
@@ -100,7 +100,7 @@ def test_cli_bad_config_exits_2_and_starts_nothing(tmp_path: Path) -> None:
 
 
 def test_evaluation_only_environment_is_refused_for_training(tmp_path: Path) -> None:
-    from rlkit.train.config import check_environments
+    from rlkit.launch.config import check_environments
 
     cfg = config(tmp_path, BASE.replace('id = "reverse-text"', 'id = "math"'))
     with pytest.raises(UsageError, match=r"env\.0\.args: .*no training set"):
@@ -248,7 +248,7 @@ def test_resume_recovers_the_line_of_a_checkpointed_step_the_orchestrator_never_
     tmp_path: Path,
 ) -> None:
     """Interrupted after the trainer checkpointed step 2 but before the orchestrator logged it."""
-    from rlkit.trainer.batch import TrainBatch, TrainSample, write_batch
+    from rlkit.protocol.batch import TrainBatch, TrainSample, write_batch
 
     run = tmp_path / "run"
     (run / "checkpoints" / "step_000002").mkdir(parents=True)
@@ -291,7 +291,7 @@ def test_dry_run_prints_resolved_config(tmp_path: Path) -> None:
 
 
 def test_trainer_command_uses_torchrun_for_several_ranks(tmp_path: Path) -> None:
-    from rlkit.train.launcher import trainer_command
+    from rlkit.launch.launcher import trainer_command
 
     one = trainer_command(tmp_path / "t.toml", 1, resume=False)
     assert one[1:3] == ["-m", "rlkit.trainer.main"] and "--resume" not in one

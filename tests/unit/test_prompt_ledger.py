@@ -11,7 +11,8 @@ from rlkit.orchestrator.config import DifficultyConfig
 from rlkit.orchestrator.prompts import Prompt, PromptStream
 from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import C3POScheduler
-from rlkit.orchestrator.state import prepare_resume, rollback_line, save_state, state_path
+from rlkit.orchestrator.state import prepare_resume, rollback_line, save_state
+from rlkit.protocol.layout import RunLayout
 from tests.helpers.fake_engine import FakeEngine, processor
 
 
@@ -104,16 +105,16 @@ def test_states_are_kept_for_every_checkpoint_and_since_the_latest(tmp_path: Pat
     for step in range(1, 10):  # 7 steps past the checkpoint: the old keep-5 lost step 2
         save_state(run, step, state)
     kept = sorted(p.name for p in (run / "orchestrator").iterdir())
-    assert kept == [state_path(run, s).name for s in range(2, 10)]
+    assert kept == [RunLayout(run).orchestrator_state(s).name for s in range(2, 10)]
     checkpoint(run, 6)
     save_state(run, 10, state)
     kept = sorted(p.name for p in (run / "orchestrator").iterdir())
-    assert kept == [state_path(run, s).name for s in (2, 6, 7, 8, 9, 10)]
+    assert kept == [RunLayout(run).orchestrator_state(s).name for s in (2, 6, 7, 8, 9, 10)]
     assert prepare_resume(run)[0] == 6
 
 
 def test_rollback_line_names_discarded_steps_and_owed_prompts(tmp_path: Path) -> None:
-    from rlkit.trainer.batch import TrainBatch, TrainSample, write_batch
+    from rlkit.protocol.batch import TrainBatch, TrainSample, write_batch
 
     run = tmp_path / "run"
     checkpoint(run, 2)

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlkit.trainer.advantages import ADVANTAGES, group_advantages
+from rlkit.orchestrator.advantages import ADVANTAGES, group_advantages
 from rlkit.trainer.loss import LOSSES, LossParams, policy_loss
 
 USER_MODULE = """
 import torch
 from pydantic import Field
 from rlkit.trainer.loss import LossParams, register_loss
-from rlkit.trainer.advantages import AdvantageParams
+from rlkit.orchestrator.advantages import AdvantageParams
 
 
 class HalfParams(LossParams):

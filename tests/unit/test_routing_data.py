@@ -14,7 +14,7 @@ import torch
 from rlkit.envs.rollout import Rollout, Turn
 from rlkit.inference.routing_capture import RequestRouting
 from rlkit.orchestrator.batching import routing_fields
-from rlkit.trainer.batch import (
+from rlkit.protocol.batch import (
     MalformedBatchError,
     TrainBatch,
     TrainSample,

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from rlkit.errors import UsageError
+from rlkit.protocol.routing import UNKNOWN
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
-from rlkit.trainer.packing import MicroBatch, Sequence, make_micro_batches
+from rlkit.trainer.packing import MicroBatch, TokenSequence, make_micro_batches
 from rlkit.trainer.rl import batch_normalizer, make_rl_loss
-from rlkit.trainer.routing import UNKNOWN, moe_routers
+from rlkit.trainer.routing import moe_routers
+from rlkit.trainer.trainer import Trainer
 from tests.helpers.sequences import sequences
 
 
@@ -128,7 +129,9 @@ def test_packed_and_padded_batches_with_routing_agree(moe_trainer: Trainer) -> N
 
 def test_routing_of_the_wrong_shape_names_the_sample() -> None:
     seqs = [
-        Sequence([1, 2, 3], [0, 1, 1], [0.0] * 3, routing=torch.zeros(2, 2, 2, dtype=torch.long))
+        TokenSequence(
+            [1, 2, 3], [0, 1, 1], [0.0] * 3, routing=torch.zeros(2, 2, 2, dtype=torch.long)
+        )
     ]
     with pytest.raises(ValueError, match=r"sample 0: routing has shape \(2, 2, 2\), expected \(3"):
         make_micro_batches(seqs, 16)

@@ -16,8 +16,8 @@ from rlkit.orchestrator.prompts import PromptStream
 from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import Group
 from rlkit.orchestrator.state import save_state
+from rlkit.protocol.batch import TrainSample, write_batch
 from rlkit.runs.audit import audit_run
-from rlkit.trainer.batch import TrainSample, write_batch
 from tests.helpers.cli import run_cli
 
 

@@ -1,4 +1,4 @@
-"""GPUs per role (`rlkit.train.gpus`): checked against the machine before anything starts, each
+"""GPUs per role (`rlkit.launch.gpus`): checked against the machine before anything starts, each
 role's CUDA_VISIBLE_DEVICES and vLLM's memory fraction; on this CPU machine through the CLI."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.errors import UsageError
-from rlkit.train import gpus, launcher
+from rlkit.launch import gpus, launcher
 from tests.helpers.cli import ROOT, demo_config, run_cli
 
 EIGHT = [str(i) for i in range(8)]

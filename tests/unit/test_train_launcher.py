@@ -1,4 +1,4 @@
-"""The trainer's process environment on CPU (`rlkit.train.launcher.trainer_env`)."""
+"""The trainer's process environment on CPU (`rlkit.launch.launcher.trainer_env`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from rlkit.train import launcher
+from rlkit.launch import launcher
 from tests.helpers.cli import demo_config
 
 
@@ -99,8 +99,8 @@ def test_orchestrator_stops_on_a_reported_trainer_failure(tmp_path) -> None:
     raises at once instead of waiting out weights_timeout_s, and a resume clears the report."""
     import asyncio
 
-    from rlkit import handoff
     from rlkit.orchestrator.loop import TrainerFailed, wait_for_weights
+    from rlkit.protocol import handoff
 
     handoff.report_trainer_failure(tmp_path, "trainer node 0 exited with code 1")
     doorbell = handoff.Doorbell(tmp_path, handoff.ORCHESTRATOR)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.config import load_config
-from rlkit.train.config import TrainConfig
+from rlkit.launch.config import RLJobConfig
 from tests.helpers.cli import ROOT, run_cli
 
 TWO_NODE = ROOT / "examples/multi-node/two-node.toml"
@@ -185,7 +185,7 @@ def test_two_node_example_script(
     gpu_sruns = [s for s in sruns if s["srun"].get("gres") == "gpu:8"]
     assert len(gpu_sruns) == 2  # trainer and inference steps; the orchestrator needs no GPU
     # every role reads the same resolved config: the one the CLI resolved
-    resolved = load_config(TrainConfig, TWO_NODE, [f"--log.run_dir={run_dir}"])
+    resolved = load_config(RLJobConfig, TWO_NODE, [f"--log.run_dir={run_dir}"])
     assert resolved.orchestrator.capacity == 1024
 
 
@@ -246,7 +246,7 @@ def test_submit_writes_the_job_and_calls_sbatch(
     assert "Submitted batch job 42" in out and str(script) in out
     assert (tmp_path / "sbatch.args").read_text().split() == [str(script)]
     assert "--role trainer" in script.read_text()
-    written = load_config(TrainConfig, run_dir / "slurm" / "config.toml", [])
+    written = load_config(RLJobConfig, run_dir / "slurm" / "config.toml", [])
     assert written.log.run_dir == str(run_dir) and written.slurm.trainer_nodes == 1
 
     # a second submission into the same run directory would mix two runs

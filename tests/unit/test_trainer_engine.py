@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from rlkit.trainer.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
 from rlkit.trainer.optim import lr_factor
-from rlkit.trainer.packing import Sequence
+from rlkit.trainer.packing import TokenSequence
 from rlkit.trainer.rl import batch_normalizer, make_rl_loss, resolve_loss_config
+from rlkit.trainer.trainer import Trainer
 
 
 def test_warmup_then_cosine_and_constant() -> None:
@@ -36,7 +36,7 @@ def gradients(model_dir: Path, tmp_path: Path, checkpointing: bool) -> tuple[flo
     try:
         g = torch.Generator().manual_seed(1)
         seqs = [
-            Sequence(
+            TokenSequence(
                 torch.randint(0, 1000, (n,), generator=g).tolist(),
                 [0] * 4 + [1] * (n - 4),
                 [-1.0] * n,

@@ -12,7 +12,7 @@ from rlkit.errors import UsageError
 from rlkit.trainer import dist, model
 from rlkit.trainer.config import ModelConfig
 from rlkit.trainer.model import attention_implementation, load_policy
-from rlkit.trainer.packing import Sequence, make_micro_batches
+from rlkit.trainer.packing import TokenSequence, make_micro_batches
 
 CPU = torch.device("cpu")
 
@@ -67,7 +67,7 @@ def test_meta_init_gives_the_old_paths_logprobs(tiny_model_dir: Path, group: obj
     ref = reference(tiny_model_dir)
     g = torch.Generator().manual_seed(0)
     seqs = [
-        Sequence(
+        TokenSequence(
             torch.randint(0, 500, (n,), generator=g).tolist(), [0, 0] + [1] * (n - 2), [0.0] * n
         )
         for n in (9, 17, 6)

@@ -9,8 +9,8 @@ import torch
 
 from rlkit.errors import UsageError
 from rlkit.trainer.config import ModelConfig, TrainerConfig
-from rlkit.trainer.engine import Trainer
-from rlkit.trainer.packing import Sequence, make_micro_batches
+from rlkit.trainer.packing import TokenSequence, make_micro_batches
+from rlkit.trainer.trainer import Trainer
 from tests.helpers.sequences import sequences
 
 
@@ -47,7 +47,7 @@ def test_sample_longer_than_micro_batch_names_the_setting() -> None:
         make_micro_batches(sequences(100, [10, 50]), 40)
 
 
-def reference_logprobs(model_dir: Path, seq: Sequence) -> torch.Tensor:
+def reference_logprobs(model_dir: Path, seq: TokenSequence) -> torch.Tensor:
     """Plain HF forward of one sequence, full log-softmax, counted positions only."""
     from transformers import AutoModelForCausalLM
 

@@ -90,9 +90,9 @@ def test_weight_transfer_choice() -> None:
 def test_unbuilt_transfers_are_refused_naming_the_field(
     tmp_path: Path, choice: str, why: str
 ) -> None:
-    from rlkit.train.config import TrainConfig
+    from rlkit.launch.config import RLJobConfig
 
     toml = tmp_path / "train.toml"
     toml.write_text(f'[inference]\nweight_transfer = "{choice}"\n')
     with pytest.raises(UsageError, match=rf"inference\.weight_transfer.*{why}"):
-        load_config(TrainConfig, toml)
+        load_config(RLJobConfig, toml)

@@ -1,12 +1,12 @@
 """The batch format between the orchestrator (writer) and the trainer (reader).
 
-One file per optimiser step, `run_dir/batches/step_{step:06d}.pt`, written atomically
+One file per optimiser step, `batches/step_N.pt` (`rlkit.protocol.layout`), written atomically
 (`rlkit.atomic`) so the trainer never sees half a batch. Each sample is one whole
 conversation: `token_ids`, a `loss_mask` (1 = model token that counts), the engine's
 `inference_logprobs` (0.0 where the mask is 0), one scalar `advantage` and the `policy_version`
 that generated it, with its `env_id` and the prompt's `example_id` (what `rlkit runs audit`
 reads). MoE samples may carry the inference engine's `routing` (R3): expert ids
-[tokens, moe_layers, top_k] as int16 bytes (`rlkit.trainer.routing.encode_routing`, -1 where
+[tokens, moe_layers, top_k] as int16 bytes (`rlkit.protocol.routing.encode_routing`, -1 where
 unknown, e.g. the last sampled token) with `routing_dims` = (moe_layers, top_k).
 
 On disk the samples are columns (`to_columns`): each per-token field is one flat tensor with
@@ -15,18 +15,24 @@ Python lists, so `torch.load(weights_only=True)` can read it safely and fast. Th
 rebuilds a tensor in C but every Python number in pure Python: reading and checking a demo batch
 (96 samples) took 13.7 ms with lists of numbers, 2.7 ms with columns; the trainer waits for it
 every step.
+
+One sample on its way: `rlkit.envs.rollout.TrainingTokens` (what a rollout's turns make: tokens,
+mask, engine logprobs, routing) -> `TrainSample` (this record: plus what the orchestrator adds,
+the advantage, policy version, environment, temperature) -> the trainer's
+`rlkit.trainer.packing.TokenSequence` (routing decoded) -> `MicroBatch` (many packed as tensors).
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from pydantic import BaseModel, Field
 
 from rlkit.atomic import atomic_path
+from rlkit.protocol.layout import RunLayout
 
 
 class MalformedBatchError(ValueError):
@@ -55,10 +61,6 @@ class TrainBatch(BaseModel):
     @property
     def num_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.samples)
-
-
-def batch_path(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / "batches" / f"step_{step:06d}.pt"
 
 
 # how each TrainSample field is stored: per-token fields flat, numbers as one tensor per field
@@ -116,10 +118,25 @@ def from_columns(raw: dict[str, Any]) -> dict[str, Any]:
 
 def write_batch(batch: TrainBatch, run_dir: str | Path) -> Path:
     """Write `batch` to its step file atomically; returns the path."""
-    path = batch_path(run_dir, batch.step)
+    path = RunLayout(run_dir).batch(batch.step)
     with atomic_path(path) as tmp:
         torch.save(to_columns(batch), tmp)
     return path
+
+
+class BatchHeader(NamedTuple):
+    """A batch file's step, meta and sample count, read without building its samples."""
+
+    step: int
+    meta: dict[str, Any]
+    samples: int
+
+
+def read_batch_header(path: str | Path) -> BatchHeader:
+    """The header of one batch file (any load error propagates: callers report it)."""
+    raw = torch.load(path, weights_only=True)
+    samples = len(raw["columns"]["advantage"]) if "columns" in raw else len(raw["samples"])
+    return BatchHeader(raw["step"], raw["meta"], samples)
 
 
 def _check_sample(i: int, s: TrainSample) -> None:

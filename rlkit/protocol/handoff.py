@@ -1,7 +1,9 @@
-"""Wake-ups between the processes of one training run: named pipes ("doorbells") in run_dir.
+"""Hand-offs between the processes of one training run: markers, notes and doorbells in run_dir.
 
 The orchestrator and the trainer hand batches and weights to each other as files under
-`run_dir` (a shared filesystem works across machines). Waiting for such a file by sleep-polling
+`run_dir` (`rlkit.protocol.layout`). A published weights folder is complete once its `STABLE`
+marker exists (`mark_published`, written last); `STOP` and `TRAINER_FAILED` are notes one
+process leaves the other. Waiting for such a file by sleep-polling
 at 0.1-0.2 s cost every step several tenths of a second. A waiter instead opens a FIFO
 `run_dir/.doorbells/NAME` and sleeps on it (select, or the asyncio loop); the writer rings every
 doorbell of a role (one byte each, non-blocking) right after its file is in place. The waiter
@@ -18,7 +20,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-DOORBELLS = ".doorbells"
+from rlkit.atomic import atomic_write
+from rlkit.protocol.layout import RunLayout
+
+STABLE = "STABLE"  # written last into a published weights folder: the folder is complete
 TRAINER = "trainer."  # + rank: rung by the orchestrator when a step's batch is written
 ORCHESTRATOR = "orchestrator"  # rung by the trainer when a step's metrics and weights are out
 FALLBACK_POLL_S = 1.0  # re-check without a ring: other machines, a dead peer
@@ -27,7 +32,7 @@ NO_FIFO_POLL_S = 0.05  # polling interval where no FIFO can be made
 
 def ring(run_dir: str | Path, role: str) -> None:
     """Wake every waiter whose doorbell name starts with `role`; never blocks or raises."""
-    folder = Path(run_dir) / DOORBELLS
+    folder = RunLayout(run_dir).doorbells
     if not folder.is_dir():
         return
     for path in folder.glob(f"{role}*"):
@@ -47,7 +52,7 @@ class Doorbell:
     """The waiting side: `wait(ready)` returns once `ready()` is true (woken by `ring`)."""
 
     def __init__(self, run_dir: str | Path, name: str) -> None:
-        self.path = Path(run_dir) / DOORBELLS / name
+        self.path = RunLayout(run_dir).doorbells / name
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fd: int | None = None
         try:
@@ -118,40 +123,42 @@ class Doorbell:
         self.path.unlink(missing_ok=True)
 
 
-STOP_FILE = "STOP"  # the orchestrator asks the trainer to checkpoint and exit
-TRAINER_FAILED_FILE = "TRAINER_FAILED"  # a trainer node's launcher: the trainer is gone
+def mark_published(folder: Path) -> None:
+    """The last write of a published weights folder: readers may load it from now on."""
+    (folder / STABLE).write_text("")
+
+
+def is_published(folder: Path) -> bool:
+    return (folder / STABLE).exists()
 
 
 def request_stop(run_dir: str | Path, reason: str) -> None:
     """Ask the trainer to checkpoint its last step and exit (it is waiting for a batch)."""
-    from rlkit.atomic import atomic_write
-
-    atomic_write(Path(run_dir) / STOP_FILE, reason)
+    atomic_write(RunLayout(run_dir).stop, reason)
     ring(run_dir, TRAINER)
 
 
 def stop_requested(run_dir: str | Path) -> bool:
-    return (Path(run_dir) / STOP_FILE).exists()
+    return RunLayout(run_dir).stop.exists()
 
 
 def clear_stop(run_dir: str | Path) -> None:
     """A resumed run starts without the previous run's stop request or trainer failure."""
-    (Path(run_dir) / STOP_FILE).unlink(missing_ok=True)
-    (Path(run_dir) / TRAINER_FAILED_FILE).unlink(missing_ok=True)
+    layout = RunLayout(run_dir)
+    layout.stop.unlink(missing_ok=True)
+    layout.trainer_failed.unlink(missing_ok=True)
 
 
 def report_trainer_failure(run_dir: str | Path, reason: str) -> None:
     """Tell an orchestrator on another machine that the trainer exited (it stops instead of
     waiting out `weights_timeout_s`)."""
-    from rlkit.atomic import atomic_write
-
-    atomic_write(Path(run_dir) / TRAINER_FAILED_FILE, reason)
+    atomic_write(RunLayout(run_dir).trainer_failed, reason)
     ring(run_dir, ORCHESTRATOR)
 
 
 def trainer_failure(run_dir: str | Path) -> str | None:
     """The reason a trainer node reported, or None."""
     try:
-        return (Path(run_dir) / TRAINER_FAILED_FILE).read_text()
+        return RunLayout(run_dir).trainer_failed.read_text()
     except FileNotFoundError:
         return None

@@ -20,9 +20,9 @@ import subprocess
 from pathlib import Path
 
 from rlkit.errors import SystemRequirementError, UsageError
+from rlkit.launch.config import RLJobConfig
+from rlkit.launch.slurm_config import SlurmConfig
 from rlkit.orchestrator.state import check_fresh_run_dir
-from rlkit.train.config import TrainConfig
-from rlkit.train.slurm_config import SlurmConfig
 
 DEFAULT_INFERENCE_PORT = 8000
 
@@ -55,7 +55,7 @@ def srun_prefix(slurm: SlurmConfig, nodes: str, count: str | int, *, gpus: bool)
 
 
 def render_sbatch(
-    cfg: TrainConfig, config_path: Path, *, workdir: Path, resume: bool = False
+    cfg: RLJobConfig, config_path: Path, *, workdir: Path, resume: bool = False
 ) -> str:
     """The sbatch script for `cfg`, whose resolved config is at `config_path`."""
     slurm = cfg.slurm
@@ -158,7 +158,7 @@ def job_paths(run_dir: Path) -> tuple[Path, Path]:
     return run_dir / "slurm" / "config.toml", run_dir / "slurm" / "job.sbatch"
 
 
-def check_slurm(cfg: TrainConfig) -> None:
+def check_slurm(cfg: RLJobConfig) -> None:
     """What a cluster job cannot do, as usage errors naming the field."""
     if cfg.inference.urls:
         raise UsageError(
@@ -169,7 +169,7 @@ def check_slurm(cfg: TrainConfig) -> None:
         raise UsageError("slurm.venv: set either slurm.venv or slurm.container_image, not both")
 
 
-def launch(cfg: TrainConfig, *, resume: bool = False, dry_run: bool = False) -> str:
+def launch(cfg: RLJobConfig, *, resume: bool = False, dry_run: bool = False) -> str:
     """`rlkit train --slurm`: the script (dry run), or write it and submit it with sbatch."""
     check_slurm(cfg)
     workdir = Path(cfg.slurm.workdir or Path.cwd()).resolve()

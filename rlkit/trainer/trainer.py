@@ -1,4 +1,5 @@
-"""The training step shared by RL and SFT: micro-batches, accumulation, clipping, skip on NaN.
+"""`Trainer`: the training step shared by RL and SFT: micro-batches, accumulation, clipping, skip
+on NaN.
 
 Every rank reads the whole step's samples and builds the same micro-batch list; micro-batch j
 runs on rank j % world_size and a rank with fewer micro-batches repeats its first one with the
@@ -29,11 +30,13 @@ from rlkit.trainer import checkpoint, dist, export
 from rlkit.trainer.config import TrainerConfig
 from rlkit.trainer.model import load_policy
 from rlkit.trainer.optim import build_optimizer
-from rlkit.trainer.packing import MicroBatch, Sequence, make_micro_batches
+from rlkit.trainer.packing import MicroBatch, TokenSequence, make_micro_batches
 from rlkit.trainer.routing import RoutingReplay
 
-# loss_fn(micro_batch, logprobs [S, T], old_logprobs [S, T] | None, entropy [S, T], normalizer)
-LossFn = Callable[[MicroBatch, Tensor, Tensor | None, Tensor, float], tuple[Tensor, dict]]
+# The trainer's loss on one micro-batch (`rl.make_rl_loss`, `sft.sft_loss`), not a registered loss
+# (`loss.LossFn`): (micro_batch, logprobs [S, T], old_logprobs [S, T] | None, entropy [S, T],
+# normalizer) -> (loss, metrics)
+MicroBatchLoss = Callable[[MicroBatch, Tensor, Tensor | None, Tensor, float], tuple[Tensor, dict]]
 # How each per-micro-batch metric combines over micro-batches and ranks.
 SUMMED_METRICS = {
     "num_tokens",
@@ -121,7 +124,7 @@ class Trainer:
     def _gradients(
         self,
         local: list[tuple[MicroBatch, float]],
-        loss_fn: LossFn,
+        loss_fn: MicroBatchLoss,
         normalizer: float,
         olds: list[Tensor] | None,
     ) -> tuple[dict[str, float], bool]:
@@ -167,7 +170,11 @@ class Trainer:
         return contextlib.nullcontext()
 
     def compute_gradients(
-        self, seqs: list[Sequence], loss_fn: LossFn, normalizer: float, recompute_old: bool = False
+        self,
+        seqs: list[TokenSequence],
+        loss_fn: MicroBatchLoss,
+        normalizer: float,
+        recompute_old: bool = False,
     ) -> tuple[dict[str, float], bool, int]:
         """Gradients of one batch without a step: (metrics, any non-finite, micro-batches)."""
         local, olds, n_mbs = self._prepare(seqs, recompute_old)
@@ -175,16 +182,16 @@ class Trainer:
         return metrics, nonfinite, n_mbs
 
     def _prepare(
-        self, seqs: list[Sequence], recompute_old: bool
+        self, seqs: list[TokenSequence], recompute_old: bool
     ) -> tuple[list[tuple[MicroBatch, float]], list[Tensor] | None, int]:
-        """This rank's micro-batches of `seqs`, their pi_prox (no grad) when `recompute_old`,
+        """This rank's micro-batches of `seqs`, their pi_old (no grad) when `recompute_old`,
         and the number of micro-batches over all ranks."""
         mbs = make_micro_batches(
             seqs, self.cfg.micro_batch_tokens, self.cfg.packing, self.hidden_size
         )
         local = self._local(mbs)
         olds = None
-        if self.replay == RoutingReplay.R2:  # record the pre-update routing (and pi_prox)
+        if self.replay == RoutingReplay.R2:  # record the pre-update routing (and pi_old)
             olds = [self._record_routing(mb) for mb, _ in local]
         elif recompute_old:
             olds = [self._no_grad_logprobs(mb) for mb, _ in local]
@@ -193,7 +200,7 @@ class Trainer:
     @torch.no_grad()
     def _record_routing(self, mb: MicroBatch) -> Tensor:
         """R2: the routers' own choice for `mb` now, stored as its routing to replay; returns
-        the no-grad logprobs of the same forward (pi_prox)."""
+        the no-grad logprobs of the same forward (pi_old)."""
         mb.routing = None
         lp = self.logprobs(mb)[0]
         mb.routing = self.policy.router.own_routing().unflatten(0, mb.input_ids.shape).cpu()
@@ -219,28 +226,32 @@ class Trainer:
         return grad_norm, skipped
 
     def train_step(
-        self, seqs: list[Sequence], loss_fn: LossFn, normalizer: float, recompute_old: bool = False
+        self,
+        seqs: list[TokenSequence],
+        loss_fn: MicroBatchLoss,
+        normalizer: float,
+        recompute_old: bool = False,
     ) -> StepResult:
         """One optimiser step; a non-finite loss or gradient norm skips it (grads dropped)."""
         return self.train_steps([seqs], loss_fn, [normalizer], recompute_old)
 
     def train_steps(
         self,
-        mini_batches: list[list[Sequence]],
-        loss_fn: LossFn,
+        mini_batches: list[list[TokenSequence]],
+        loss_fn: MicroBatchLoss,
         normalizers: list[float],
         recompute_old: bool = False,
     ) -> StepResult:
         """One optimiser step per mini-batch, then one LR-schedule step for the whole batch.
 
-        With `recompute_old`, pi_prox of every mini-batch is computed without grad before the
-        first update, so later mini-steps see r = pi_theta / pi_prox move away from 1. A
+        With `recompute_old`, pi_old of every mini-batch is computed without grad before the
+        first update, so later mini-steps see r = pi_theta / pi_old move away from 1. A
         non-finite loss or gradient norm skips that mini-step's update (grads dropped).
         Metrics are averaged over mini-steps (token-weighted; counts summed).
         """
         t0 = time.perf_counter()
         lr = self.scheduler.get_last_lr()[0]
-        # every mini-batch's pi_prox before the first update
+        # every mini-batch's pi_old before the first update
         plans = [self._prepare(seqs, recompute_old) for seqs in mini_batches]
         steps: list[dict[str, float]] = []
         skipped_steps = 0

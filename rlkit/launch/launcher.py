@@ -25,7 +25,6 @@ from typing import Any
 
 from rich.console import Console
 
-from rlkit import handoff
 from rlkit.atomic import atomic_write
 from rlkit.config import dump_toml
 from rlkit.envs.turns import prepare_token_turns
@@ -34,13 +33,15 @@ from rlkit.inference import ServerProcess, start_server
 from rlkit.inference.lifecycle import has_cuda, lora_server_args
 from rlkit.inference.polling import busy_loop_env
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
+from rlkit.launch import gpus
+from rlkit.launch.config import RLJobConfig, check_role
+from rlkit.launch.roles import Role
 from rlkit.lifetime import die_with_parent_preexec
 from rlkit.orchestrator.loop import run_orchestrator
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
 from rlkit.progress import phase, print_line
-from rlkit.train import gpus
-from rlkit.train.config import TrainConfig, check_role
-from rlkit.train.roles import Role
+from rlkit.protocol import handoff
+from rlkit.protocol.layout import RunLayout
 from rlkit.trainer.main import Launch, trainer_command
 
 
@@ -62,7 +63,7 @@ def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
 
 def write_pids(run_dir: Path, role: str, pids: list[int]) -> None:
     """Record child pids in run_dir/pids.json (for operators and fault-injection tests)."""
-    path = run_dir / "pids.json"
+    path = RunLayout(run_dir).pids
     data = json.loads(path.read_text()) if path.exists() else {}
     data[role] = pids
     atomic_write(path, json.dumps(data), durable=False)
@@ -82,12 +83,12 @@ class ServerFleet:
     """The inference servers this run launched, with a watchdog that relaunches dead ones."""
 
     def __init__(
-        self, cfg: TrainConfig, run_dir: Path, console: Console, devices: list[str | None]
+        self, cfg: RLJobConfig, run_dir: Path, console: Console, devices: list[str | None]
     ) -> None:
         self.cfg = cfg
-        self.devices = devices  # each server's CUDA_VISIBLE_DEVICES (rlkit.train.gpus)
+        self.devices = devices  # each server's CUDA_VISIBLE_DEVICES (rlkit.launch.gpus)
         self.run_dir = run_dir
-        self.log_dir = run_dir / "logs"
+        self.log_dir = RunLayout(run_dir).logs
         self.console = console
         self.servers: list[ServerProcess] = []
         self._stop = threading.Event()
@@ -176,7 +177,7 @@ def trainer_env() -> dict[str, str]:
     return env
 
 
-def trainer_launch(cfg: TrainConfig) -> Launch:
+def trainer_launch(cfg: RLJobConfig) -> Launch:
     """This node's part of the trainer: torchrun's layout and c10d rendezvous from `[trainer]`.
     The rendezvous id is derived from `log.run_dir`, the same on every node of one run."""
     t = cfg.trainer
@@ -196,11 +197,14 @@ class TrainerProcess:
     which share `run_dir`)."""
 
     def __init__(
-        self, cfg: TrainConfig, run_dir: Path, resume: bool, devices: str | None = None
+        self, cfg: RLJobConfig, run_dir: Path, resume: bool, devices: str | None = None
     ) -> None:
         self.name = f"trainer-node{cfg.trainer.node_rank}" if cfg.trainer.nnodes > 1 else "trainer"
-        config_path = atomic_write(run_dir / f"{self.name}.toml", dump_toml(cfg.trainer_config()))
-        self.log_path = run_dir / "logs" / f"{self.name}.log"
+        layout = RunLayout(run_dir)
+        config_path = atomic_write(
+            layout.process_config(self.name), dump_toml(cfg.trainer_config())
+        )
+        self.log_path = layout.process_log(self.name)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -231,7 +235,7 @@ class TrainerProcess:
 
 
 def prepare_run_dir(
-    cfg: TrainConfig, resume: bool, console: Console
+    cfg: RLJobConfig, resume: bool, console: Console
 ) -> tuple[int, dict[str, Any] | None]:
     """Check or roll back the run directory (a resume says what it rolls back in one line) and
     save the resolved config; nothing started."""
@@ -242,12 +246,12 @@ def prepare_run_dir(
         check_fresh_run_dir(run_dir)
         start_step, state = 0, None
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(dump_toml(cfg))
+    RunLayout(run_dir).config.write_text(dump_toml(cfg))
     return start_step, state
 
 
 def run_train(
-    cfg: TrainConfig, role: Role | str = Role.ALL, resume: bool = False
+    cfg: RLJobConfig, role: Role | str = Role.ALL, resume: bool = False
 ) -> dict[str, Any]:
     """Run `role` of the training job described by `cfg` (see the module docstring)."""
     role = Role(role)
@@ -286,7 +290,7 @@ def run_train(
 
 
 def _run_trainer_node(
-    cfg: TrainConfig, run_dir: Path, resume: bool, devices: str | None
+    cfg: RLJobConfig, run_dir: Path, resume: bool, devices: str | None
 ) -> dict[str, Any]:
     """Run this node's trainer in the foreground. If it fails or is stopped, the orchestrator
     (on another machine) is told through `run_dir` and stops instead of waiting for weights;
@@ -312,7 +316,7 @@ def _terminate_as_interrupt(signum: int, frame: Any) -> None:
 
 
 def _run_all(
-    cfg: TrainConfig,
+    cfg: RLJobConfig,
     run_dir: Path,
     start_step: int,
     state: dict[str, Any] | None,

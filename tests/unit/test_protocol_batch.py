@@ -1,4 +1,5 @@
-"""The orchestrator -> trainer batch file: atomic write, round trip, clear errors."""
+"""The orchestrator -> trainer batch file (`rlkit.protocol.batch`): atomic write, round trip,
+clear errors."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlkit.trainer.batch import (
+from rlkit.protocol.batch import (
     MalformedBatchError,
     TrainBatch,
     TrainSample,
-    batch_path,
     read_batch,
+    read_batch_header,
     write_batch,
 )
+from rlkit.protocol.layout import RunLayout
 
 
 def sample(**changes) -> TrainSample:
@@ -33,7 +35,7 @@ def sample(**changes) -> TrainSample:
 def test_round_trip_and_path(tmp_path: Path) -> None:
     batch = TrainBatch(step=7, samples=[sample(), sample(advantage=-1.0)], meta={"x": 1})
     path = write_batch(batch, tmp_path)
-    assert path == tmp_path / "batches" / "step_000007.pt" == batch_path(tmp_path, 7)
+    assert path == tmp_path / "batches" / "step_000007.pt" == RunLayout(tmp_path).batch(7)
     assert [p.name for p in path.parent.iterdir()] == ["step_000007.pt"]  # no tmp file left
     assert read_batch(path) == batch
     assert batch.num_tokens == 8
@@ -85,13 +87,13 @@ def test_samples_are_stored_as_columns(tmp_path: Path) -> None:
     assert columns["lengths"]["loss_mask"].tolist() == [4, 2, 4]
     assert columns["advantage"].dtype == torch.float64
     assert columns["routing"] == [None, None, bytes(8)]
-    assert read_batch(batch_path(tmp_path, 1)) == batch
+    assert read_batch(RunLayout(tmp_path).batch(1)) == batch
 
 
 def test_batch_written_as_plain_fields_still_reads(tmp_path: Path) -> None:
     """A run resumed across the switch to columns reads its earlier batches."""
     batch = TrainBatch(step=2, samples=[sample(), sample(advantage=-1.0)])
-    path = batch_path(tmp_path, 2)
+    path = RunLayout(tmp_path).batch(2)
     path.parent.mkdir()
     torch.save(batch.model_dump(), path)
     assert read_batch(path) == batch
@@ -104,3 +106,9 @@ def test_missing_column_named(tmp_path: Path) -> None:
     torch.save(raw, path)
     with pytest.raises(MalformedBatchError, match="no column 'inference_logprobs'"):
         read_batch(path)
+
+
+def test_header_is_read_without_the_samples(tmp_path: Path) -> None:
+    batch = TrainBatch(step=4, samples=[sample(), sample()], meta={"prompts": [{"draw": 0}]})
+    header = read_batch_header(write_batch(batch, tmp_path))
+    assert header == (4, {"prompts": [{"draw": 0}]}, 2)

@@ -1,4 +1,4 @@
-"""`[slurm]`: the cluster job of `rlkit train --slurm` (rendered by `rlkit.train.slurm`)."""
+"""`[slurm]`: the cluster job of `rlkit train --slurm` (rendered by `rlkit.launch.slurm`)."""
 
 from __future__ import annotations
 

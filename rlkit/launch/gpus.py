@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from rlkit.errors import UsageError
 
 if TYPE_CHECKING:
-    from rlkit.train.config import TrainConfig
+    from rlkit.launch.config import RLJobConfig
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 DEDICATED_MEMORY_FRACTION = 0.9  # vLLM alone on its GPUs
@@ -85,7 +85,7 @@ class GpuPlan:
     trainer: str | None
 
 
-def plan_gpus(cfg: TrainConfig, role: str) -> GpuPlan:
+def plan_gpus(cfg: RLJobConfig, role: str) -> GpuPlan:
     """The devices of the roles this process launches, checked against this machine."""
     inf, trainer = cfg.inference, cfg.trainer
     runs_servers = role == "inference" or (role == "all" and not inf.urls)

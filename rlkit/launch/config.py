@@ -4,7 +4,7 @@ Sections: `[model]`, `[[env]]`, `[inference]`, `[orchestrator]` (with `.sampling
 `.difficulty`, `.eval`), `[trainer]` (the trainer plus its launch: nodes, processes per node,
 rendezvous), `[loss]`, `[ckpt]`, `[log]`, `[slurm]` (the cluster job of `--slurm`). The sections
 are defined by the parts that read them (`rlkit.orchestrator.config`, `rlkit.trainer.config`,
-`rlkit.train.slurm_config`); this root adds the checks across sections and `check_environments`
+`rlkit.launch.slurm_config`); this root adds the checks across sections and `check_environments`
 the ones pydantic cannot do alone (environments that do not load), so that a bad config fails
 before anything is started.
 """
@@ -18,12 +18,12 @@ from rich.console import Console
 
 from rlkit.config import dump_toml
 from rlkit.envs.fit import fit_training_sets, max_model_len, renderer_for, served_context
+from rlkit.launch.roles import Role
+from rlkit.launch.slurm_config import SlurmConfig
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list
 from rlkit.orchestrator.loggers import check_sinks
 from rlkit.orchestrator.source import load_environments
 from rlkit.progress import phase, print_line
-from rlkit.train.roles import Role
-from rlkit.train.slurm_config import SlurmConfig
 from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig
 from rlkit.trainer.routing import RoutingReplay
 
@@ -31,8 +31,10 @@ LAUNCH_FIELDS = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "gpus
 ROOT_FIELDS = ("run_dir", "model", "loss", "ckpt", "max_steps")  # TrainerConfig's, from the root
 
 
-class TrainerSection(TrainerConfig):
-    """The trainer's config; `run_dir`, `model`, `loss`, `ckpt`, `max_steps` come from the root.
+class TrainerLaunchConfig(TrainerConfig):
+    """`[trainer]` of `rlkit train`: the trainer process's `TrainerConfig` plus how to launch it
+    (nodes, processes per node, rendezvous, GPUs); `run_dir`, `model`, `loss`, `ckpt`,
+    `max_steps` come from the root (`RLJobConfig.trainer_config`).
 
     The launch fields are read by the launcher only (the torchrun command line, see
     `rlkit.trainer.main.trainer_command`); every node of a multi-node trainer runs
@@ -58,7 +60,7 @@ class TrainerSection(TrainerConfig):
     )
 
     @model_validator(mode="after")
-    def _valid_launch(self) -> TrainerSection:
+    def _valid_launch(self) -> TrainerLaunchConfig:
         if self.node_rank >= self.nnodes:
             raise ValueError(
                 f"trainer.node_rank ({self.node_rank}) must be below trainer.nnodes ({self.nnodes})"
@@ -83,10 +85,12 @@ class TrainerSection(TrainerConfig):
         return self
 
 
-class TrainConfig(RolloutJobConfig):
+class RLJobConfig(RolloutJobConfig):
     """Root of `rlkit train CONFIG.toml`: the orchestrator's sections plus the trainer's."""
 
-    trainer: TrainerSection = Field(default_factory=TrainerSection, description="Trainer.")
+    trainer: TrainerLaunchConfig = Field(
+        default_factory=TrainerLaunchConfig, description="Trainer."
+    )
     loss: LossConfig = Field(default_factory=LossConfig, description="Policy loss.")
     ckpt: CkptConfig = Field(default_factory=CkptConfig, description="Checkpoints.")
     slurm: SlurmConfig = Field(
@@ -94,7 +98,7 @@ class TrainConfig(RolloutJobConfig):
     )
 
     @model_validator(mode="after")
-    def _consistent(self) -> TrainConfig:
+    def _consistent(self) -> RLJobConfig:
         o = self.orchestrator
         if not self.env:
             raise ValueError("env: at least one [[env]] section is required")
@@ -141,7 +145,7 @@ class TrainConfig(RolloutJobConfig):
         return TrainerConfig.model_validate(data)
 
 
-def check_environments(config: TrainConfig) -> dict[str, Any]:
+def check_environments(config: RLJobConfig) -> dict[str, Any]:
     """Load every `[[env]]` up front (an unknown id is a UsageError naming `env.N.id`) and drop
     the training prompts that do not fit the context, or refuse when too many do not."""
     config.sandbox.apply()
@@ -150,7 +154,7 @@ def check_environments(config: TrainConfig) -> dict[str, Any]:
     return envs
 
 
-def fit_prompts(config: TrainConfig, envs: dict[str, Any], console: Console) -> None:
+def fit_prompts(config: RLJobConfig, envs: dict[str, Any], console: Console) -> None:
     """`rlkit.envs.fit.fit_training_sets` with the servers' context (asked from running servers in
     `inference.urls`, else the launch flags or the model's) and the model's chat template."""
     urls, model = config.inference.urls, config.model.path
@@ -177,7 +181,7 @@ def fit_prompts(config: TrainConfig, envs: dict[str, Any], console: Console) -> 
         )
 
 
-def check_role(config: TrainConfig, role: Role | str) -> dict[str, Any]:
+def check_role(config: RLJobConfig, role: Role | str) -> dict[str, Any]:
     """Validate and load what `role` needs before anything starts: the environments (and their
     prompts' fit) for the roles that run the orchestrator; a trainer or inference node never
     reads them (their datasets may not even be reachable from it)."""

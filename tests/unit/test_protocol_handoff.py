@@ -1,4 +1,5 @@
-"""Doorbells (`rlkit.handoff`): a waiter sleeps until rung, re-checks its file, never misses it."""
+"""Doorbells (`rlkit.protocol.handoff`): a waiter sleeps until rung, re-checks its file, never
+misses it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import threading
 import time
 from pathlib import Path
 
-from rlkit import handoff
+from rlkit.protocol import handoff
+from rlkit.protocol.layout import RunLayout
 
 
 def write_and_ring_later(run_dir: Path, target: Path, role: str, delay: float = 0.2) -> None:
@@ -30,7 +32,7 @@ def test_ring_wakes_every_rank_at_once(tmp_path: Path) -> None:
         assert time.monotonic() - t0 < 0.2 + 0.5
     for bell in bells:
         bell.close()
-    assert not list((tmp_path / handoff.DOORBELLS).iterdir())
+    assert not list(RunLayout(tmp_path).doorbells.iterdir())
 
 
 def test_async_wait_lets_other_tasks_run(tmp_path: Path) -> None:
