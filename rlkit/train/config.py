@@ -21,7 +21,7 @@ from rlkit.config import dump_toml
 from rlkit.envs.fit import fit_training_sets, max_model_len, renderer_for, served_context
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list
 from rlkit.orchestrator.loggers import check_sinks
-from rlkit.orchestrator.source import load_environments
+from rlkit.orchestrator.source import load_environments, max_rollout_tokens
 from rlkit.progress import phase, print_line
 from rlkit.train.roles import Role
 from rlkit.train.slurm_config import SlurmConfig
@@ -117,12 +117,11 @@ class TrainConfig(RolloutJobConfig):
             raise ValueError("env: at least one [[env]] section is required")
         if not self.model.path:
             raise ValueError("model.path: the model to train is required")
-        if o.max_tokens <= 0:
-            raise ValueError("orchestrator.sampling.max_tokens must be a positive integer")
-        if o.token_budget < o.max_tokens:
+        max_tokens = o.sampling.max_tokens  # an environment's own is checked when it loads
+        if max_tokens is not None and o.token_budget < max_tokens:
             raise ValueError(
                 f"orchestrator.token_budget ({o.token_budget}) is smaller than one rollout's "
-                f"max tokens (orchestrator.sampling.max_tokens = {o.max_tokens})"
+                f"max tokens (orchestrator.sampling.max_tokens = {max_tokens})"
             )
         if o.capacity < o.group_size:
             raise ValueError(
@@ -163,6 +162,7 @@ def check_environments(config: TrainConfig) -> dict[str, Any]:
     the training prompts that do not fit the context, or refuse when too many do not."""
     config.sandbox.apply()
     envs = load_environments(config.env)
+    max_rollout_tokens(envs, config.orchestrator)
     fit_prompts(config, envs, Console(stderr=True))
     return envs
 
