@@ -42,7 +42,6 @@ def probe(out: str, model_dir: str, sharding: str = "full", lora_rank: str = "0"
     from rlkit.trainer import dist
     from rlkit.trainer.config import LoraConfig, LossConfig, ModelConfig, TrainerConfig
     from rlkit.trainer.engine import Trainer
-    from rlkit.trainer.rl import batch_normalizer, make_rl_loss
 
     cfg = TrainerConfig(
         run_dir=str(Path(out).parent / "run"),
@@ -58,7 +57,7 @@ def probe(out: str, model_dir: str, sharding: str = "full", lora_rank: str = "0"
             param.detach().fill_(0.01)
     seqs = synthetic_batch(trainer.policy.lm.config.vocab_size)
     metrics, nonfinite, n_mbs = trainer.compute_gradients(
-        seqs, make_rl_loss(cfg.loss), batch_normalizer(seqs, "token-mean")
+        seqs, cfg.loss.resolved, cfg.loss.resolved.normalizer(seqs)
     )
     grads = {}
     for name, param in trainer.policy.named_parameters():

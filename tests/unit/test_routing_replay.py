@@ -14,7 +14,6 @@ from rlkit.errors import UsageError
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
 from rlkit.trainer.engine import Trainer
 from rlkit.trainer.packing import MicroBatch, Sequence, make_micro_batches
-from rlkit.trainer.rl import batch_normalizer, make_rl_loss
 from rlkit.trainer.routing import UNKNOWN, moe_routers
 from tests.unit.test_trainer_packing import sequences
 
@@ -152,7 +151,7 @@ def test_r2_replays_pre_update_routing_and_logs_disagreement(
             s.advantage = 1.0 if i % 2 else -1.0
         chunks = [seqs[:2], seqs[2:]]
         result = trainer.train_steps(
-            chunks, make_rl_loss(cfg.loss), [batch_normalizer(c, "token-mean") for c in chunks]
+            chunks, cfg.loss.resolved, [cfg.loss.resolved.normalizer(c) for c in chunks]
         )
         m = result.metrics
         assert m["router_known_pairs"] == sum(len(s.token_ids) for s in seqs) * 2
@@ -180,7 +179,7 @@ def test_router_aux_loss_is_added_when_asked(tiny_moe_model_dir: Path, tmp_path:
     try:
         seqs = sequences(trainer.policy.lm.config.vocab_size, [23, 17])
         metrics, _, _ = trainer.compute_gradients(
-            seqs, make_rl_loss(cfg.loss), batch_normalizer(seqs, "token-mean")
+            seqs, cfg.loss.resolved, cfg.loss.resolved.normalizer(seqs)
         )
         assert 0 < metrics["router_aux_loss"] < 4  # E * sum_e f_e P_e: 1 when balanced
         assert "router_disagreement" not in metrics  # routing unknown: nothing to compare
