@@ -145,13 +145,14 @@ class TrainConfig(RolloutJobConfig):
         return dump_toml(self, exclude={"trainer": set(ROOT_FIELDS)})
 
     def trainer_config(self) -> TrainerConfig:
-        """The config the trainer process reads (`python -m rlkit.trainer.main --config`)."""
+        """The config the trainer process reads (`python -m rlkit.trainer.main --config`); the
+        loss is this config's, already resolved."""
         data = self.trainer.model_dump(exclude=LAUNCH_FIELDS)
         data.update(
             run_dir=self.log.run_dir,
             max_steps=self.orchestrator.max_steps,
             model=self.model.model_dump(),
-            loss=self.loss.model_dump(),
+            loss=self.loss,
             ckpt=self.ckpt.model_dump(),
         )
         return TrainerConfig.model_validate(data)
