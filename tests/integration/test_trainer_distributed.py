@@ -47,7 +47,7 @@ def probe(out: str, model_dir: str, sharding: str = "full", lora_rank: str = "0"
         run_dir=str(Path(out).parent / "run"),
         model=ModelConfig(path=model_dir, lora=LoraConfig(rank=int(lora_rank))),
         micro_batch_tokens=40,  # several micro-batches: uneven split across the two ranks
-        loss=LossConfig(name="grpo"),
+        loss=LossConfig(name="grpo", params={"kl_coef": 0.1}),  # with its reference model
         sharding=sharding,
         collective_timeout_s=120,
     )
@@ -92,7 +92,7 @@ def _run(cmd: list[str]) -> None:
 
 def _compare(one: dict, two: dict) -> None:
     assert one["micro_batches"] == two["micro_batches"] >= 3
-    for key in ("loss", "num_tokens", "mismatch_kl"):
+    for key in ("loss", "num_tokens", "mismatch_kl", "ref_kl"):
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-6), key
     assert one["grads"].keys() == two["grads"].keys()
     nonzero = 0
