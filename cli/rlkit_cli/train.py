@@ -30,7 +30,7 @@ def train(
     Any config field can be overridden after the config path, e.g.
     `rlkit train cfg.toml --orchestrator.max_steps 20 --loss.name grpo`.
     """
-    from rlkit.config import dump_toml, load_config
+    from rlkit.config import load_config
     from rlkit.launch.config import RLJobConfig, check_role
 
     cfg = load_config(RLJobConfig, config, list(ctx.args))
@@ -45,7 +45,7 @@ def train(
         return
     if dry_run:
         check_role(cfg, role)  # what this role loads and checks before it starts
-        typer.echo(dump_toml(cfg), nl=False)
+        typer.echo(cfg.to_toml(), nl=False)  # loads back: root fields only at the root
         return
     from rlkit.launch import run_train
 

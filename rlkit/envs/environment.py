@@ -21,6 +21,7 @@ from rlkit.envs.parsers import Parser
 from rlkit.envs.rollout import Rollout
 from rlkit.envs.rows import Messages, clean_messages, format_row
 from rlkit.envs.rubric import Rubric
+from rlkit.envs.sampling import SamplingLayer, resolve_sampling
 from rlkit.envs.turns import group_first_turn
 from rlkit.inference import InferenceClient
 
@@ -101,9 +102,9 @@ class Environment:
         assert ds is not None
         return ds.select(range(min(n, len(ds)))) if n > 0 else ds
 
-    def sampling_for(self, sampling: dict[str, Any] | None) -> dict[str, Any]:
-        """The environment's sampling defaults overridden by the caller's."""
-        return {**self.sampling_defaults, **(sampling or {})}
+    def sampling_for(self, *layers: SamplingLayer) -> dict[str, Any]:
+        """The environment's sampling defaults under the caller's layers (`resolve_sampling`)."""
+        return resolve_sampling(self.sampling_defaults, *layers)
 
     def new_rollout(self, row: dict[str, Any]) -> Rollout:
         """An empty rollout for a dataset row."""

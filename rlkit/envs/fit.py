@@ -22,6 +22,7 @@ from typing import Any
 from rlkit.envs.environment import Environment
 from rlkit.envs.group import EnvGroup
 from rlkit.envs.rendering import ChatRenderer, load_renderer
+from rlkit.envs.sampling import SamplingLayer
 from rlkit.errors import UsageError
 from rlkit.inference import InferenceClient
 
@@ -149,7 +150,7 @@ def measure(
     rows: Sequence[dict[str, Any]],
     renderer: ChatRenderer,
     max_model_len: int,
-    sampling: dict[str, Any],
+    sampling: SamplingLayer,
 ) -> FitReport:
     """The fit of `rows` under the environment's sampling merged with `sampling`."""
     merged = env.sampling_for(sampling)
@@ -162,7 +163,7 @@ def fit_training_sets(
     envs: dict[str, Environment],
     renderer: ChatRenderer,
     max_model_len: int,
-    sampling: dict[str, Any],
+    sampling: SamplingLayer,
     max_fraction: float,
     log: Callable[[str], None],
 ) -> dict[str, FitReport]:
@@ -192,7 +193,7 @@ async def served_fit(
     rows: Sequence[dict[str, Any]],
     client: Any,
     model: str,
-    sampling: dict[str, Any],
+    sampling: SamplingLayer,
 ) -> FitReport | None:
     """The fit of `rows` on a served model, for `rlkit eval`: the context and the tokenizer
     come from the server's model card (vLLM reports both); None for other servers."""

@@ -84,8 +84,11 @@ class MultiTurnEnv(Environment):
                 completion_tokens += generation.usage.get(
                     "completion_tokens", len(generation.completion_token_ids)
                 )
-                # a Turn is the Generation's token-level record: the same field names
-                rollout.turns.append(Turn.model_validate(generation, from_attributes=True))
+                # a Turn is the Generation's token-level record (the same field names) plus
+                # the sampling the request was sent with
+                turn = Turn.model_validate(generation, from_attributes=True)
+                turn.temperature = turns.sampling.get("temperature")
+                rollout.turns.append(turn)
                 rollout.finish_reason = generation.finish_reason
                 rollout.state["responses"].append(generation)
                 message = self.assistant_message(generation)

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
+from rlkit.envs.sampling import logprob_temperature
+
 
 class Turn(BaseModel):
     """One model call exactly as the engine saw and produced it."""
@@ -25,6 +27,9 @@ class Turn(BaseModel):
     finish_reason: str | None = None
     policy_version_start: int | None = None
     policy_version_end: int | None = None
+    # the temperature the request was sent with (None: not sent, the engine's default of 1);
+    # recorded here so the trainer divides its logits by what the engine sampled at
+    temperature: float | None = None
     # MoE (R3): the engine's expert ids for prompt + completion tokens but the last, base64
     # .npy [tokens, layers, top_k] (vLLM's `routed_experts` format); None when not requested
     routed_experts: str | None = None
@@ -37,6 +42,7 @@ class TrainingTokens:
     token_ids: list[int]
     loss_mask: list[int]  # 1 = model token (trained on), 0 = prompt or environment token
     inference_logprobs: list[float]  # the engine's logprob where loss_mask is 1, else 0.0
+    temperature: float  # what the engine's logprobs are of (`logprob_temperature` of the turns)
     # [tokens, layers, top_k] engine expert ids, -1 where unknown; None if no turn has routing
     routing: np.ndarray | None = None
 
@@ -141,5 +147,20 @@ class Rollout(BaseModel):
             pad = np.full((len(tokens) - len(routing), *routing.shape[1:]), -1, np.int16)
             routing = np.concatenate([routing, pad])
         return TrainingTokens(
-            token_ids=tokens, loss_mask=mask, inference_logprobs=logprobs, routing=routing
+            token_ids=tokens,
+            loss_mask=mask,
+            inference_logprobs=logprobs,
+            temperature=self.sampled_temperature(),
+            routing=routing,
         )
+
+    def sampled_temperature(self) -> float:
+        """The one temperature every turn's logprobs are of; ValueError when turns differ (a
+        training sample carries one temperature)."""
+        temperatures = {logprob_temperature(turn.temperature) for turn in self.turns}
+        if len(temperatures) > 1:
+            raise ValueError(
+                f"rollout {self.example_id}: turns sampled at different temperatures "
+                f"{sorted(temperatures)}; a training sample has one"
+            )
+        return temperatures.pop() if temperatures else 1.0

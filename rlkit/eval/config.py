@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from rlkit.config import Config
+from rlkit.envs.sampling import SamplingConfig, SamplingLayer, resolve_sampling
 from rlkit.ports import INFERENCE_PORT
 from rlkit.sandbox.config import SandboxConfig
 
@@ -59,9 +60,9 @@ class EvalConfig(Config):
     max_concurrent: int = Field(32, ge=1, description="Maximum rollouts in flight.")
     max_tokens: int | None = Field(None, ge=1, description="Max completion tokens per turn.")
     temperature: float | None = Field(None, ge=0, description="Sampling temperature.")
-    sampling: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Extra sampling arguments; they override max_tokens/temperature and the "
+    sampling: SamplingConfig = Field(
+        default_factory=SamplingConfig,
+        description="Sampling arguments (-S); they override max_tokens/temperature and the "
         "environment's defaults.",
     )
     timeout: float = Field(600.0, gt=0, description="Per-request timeout in seconds.")
@@ -79,11 +80,8 @@ class EvalConfig(Config):
         """The part of the config that must match for a run to be resumed."""
         return self.model_dump(mode="json", include=set(RESULT_FIELDS))
 
-    def sampling_args(self, env_defaults: dict[str, Any]) -> dict[str, Any]:
-        """Environment defaults < -t/-T < the -S JSON."""
-        flags: dict[str, Any] = {}
-        if self.max_tokens is not None:
-            flags["max_tokens"] = self.max_tokens
-        if self.temperature is not None:
-            flags["temperature"] = self.temperature
-        return {**env_defaults, **flags, **self.sampling}
+    def sampling_args(self, *below: SamplingLayer) -> dict[str, Any]:
+        """`resolve_sampling`: the layers `below` (the environment's defaults, its package's)
+        < -t/-T < the -S JSON."""
+        flags = SamplingConfig(max_tokens=self.max_tokens, temperature=self.temperature)
+        return resolve_sampling(*below, flags, self.sampling)

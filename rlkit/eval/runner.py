@@ -225,7 +225,7 @@ async def run_eval_async(
     )
     config, package_sampling = apply_package_defaults(config, *package_eval_defaults(config.env_id))
     rows = [dict(row) for row in env.get_eval_dataset(config.num_examples)]
-    sampling = config.sampling_args({**env.sampling_defaults, **package_sampling})
+    sampling = config.sampling_args(env.sampling_defaults, package_sampling)
     plan = {"num_examples": len(rows), "sampling": sampling}
     if metadata is not None:
         check_resumable(config, metadata, plan)

@@ -22,7 +22,7 @@ from rlkit.launch.roles import Role
 from rlkit.launch.slurm_config import SlurmConfig
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list
 from rlkit.orchestrator.loggers import check_sinks
-from rlkit.orchestrator.source import load_environments
+from rlkit.orchestrator.source import load_environments, max_rollout_tokens
 from rlkit.progress import phase, print_line
 from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig
 from rlkit.trainer.routing import RoutingReplay
@@ -104,12 +104,11 @@ class RLJobConfig(RolloutJobConfig):
             raise ValueError("env: at least one [[env]] section is required")
         if not self.model.path:
             raise ValueError("model.path: the model to train is required")
-        if o.max_tokens <= 0:
-            raise ValueError("orchestrator.sampling.max_tokens must be a positive integer")
-        if o.token_budget < o.max_tokens:
+        max_tokens = o.sampling.max_tokens  # an environment's own is checked when it loads
+        if max_tokens is not None and o.token_budget < max_tokens:
             raise ValueError(
                 f"orchestrator.token_budget ({o.token_budget}) is smaller than one rollout's "
-                f"max tokens (orchestrator.sampling.max_tokens = {o.max_tokens})"
+                f"max tokens (orchestrator.sampling.max_tokens = {max_tokens})"
             )
         if o.capacity < o.group_size:
             raise ValueError(
@@ -133,13 +132,14 @@ class RLJobConfig(RolloutJobConfig):
         return dump_toml(self, exclude={"trainer": set(ROOT_FIELDS)})
 
     def trainer_config(self) -> TrainerConfig:
-        """The config the trainer process reads (`python -m rlkit.trainer.main --config`)."""
+        """The config the trainer process reads (`python -m rlkit.trainer.main --config`); the
+        loss is this config's, already resolved."""
         data = self.trainer.model_dump(exclude=LAUNCH_FIELDS)
         data.update(
             run_dir=self.log.run_dir,
             max_steps=self.orchestrator.max_steps,
             model=self.model.model_dump(),
-            loss=self.loss.model_dump(),
+            loss=self.loss,
             ckpt=self.ckpt.model_dump(),
         )
         return TrainerConfig.model_validate(data)
@@ -150,6 +150,7 @@ def check_environments(config: RLJobConfig) -> dict[str, Any]:
     the training prompts that do not fit the context, or refuse when too many do not."""
     config.sandbox.apply()
     envs = load_environments(config.env)
+    max_rollout_tokens(envs, config.orchestrator)
     fit_prompts(config, envs, Console(stderr=True))
     return envs
 

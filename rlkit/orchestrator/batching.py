@@ -8,7 +8,7 @@ finished group it
 4. drops the group when all rewards are equal (no signal) if asked to,
 5. turns each rollout into a `TrainSample` stamped with the oldest policy version that
    produced any of its turns (what staleness and `max_off_policy_steps` are measured from)
-   and its environment's sampling temperature (the trainer divides logits by it).
+   and the temperature its turns record (the trainer divides logits by it).
 It also accumulates the per-step statistics the metrics logger reports.
 """
 
@@ -58,7 +58,6 @@ class GroupProcessor:
         solve_threshold: float,
         sampler: PromptSampler | None = None,
         watchdog: NoSignalWatchdog | None = None,
-        temperatures: dict[str, float] | None = None,
     ) -> None:
         self.advantage = advantage
         self.advantage_params = advantage_params or {}
@@ -66,7 +65,6 @@ class GroupProcessor:
         self.solve_threshold = solve_threshold
         self.sampler = sampler
         self.watchdog = watchdog
-        self.temperatures = temperatures or {}  # env_id -> sampling temperature
         self.stats = GroupStats()
 
     def take_stats(self) -> GroupStats:
@@ -130,7 +128,7 @@ class GroupProcessor:
                     env_id=group.env_id,
                     example_id=rollout.example_id,
                     reward=rollout.reward,
-                    temperature=self.temperatures.get(group.env_id, 1.0),
+                    temperature=sample.temperature,
                     **routing_fields(sample),
                 )
             )
@@ -142,13 +140,6 @@ def routing_fields(sample: TrainingTokens) -> dict[str, Any]:
     if sample.routing is None:
         return {}
     return {"routing": encode_routing(sample.routing), "routing_dims": sample.routing.shape[1:]}
-
-
-def sampling_temperature(env: Any, sampling: dict[str, Any]) -> float:
-    """The temperature an environment's requests use (its defaults under the orchestrator's
-    sampling); greedy (0) and unset count as 1, the distribution the engine's logprobs are of."""
-    temperature = env.sampling_for(sampling).get("temperature")
-    return float(temperature) if temperature else 1.0
 
 
 def make_batch(

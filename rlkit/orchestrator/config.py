@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlkit.config import Config
+from rlkit.envs.sampling import SamplingConfig
 from rlkit.inference.transfer import WeightTransfer, check_weight_transfer
 from rlkit.sandbox.config import SandboxConfig
 from rlkit.trainer.config import ModelConfig
@@ -132,8 +133,8 @@ class OnlineEvalConfig(Config):
     at_end: bool = Field(True, description="Evaluate after the last step.")
     examples: int = Field(32, ge=1, description="Held-out examples per environment.")
     rollouts_per_example: int = Field(1, ge=1, description="Rollouts per held-out example.")
-    sampling: dict[str, Any] = Field(
-        default_factory=lambda: {"temperature": 0.0},
+    sampling: SamplingConfig = Field(
+        default_factory=lambda: SamplingConfig(temperature=0.0),
         description="Sampling overrides for evaluation (on top of orchestrator.sampling).",
     )
 
@@ -190,9 +191,10 @@ class OrchestratorConfig(Config):
         description="Drop training prompts longer than the context leaves room for, unless more "
         "than this fraction of an environment's are (then refuse to start).",
     )
-    sampling: dict[str, Any] = Field(
-        default_factory=lambda: {"temperature": 1.0, "max_tokens": 256},
-        description="Sampling parameters sent with every request (max_tokens required).",
+    sampling: SamplingConfig = Field(
+        default_factory=SamplingConfig,
+        description="Sampling sent with every request, over each environment's sampling_defaults "
+        "(unset fields are the environment's; max_tokens must be set by one of them).",
     )
     weights_timeout_s: float = Field(
         3600.0, gt=0, description="How long to wait for the trainer to publish a step's weights."
@@ -214,8 +216,9 @@ class OrchestratorConfig(Config):
         ADVANTAGES.get(self.advantage).validate(self.advantage_params, "advantage_params")
         return self
 
-    def watchdog_limits(self) -> tuple[int, int]:
-        """(warn_groups, stop_groups), defaults in batches' worth of groups."""
+    def watchdog_limits(self, max_tokens: int) -> tuple[int, int]:
+        """(warn_groups, stop_groups), defaults in batches' worth of groups (`max_tokens`: the
+        largest rollout's, after each environment's sampling defaults)."""
         from rlkit.orchestrator.watchdog import default_limits, groups_per_batch
 
         per_batch = groups_per_batch(
@@ -224,14 +227,10 @@ class OrchestratorConfig(Config):
             self.capacity,
             self.group_size,
             self.token_budget,
-            self.max_tokens,
+            max_tokens,
         )
         warn, stop = default_limits(per_batch)
         return self.watchdog.warn_groups or warn, self.watchdog.stop_groups or stop
-
-    @property
-    def max_tokens(self) -> int:
-        return int(self.sampling.get("max_tokens") or 0)
 
 
 class LogConfig(Config):

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
+from rlkit.envs.sampling import SamplingConfig, resolve_sampling
 from rlkit.eval.metrics import summarize
 from rlkit.inference import ClientPool
 from rlkit.orchestrator.config import OnlineEvalConfig
@@ -25,7 +26,7 @@ async def evaluate(
     envs: dict[str, Any],
     pool: ClientPool,
     model: str,
-    sampling: dict[str, Any],
+    sampling: SamplingConfig,
     cfg: OnlineEvalConfig,
     *,
     step: int,
@@ -34,7 +35,7 @@ async def evaluate(
     console: Console,
 ) -> dict[str, dict[str, Any]]:
     """Evaluate every environment; returns {env_id: summary}."""
-    eval_sampling = {**sampling, **cfg.sampling}
+    eval_sampling = resolve_sampling(sampling, cfg.sampling)
     summaries: dict[str, dict[str, Any]] = {}
     layout = RunLayout(run_dir)
     layout.eval_rollouts(step).parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ from rlkit.errors import RunStopped, UsageError
 from rlkit.inference import ClientPool
 from rlkit.inference.canary import CanaryMismatch, pool_canary_kl
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
-from rlkit.orchestrator.batching import GroupProcessor, make_batch, sampling_temperature
+from rlkit.orchestrator.batching import GroupProcessor, make_batch
 from rlkit.orchestrator.config import RolloutJobConfig
 from rlkit.orchestrator.evaluation import evaluate
 from rlkit.orchestrator.loggers import open_sinks, sample_rows
@@ -35,7 +35,12 @@ from rlkit.orchestrator.metrics import MetricsLogger, read_trainer_record, step_
 from rlkit.orchestrator.prompts import PromptStream
 from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import C3POScheduler, Group, SyncScheduler
-from rlkit.orchestrator.source import EnvRolloutSource, ServersLost, load_environments
+from rlkit.orchestrator.source import (
+    EnvRolloutSource,
+    ServersLost,
+    load_environments,
+    max_rollout_tokens,
+)
 from rlkit.orchestrator.state import save_state
 from rlkit.orchestrator.watchdog import NoSignalError, NoSignalWatchdog
 from rlkit.protocol import handoff
@@ -216,10 +221,7 @@ async def run_orchestrator(
         drop_zero_advantage=o.drop_zero_advantage,
         solve_threshold=o.difficulty.solve_threshold,
         sampler=sampler,
-        watchdog=NoSignalWatchdog(*o.watchdog_limits(), console=console),
-        temperatures={
-            env_id: sampling_temperature(env, o.sampling) for env_id, env in envs.items()
-        },
+        watchdog=NoSignalWatchdog(*o.watchdog_limits(max_rollout_tokens(envs, o)), console=console),
     )
     scheduler = make_scheduler(cfg, source, processor, prompts, version=start_step)
 

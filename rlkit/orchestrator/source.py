@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from rlkit.envs import load_environment
+from rlkit.envs.sampling import SamplingConfig
 from rlkit.errors import UsageError
 from rlkit.inference import ClientPool
 from rlkit.inference.pool import ServersLost
-from rlkit.orchestrator.config import EnvSpec
+from rlkit.orchestrator.config import EnvSpec, OrchestratorConfig
 from rlkit.orchestrator.prompts import Prompt
 
-__all__ = ["EnvRolloutSource", "ServersLost", "load_environments"]
+__all__ = ["EnvRolloutSource", "ServersLost", "load_environments", "max_rollout_tokens"]
 
 
 class EnvRolloutSource:
@@ -29,7 +30,7 @@ class EnvRolloutSource:
         envs: dict[str, Any],
         pool: ClientPool,
         model: str,
-        sampling: dict[str, Any],
+        sampling: SamplingConfig,
         group_size: int,
     ) -> None:
         self.envs = envs
@@ -42,7 +43,7 @@ class EnvRolloutSource:
         env = self.envs[prompt.env_id]
         row = env.get_dataset()[prompt.index]
         rollouts = await env.run_group(
-            row, self.pool.next(), self.model, self.sampling, self.group_size
+            row, self.pool.next(), self.model, self.sampling.request_args(), self.group_size
         )
         if self.pool.lost is not None:  # its rollouts failed for want of a server
             raise self.pool.lost
@@ -71,3 +72,25 @@ def load_environments(specs: list[EnvSpec]) -> dict[str, Any]:
                 "arguments (only evaluation rows); point it at training data"
             )
     return envs
+
+
+def max_rollout_tokens(envs: dict[str, Any], o: OrchestratorConfig) -> int:
+    """The largest `max_tokens` any environment's requests use (its sampling defaults under
+    `orchestrator.sampling`); a UsageError names the field when one has none or exceeds the
+    token budget (a rollout the budget cannot hold would never make a batch)."""
+    largest = 0
+    for env_id, env in envs.items():
+        max_tokens = env.sampling_for(o.sampling).get("max_tokens")
+        if not max_tokens:
+            raise UsageError(
+                f"orchestrator.sampling.max_tokens: environment {env_id!r} declares no "
+                "max_tokens in its sampling_defaults; set it in the config"
+            )
+        if o.token_budget < max_tokens:
+            raise UsageError(
+                f"orchestrator.token_budget ({o.token_budget}) is smaller than one rollout's max "
+                f"tokens ({max_tokens} for {env_id!r}: orchestrator.sampling.max_tokens or the "
+                "environment's sampling_defaults)"
+            )
+        largest = max(largest, int(max_tokens))
+    return largest

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from rlkit.config import Config
 from rlkit.trainer.loss import LOSSES, Correction, loss_correction
 from rlkit.trainer.optim import OptimConfig
+from rlkit.trainer.rl_loss import OldPolicy, ResolvedLoss
 from rlkit.trainer.routing import RoutingReplay
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -70,7 +71,8 @@ class ModelConfig(Config):
 
 
 class LossConfig(Config):
-    """`[loss]`: a registered policy loss, its parameters and the mismatch correction."""
+    """`[loss]`: a registered policy loss, its parameters, the mismatch correction and the old
+    policy, resolved once when the config validates (`resolved`, what the trainer calls)."""
 
     name: str = Field(
         "icepop",
@@ -79,7 +81,7 @@ class LossConfig(Config):
     )
     params: dict[str, Any] = Field(
         default_factory=dict,
-        description="Parameters of the loss (alpha, beta, eps_low, eps_high, agg, ...), "
+        description="Parameters of the loss (alpha, beta, eps_low, eps_high, agg, kl_coef, ...), "
         "validated by the loss's own parameter model.",
     )
     mismatch_correction: Correction = Field(
@@ -87,11 +89,26 @@ class LossConfig(Config):
         description="Weight on pi_old/pi_inf for losses without their own (icepop mask, "
         "truncated IS weight, or none); icepop and tis always use theirs.",
     )
-    recompute_old_logprobs: bool = Field(
-        False,
-        description="Recompute pi_old (the trainer's policy at step start) with a no-grad pass; "
-        "off: grpo/cispo/gspo/gppo use the engine's logprobs as their old policy.",
+    old_policy: OldPolicy | None = Field(
+        None,
+        description="The ratio's old policy: recomputed (pi_old, a no-grad pass at step start), "
+        "engine (the engine's logprobs) or current (detached pi_theta: r = 1); unset: the "
+        "loss's own (current for icepop and tis), else engine.",
     )
+    _resolved: ResolvedLoss = PrivateAttr()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _loss_old_policy(cls, data: Any) -> Any:
+        """Fill an unset `old_policy` with the loss's registered one, so the resolved config
+        (`--dry-run`) shows the policy every run uses."""
+        if isinstance(data, dict) and data.get("old_policy") is None:
+            try:
+                entry = LOSSES.get(data.get("name", "icepop"))
+            except ValueError:
+                return data  # the name's own validation reports it
+            data = {**data, "old_policy": entry.options.get("old_policy", "engine")}
+        return data
 
     @field_validator("name")
     @classmethod
@@ -100,13 +117,20 @@ class LossConfig(Config):
         return name
 
     @model_validator(mode="after")
-    def _valid_params(self) -> LossConfig:
+    def _resolve(self) -> LossConfig:
         entry = LOSSES.get(self.name)
-        entry.validate(self.params)  # ValueError naming params.<field>
+        params = entry.validate(self.params)  # ValueError naming params.<field>
         fixed = loss_correction(entry, self.mismatch_correction)
         if "mismatch_correction" in self.model_fields_set and fixed != self.mismatch_correction:
             raise ValueError(f"mismatch_correction: loss {self.name!r} always applies {fixed!r}")
+        assert self.old_policy is not None  # filled before validation
+        self._resolved = ResolvedLoss(entry, params, fixed, self.old_policy)  # type: ignore[arg-type]
         return self
+
+    @property
+    def resolved(self) -> ResolvedLoss:
+        """The loss the trainer calls (resolved when this config validated)."""
+        return self._resolved
 
 
 class CkptConfig(Config):

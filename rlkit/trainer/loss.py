@@ -1,10 +1,8 @@
 """The policy-loss family: one registered function per loss, one entry point `policy_loss`.
 
-Three policies are kept apart (decoupled PPO, as in AReaL and prime-rl), each with one name in
-code, docs and metrics: the inference policy pi_inf, the engine that sampled the tokens
-(`inference_logprobs`; papers: behaviour policy); the old policy pi_old, the trainer's policy at
-the start of the step (`old_logprobs`; AReaL: proximal policy); the current policy pi_theta, the
-policy being optimised (`logprobs`, with grad). Every loss is
+Three policies are kept apart (decoupled PPO, as in AReaL and prime-rl): pi_inf, the engine
+that sampled the tokens (`inference_logprobs`); pi_old, the trainer's policy at the start of the
+step (`old_logprobs`); pi_theta, the policy being optimised (`logprobs`, with grad). Every loss is
 a per-token objective J (to maximise) of the PPO-style ratio r = pi_theta / pi_old, multiplied
 by a mismatch correction w(k) of the mismatch k = pi_old / pi_inf (without gradient):
 
@@ -27,12 +25,12 @@ The losses (each a function below, registered under its name with its own parame
 - gppo (Klear): forward value of PPO clip, but a clipped token passes gradient
   (1 +/- eps) * A instead of 0 (the clip bound is written as (1+eps) * r / sg(r)).
 
-Which "old" policy the trainer passes (`rlkit.trainer.rl`): with `recompute_old_logprobs` it is
-pi_old from a no-grad pass at the start of the step, and `[trainer] mini_batches = N` optimiser
-steps move r away from 1 so clipping acts. Without recomputation, grpo / cispo / gspo / gppo take
-pi_inf as their old policy (their papers' asynchronous use: r = pi_theta / pi_inf, k = 1), and
-icepop / tis take the detached current policy (r = 1 in value, k = sg(pi_theta) / pi_inf), which
-is INTELLECT-3's single-step asynchronous objective.
+Which "old" policy the trainer passes is the config's `loss.old_policy` (`rlkit.trainer.rl_loss`):
+"recomputed" is pi_old from a no-grad pass at the start of the step, and `[trainer] mini_batches
+= N` optimiser steps move r away from 1 so clipping acts; "engine" is pi_inf (the papers'
+asynchronous use: r = pi_theta / pi_inf, k = 1); "current" is the detached current policy
+(r = 1 in value, k = sg(pi_theta) / pi_inf), INTELLECT-3's single-step asynchronous objective.
+Unset, it is the loss's registered `old_policy` ("current" for icepop and tis), else "engine".
 
 `seq_reject_below` (INTELLECT-3) zeroes a whole sequence when any counted token has k below it.
 Zeroed tokens (IcePop mask, rejection) stay in the denominator; loss_mask 0 tokens never count.
@@ -47,7 +45,8 @@ ranks, so there pass `normalizer = global_count / world_size`.
 A custom loss is a function `fn(x: LossInputs, p: Params) -> (objective [B, T], stats)` in any
 importable module, named in the config as `"my_pkg.my_loss:fn"` (or an entry point in group
 `rlkit.losses`); decorate it with `@register_loss("name", params=MyParams)` to give it
-parameters (a subclass of `LossParams`).
+parameters (a subclass of `LossParams`), and call `rlkit.trainer.reductions.declare_metrics` for
+any metric that is not a token mean.
 
 Metrics (floats; means over this call's counted tokens unless noted): mismatch_kl (k3 = k - 1 -
 log k, unbiased for KL(pi_inf || pi_old) since the engine sampled the tokens),
@@ -71,6 +70,7 @@ from torch import Tensor
 
 from rlkit.config import Config
 from rlkit.registry import Entry, Registry
+from rlkit.trainer.reductions import Reduction, declare_metrics
 
 Correction = Literal["icepop", "tis", "none"]  # mismatch corrections, see below
 
@@ -120,7 +120,7 @@ class GSPOParams(ClipParams):
     eps_high: float = Field(4e-4, ge=0, description="Upper clip of the sequence ratio.")
 
 
-class SequenceIndex:
+class Sequences:
     """Which sequence each token belongs to: a row, or a `segment_ids` span in packed rows."""
 
     def __init__(self, shape: torch.Size, segment_ids: Tensor | None, device: torch.device):
@@ -146,23 +146,34 @@ class SequenceIndex:
 def _aggregate(
     per_token: Tensor,
     mask: Tensor,
-    sequences: SequenceIndex,
+    sequences: Sequences,
     agg: str,
     normalizer: float | None,
 ) -> Tensor:
-    """Sum the counted tokens' values and divide by the token or sequence count (see module)."""
+    """Sum the counted tokens' values and divide by `normalizer`, or by this call's own
+    `count_units` (see module)."""
     masked = torch.where(mask, per_token, 0.0)
+    tokens_per_seq = sequences.sum(mask.float())
     if agg == "token-mean":
-        count = mask.sum()
         total = masked.sum()
     else:
-        tokens_per_seq = sequences.sum(mask.float())
         has_tokens = tokens_per_seq > 0
-        count = has_tokens.sum()
         total = (sequences.sum(masked)[has_tokens] / tokens_per_seq[has_tokens]).sum()
     if normalizer is not None:
         return total / normalizer
-    return total / count.clamp(min=1)
+    return total / count_units(tokens_per_seq, agg).clamp(min=1)
+
+
+def count_units(tokens_per_sequence: Tensor, agg: str) -> Tensor:
+    """The one normaliser: what a loss divides by, from each sequence's counted tokens.
+
+    "token-mean" counts tokens, "seq-mean-token-mean" sequences with at least one counted token.
+    A call counts its own micro-batch; the trainer counts the whole optimiser batch once
+    (`ResolvedLoss.normalizer`) and passes it as `normalizer` to every micro-batch.
+    """
+    if agg == "token-mean":
+        return tokens_per_sequence.sum()
+    return (tokens_per_sequence > 0).sum()
 
 
 def _ppo_clip(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Tensor:
@@ -186,7 +197,7 @@ def sft_on_correct_loss(
     mask = loss_mask.bool()
     adv = advantages[:, None].expand(mask.shape) if advantages.dim() == 1 else advantages
     nll = torch.where(mask & (adv > 0), -logprobs.float(), 0.0)
-    sequences = SequenceIndex(mask.shape, segment_ids, mask.device)
+    sequences = Sequences(mask.shape, segment_ids, mask.device)
     return _aggregate(nll, mask, sequences, agg, normalizer)
 
 
@@ -203,7 +214,7 @@ def reference_kl_loss(
     mask = loss_mask.bool()
     delta = torch.where(mask, ref_logprobs.float().detach() - logprobs.float(), 0.0)
     k3 = torch.exp(delta) - delta - 1
-    sequences = SequenceIndex(mask.shape, segment_ids, mask.device)
+    sequences = Sequences(mask.shape, segment_ids, mask.device)
     return _aggregate(k3, mask, sequences, agg, normalizer)
 
 
@@ -215,7 +226,7 @@ class LossInputs:
     old: Tensor  # log pi_old [B, T] (the "old" policy of the PPO ratio), no grad
     advantages: Tensor  # [B, T]
     mask: Tensor  # [B, T] bool: tokens that count
-    sequences: SequenceIndex
+    sequences: Sequences
 
     @property
     def ratio(self) -> Tensor:
@@ -226,6 +237,8 @@ class LossInputs:
 LossFn = Callable[[LossInputs, Any], tuple[Tensor, dict[str, Tensor]]]
 LOSSES: Registry[LossFn] = Registry("loss", "rlkit.losses", LossParams)
 register_loss = LOSSES.register
+declare_metrics(Reduction.SUM, "num_tokens", "num_sequences", "seq_rejected")
+declare_metrics(Reduction.NORMALISED, "loss", "policy_loss", "ref_kl", "sft_loss")
 
 
 def _clip_stats(x: LossInputs, ratio: Tensor, p: ClipParams) -> dict[str, Tensor]:
@@ -257,13 +270,13 @@ def grpo(x: LossInputs, p: GRPOParams) -> tuple[Tensor, dict[str, Tensor]]:
     return objective, stats
 
 
-@register_loss("icepop", params=ClipParams, correction="icepop")
+@register_loss("icepop", params=ClipParams, correction="icepop", old_policy="current")
 def icepop(x: LossInputs, p: ClipParams) -> tuple[Tensor, dict[str, Tensor]]:
     """IcePop (Ring-1T): PPO clip; the mask M(k) is its fixed mismatch correction."""
     return _clipped(x, p)
 
 
-@register_loss("tis", params=ClipParams, correction="tis")
+@register_loss("tis", params=ClipParams, correction="tis", old_policy="current")
 def tis(x: LossInputs, p: ClipParams) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clip; the truncated importance weight min(k, tis_cap) is its fixed correction."""
     return _clipped(x, p)
@@ -442,7 +455,7 @@ def compute_policy_loss(
     inference = inference_logprobs.detach().float().masked_fill(~mask, 0.0)
     adv = advantages.detach().float()
     adv = (adv[:, None].expand(mask.shape) if adv.dim() == 1 else adv).masked_fill(~mask, 0.0)
-    sequences = SequenceIndex(mask.shape, segment_ids, mask.device)
+    sequences = Sequences(mask.shape, segment_ids, mask.device)
 
     objective, stats = entry.fn(LossInputs(logprobs, old, adv, mask, sequences), p)
     k = torch.exp(old - inference)
@@ -488,8 +501,8 @@ def _metrics(
     def token_mean(values: Tensor) -> Tensor:
         return torch.where(mask, values.float(), 0.0).sum() / count
 
-    # k3 = k - 1 - log k with k = pi_old / pi_inf (pi_theta's values where pi_old is not
-    # recomputed): unbiased for KL(pi_inf || pi_old) because the engine sampled the tokens.
+    # k3 = k - 1 - log k with k = pi_old / pi_inf: unbiased for KL(pi_inf || pi_old)
+    # because the tokens were sampled by the engine.
     delta = trainer - inference
     values = {
         "mismatch_kl": token_mean(torch.exp(delta) - delta - 1),

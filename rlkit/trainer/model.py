@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from rlkit.errors import UsageError
-from rlkit.trainer.config import ModelConfig
+from rlkit.trainer.config import LoraConfig, ModelConfig
 from rlkit.trainer.dist import is_main, world_size
 from rlkit.trainer.logprobs import chunked_logprobs
 from rlkit.trainer.lora import add_lora
@@ -171,6 +171,23 @@ def load_policy(
         lm.generation_config = source.generation_config
     del source, full
     return policy
+
+
+def load_reference(
+    cfg: ModelConfig, device: torch.device, chunk_size: int, mesh: DeviceMesh | None = None
+) -> PolicyModel:
+    """A frozen, sharded copy of the initial policy (without any LoRA adapter): the reference
+    model whose logprobs the KL penalty (`loss.params.kl_coef`) compares with, as in TRL and
+    verl. It costs a second copy of the weights, no optimiser state and one no-grad forward per
+    micro-batch."""
+    ref = load_policy(
+        cfg.model_copy(update={"lora": LoraConfig(), "activation_checkpointing": False}),
+        device,
+        chunk_size,
+        mesh,
+    )
+    ref.requires_grad_(False)
+    return ref.eval()
 
 
 def _broadcast_buffers(lm: nn.Module, source: nn.Module | None, device: torch.device) -> None:

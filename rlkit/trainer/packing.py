@@ -56,6 +56,7 @@ class MicroBatch:
     sample_ids: list[int]  # index into the input list of each of the S samples
     token_mask: Tensor  # [R, L] bool: real tokens (not padding)
     routing: Tensor | None = None  # [R, L, moe_layers, top_k] laid out like input_ids
+    ref_logprobs: Tensor | None = None  # [S, T-1] the reference model's (loss kl_coef > 0)
 
     @property
     def shape(self) -> tuple[int, int]:

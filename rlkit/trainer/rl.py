@@ -2,11 +2,11 @@
 
 Protocol with the orchestrator (files under `run_dir`, `rlkit.protocol.layout`): batches are
 numbered from 1; for step N the trainer waits for `batches/step_N.pt`, takes `mini_batches`
-optimiser steps on it (pi_old recomputed first when `loss.recompute_old_logprobs`) and publishes
-`weights/step_N/` (marked published last), which becomes policy version N on the servers.
-Metrics go to `trainer_metrics.jsonl`, one JSON object per step, written before the weights.
-Each side rings the other's doorbell (`rlkit.protocol.handoff`) when its file is in place, so
-neither sleep-polls.
+optimiser steps on it (pi_old recomputed first when `loss.old_policy = "recomputed"`) and
+publishes `weights/step_N/` (marked published last), which becomes policy version N on the
+servers. Metrics go to `trainer_metrics.jsonl`, one JSON object per step, written before the
+weights. Each side rings the other's doorbell (`rlkit.protocol.handoff`) when its file is in
+place, so neither sleep-polls.
 """
 
 from __future__ import annotations
@@ -15,40 +15,20 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from torch import Tensor
 
 from rlkit.errors import UsageError
 from rlkit.protocol import handoff
 from rlkit.protocol.batch import TrainBatch, read_batch
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.routing import decode_routing
-from rlkit.registry import Entry
 from rlkit.trainer import dist
-from rlkit.trainer.config import LossConfig, TrainerConfig
+from rlkit.trainer.config import TrainerConfig
 from rlkit.trainer.export import prune_weights
-from rlkit.trainer.loss import LossParams, compute_policy_loss, loss_correction, resolve_loss
 from rlkit.trainer.metrics_log import MetricsLog
-from rlkit.trainer.packing import MicroBatch, TokenSequence
-from rlkit.trainer.trainer import MicroBatchLoss, Trainer
+from rlkit.trainer.packing import TokenSequence
+from rlkit.trainer.trainer import Trainer
 
 console = Console(stderr=True)
-
-
-def resolve_loss_config(cfg: LossConfig) -> tuple[Entry, LossParams]:
-    """The registered loss and its parameters, checked up front (not at the first batch)."""
-    try:
-        return resolve_loss(cfg.name, cfg.params)
-    except ValueError as exc:
-        raise UsageError(f"loss: {exc}") from exc
-
-
-def batch_normalizer(seqs: list[TokenSequence], agg: str) -> float:
-    """Global count the loss divides by: counted tokens, or sequences with any counted token."""
-    if agg == "token-mean":
-        count = sum(sum(s.loss_mask[1:]) for s in seqs)
-    else:
-        count = sum(1 for s in seqs if any(s.loss_mask[1:]))
-    return float(max(count, 1))
 
 
 def split_mini_batches(seqs: list[TokenSequence], n: int) -> list[list[TokenSequence]]:
@@ -56,47 +36,6 @@ def split_mini_batches(seqs: list[TokenSequence], n: int) -> list[list[TokenSequ
     n = max(1, min(n, len(seqs)))
     bounds = [round(i * len(seqs) / n) for i in range(n + 1)]
     return [seqs[bounds[i] : bounds[i + 1]] for i in range(n)]
-
-
-def make_rl_loss(cfg: LossConfig) -> MicroBatchLoss:
-    """The configured loss on one micro-batch, dividing by the global normaliser.
-
-    `recomputed_old` is pi_old from the recomputation pass, or None: then the losses with a fixed
-    mismatch correction (icepop, tis) take the detached current policy (single-step form,
-    r = 1 in value) and the others the engine's logprobs as their old policy (k = 1).
-    """
-    entry, params = resolve_loss_config(cfg)
-    correction = loss_correction(entry, cfg.mismatch_correction)
-    single_step = "correction" in entry.options
-
-    def loss_fn(
-        mb: MicroBatch,
-        logprobs: Tensor,
-        recomputed_old: Tensor | None,
-        entropy: Tensor,
-        normalizer: float,
-    ) -> tuple[Tensor, dict]:
-        d = logprobs.device
-        inference = mb.inference_logprobs.to(d)
-        if recomputed_old is not None:
-            old = recomputed_old
-        else:
-            old = logprobs.detach() if single_step else inference
-        return compute_policy_loss(
-            entry,
-            params,
-            correction,
-            logprobs,
-            old,
-            inference,
-            mb.advantages.to(d),
-            mb.loss_mask.to(d),
-            normalizer=normalizer,
-            entropy=entropy,
-            trainer_logprobs=logprobs if recomputed_old is None else recomputed_old,
-        )
-
-    return loss_fn
 
 
 def to_sequences(batch: TrainBatch) -> list[TokenSequence]:
@@ -164,9 +103,8 @@ def run_rl(cfg: TrainerConfig) -> None:
     """Train until `max_steps` (or forever), one orchestrator batch per step."""
     if cfg.optim.schedule == "cosine" and not cfg.max_steps:
         raise UsageError("optim.schedule = 'cosine' needs max_steps > 0 to know the horizon")
-    agg = resolve_loss_config(cfg.loss)[1].agg
     run_dir = Path(cfg.run_dir)
-    loss_fn = make_rl_loss(cfg.loss)
+    loss = cfg.loss.resolved
     trainer = Trainer(cfg, total_steps=cfg.max_steps)
     try:
         step, _ = trainer.maybe_resume()
@@ -188,10 +126,7 @@ def run_rl(cfg: TrainerConfig) -> None:
                 break
             chunks = split_mini_batches(to_sequences(batch), cfg.mini_batches)
             result = trainer.train_steps(
-                chunks,
-                loss_fn,
-                [batch_normalizer(chunk, agg) for chunk in chunks],
-                cfg.loss.recompute_old_logprobs,
+                chunks, loss, [loss.normalizer(chunk) for chunk in chunks], loss.recomputes_old
             )
             record = {"step": step, **batch_stats(batch, step), **result.metrics}
             record["batch_wait_s"] = batch_wait_s  # idle: waiting for (and reading) the batch

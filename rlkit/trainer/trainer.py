@@ -28,24 +28,18 @@ from rlkit.errors import UsageError
 from rlkit.inference.canary import canary_token_ids
 from rlkit.trainer import checkpoint, dist, export
 from rlkit.trainer.config import TrainerConfig
-from rlkit.trainer.model import load_policy
+from rlkit.trainer.model import PolicyModel, load_policy, load_reference
 from rlkit.trainer.optim import build_optimizer
 from rlkit.trainer.packing import MicroBatch, TokenSequence, make_micro_batches
+from rlkit.trainer.reductions import Reduction, declare_metrics, reduction_of
 from rlkit.trainer.routing import RoutingReplay
 
-# The trainer's loss on one micro-batch (`rl.make_rl_loss`, `sft.sft_loss`), not a registered loss
-# (`loss.LossFn`): (micro_batch, logprobs [S, T], old_logprobs [S, T] | None, entropy [S, T],
+# The trainer's loss on one micro-batch (`rl_loss.ResolvedLoss`, `sft.sft_loss`), not a registered
+# loss (`loss.LossFn`): (micro_batch, logprobs [S, T], old_logprobs [S, T] | None, entropy [S, T],
 # normalizer) -> (loss, metrics)
 MicroBatchLoss = Callable[[MicroBatch, Tensor, Tensor | None, Tensor, float], tuple[Tensor, dict]]
-# How each per-micro-batch metric combines over micro-batches and ranks.
-SUMMED_METRICS = {
-    "num_tokens",
-    "num_sequences",
-    "seq_rejected",
-    "router_differ_pairs",
-    "router_known_pairs",
-}
-LOSS_METRICS = {"loss", "policy_loss", "ref_kl", "sft_loss", "router_aux_loss"}
+declare_metrics(Reduction.SUM, "router_differ_pairs", "router_known_pairs")
+declare_metrics(Reduction.NORMALISED, "router_aux_loss")
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -79,6 +73,9 @@ class Trainer:
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         mesh = dist.shard_mesh(cfg.sharding, self.device)
         self.policy = load_policy(cfg.model, self.device, cfg.logprob_chunk_size, mesh)
+        self.reference: PolicyModel | None = None
+        if cfg.loss.resolved.params.kl_coef > 0:
+            self.reference = load_reference(cfg.model, self.device, cfg.logprob_chunk_size, mesh)
         self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim, total_steps)
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.hidden_size = int(self.policy.lm.config.get_text_config().hidden_size)
@@ -92,13 +89,15 @@ class Trainer:
             )
 
     # ---- forward ---------------------------------------------------------------------------
-    def logprobs(self, mb: MicroBatch, with_aux: bool = False) -> tuple[Tensor, Tensor]:
+    def logprobs(
+        self, mb: MicroBatch, with_aux: bool = False, model: PolicyModel | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Logprobs and entropy of the counted targets, laid out as [S, T] (0 elsewhere), at
-        each sample's sampling temperature. MoE: `mb.routing` is replayed unless
-        routing_replay is "none"; `with_aux` leaves the load-balancing loss in
-        `policy.aux_loss`."""
+        each sample's sampling temperature, under `model` (default the policy). MoE:
+        `mb.routing` is replayed unless routing_replay is "none"; `with_aux` leaves the
+        load-balancing loss in `policy.aux_loss`."""
         d = self.device
-        lp, ent = self.policy(
+        lp, ent = (model or self.policy)(
             mb.input_ids.to(d),
             mb.position_ids.to(d),
             mb.flat_index.to(d),
@@ -195,6 +194,9 @@ class Trainer:
             olds = [self._record_routing(mb) for mb, _ in local]
         elif recompute_old:
             olds = [self._no_grad_logprobs(mb) for mb, _ in local]
+        if self.reference is not None:  # the KL penalty's reference, on the same routing
+            for mb, _ in local:
+                mb.ref_logprobs = self._no_grad_logprobs(mb, self.reference)
         return local, olds if recompute_old else None, len(mbs)
 
     @torch.no_grad()
@@ -277,8 +279,8 @@ class Trainer:
         return StepResult(metrics=metrics, skipped=skipped_steps > 0)
 
     @torch.no_grad()
-    def _no_grad_logprobs(self, mb: MicroBatch) -> Tensor:
-        return self.logprobs(mb)[0]
+    def _no_grad_logprobs(self, mb: MicroBatch, model: PolicyModel | None = None) -> Tensor:
+        return self.logprobs(mb, model=model)[0]
 
     @staticmethod
     def _accumulate(sums: dict[str, float], metrics: dict[str, float], weight: float) -> None:
@@ -287,7 +289,7 @@ class Trainer:
         sums["_tokens"] = sums.get("_tokens", 0.0) + tokens
         for key, value in metrics.items():
             value = float(value)
-            if key in SUMMED_METRICS or key in LOSS_METRICS:
+            if reduction_of(key) is not Reduction.TOKEN_MEAN:
                 sums[key] = sums.get(key, 0.0) + value * weight
             else:
                 sums[key] = sums.get(key, 0.0) + value * tokens
@@ -298,9 +300,10 @@ class Trainer:
         tokens = max(totals.pop("_tokens"), 1.0)
         out: dict[str, float] = {}
         for key, value in totals.items():
-            if key in SUMMED_METRICS:
+            reduction = reduction_of(key)
+            if reduction is Reduction.SUM:
                 out[key] = value
-            elif key in LOSS_METRICS:
+            elif reduction is Reduction.NORMALISED:
                 out[key] = value / dist.world_size()
             else:
                 out[key] = value / tokens
@@ -372,7 +375,7 @@ def merge_mini_steps(steps: list[dict[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key in steps[0]:
         values = [m[key] for m in steps if key in m]
-        if key in SUMMED_METRICS:
+        if reduction_of(key) is Reduction.SUM:
             out[key] = sum(values)
         else:
             pairs = [(m[key], w) for m, w in zip(steps, weights, strict=True) if key in m]

@@ -32,7 +32,6 @@ from rlkit.inference.polling import ENV_VAR
 from rlkit.models import init_tiny
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
 from rlkit.trainer.packing import TokenSequence
-from rlkit.trainer.rl import batch_normalizer, make_rl_loss
 from rlkit.trainer.trainer import Trainer
 
 VARIANTS = {
@@ -61,8 +60,8 @@ class StepTimer:
         )
         self.trainer = Trainer(cfg, total_steps=0)
         self.seqs = demo_batch(self.trainer.tokenizer.vocab_size)
-        self.loss = make_rl_loss(LossConfig(name="icepop"))
-        self.norm = batch_normalizer(self.seqs, "token-mean")
+        self.loss = LossConfig(name="icepop").resolved
+        self.norm = self.loss.normalizer(self.seqs)
 
     def step(self) -> float:
         t0 = time.perf_counter()

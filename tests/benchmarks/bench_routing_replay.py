@@ -36,7 +36,6 @@ from rlkit.launch.launcher import routing_server_options
 from rlkit.models import init_tiny
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
 from rlkit.trainer.packing import TokenSequence
-from rlkit.trainer.rl import batch_normalizer, make_rl_loss
 from rlkit.trainer.trainer import Trainer
 
 KEYS = ("mismatch_kl", "mismatch_extreme_frac", "router_disagreement")
@@ -77,12 +76,12 @@ def measure(model: str, run_dir: str, seqs: list[TokenSequence], replay: str) ->
         loss=LossConfig(name="icepop"),
     )
     cfg.optim.lr = 1e-3
-    loss = make_rl_loss(cfg.loss)
+    loss = cfg.loss.resolved
     trainer = Trainer(cfg, total_steps=1)
     try:
         half = len(seqs) // 2
         chunks = [seqs[:half], seqs[half:]]
-        norms = [batch_normalizer(c, "token-mean") for c in chunks]
+        norms = [loss.normalizer(c) for c in chunks]
         first, _, _ = trainer.compute_gradients(chunks[0], loss, norms[0])
         trainer.optimizer.zero_grad(set_to_none=True)
         if first.get("router_known_pairs"):

@@ -19,7 +19,6 @@ import torch
 from rlkit.models import init_tiny
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
 from rlkit.trainer.packing import TokenSequence
-from rlkit.trainer.rl import batch_normalizer, make_rl_loss
 from rlkit.trainer.sft import sft_loss
 from rlkit.trainer.trainer import Trainer
 
@@ -47,8 +46,9 @@ def measure(
     Interleaving and best-of keep other processes' load on a shared machine from favouring
     whichever variant happened to run in a quiet moment.
     """
-    loss = make_rl_loss(LossConfig(name="icepop")) if mode == "rl" else sft_loss
-    normalizer = batch_normalizer(seqs, "token-mean")
+    icepop = LossConfig(name="icepop").resolved
+    loss = icepop if mode == "rl" else sft_loss
+    normalizer = icepop.normalizer(seqs)
     best = {True: 0.0, False: 0.0}
     for i in range(steps + 1):
         for packing in (True, False):

@@ -62,7 +62,7 @@ async def test_four_turn_tool_rollout_logprobs_match_the_trainer(
     # the random model rarely samples its end of turn; stopping on any of 100 token ids ends its
     # turns without touching the distribution (a logit bias would change the engine's logprobs)
     stops = list(range(300, 400))
-    sampling = {"max_tokens": 48, "temperature": 1.0, "seed": 3, "stop_token_ids": stops}
+    sampling = {"max_tokens": 48, "temperature": 0.8, "seed": 3, "stop_token_ids": stops}
     async with InferenceClient(vllm_server.url) as client:
         rollout = await env.rollout(env.get_dataset()[0], client, model, sampling)
     assert rollout.error is None, rollout.error
@@ -71,6 +71,7 @@ async def test_four_turn_tool_rollout_logprobs_match_the_trainer(
     assert all(t.completion_token_ids[-1] in stops for t in rollout.turns[:3])
     assert [m["role"] for m in rollout.completion] == ["assistant", "tool"] * 3 + ["assistant"]
 
+    assert [t.temperature for t in rollout.turns] == [0.8] * 4  # recorded with each request
     sample = rollout.training_sample()
     ids, mask = sample.token_ids, sample.loss_mask
     assert sum(mask) == sum(len(t.completion_token_ids) for t in rollout.turns)  # no truncation
@@ -82,7 +83,8 @@ async def test_four_turn_tool_rollout_logprobs_match_the_trainer(
         total_steps=1,
     )
     try:
-        (mb,) = make_micro_batches([TokenSequence(ids, mask, sample.inference_logprobs)], 4096)
+        seq = TokenSequence(ids, mask, sample.inference_logprobs, temperature=sample.temperature)
+        (mb,) = make_micro_batches([seq], 4096)
         with torch.no_grad():
             lp, _ = trainer.logprobs(mb)
     finally:

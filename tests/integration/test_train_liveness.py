@@ -22,7 +22,7 @@ def test_custom_loss_from_a_user_module_trains(tiny_model_dir: Path, tmp_path: P
         *SHORT,
         "--loss.name=my_losses:scaled_grpo",
         "--loss.params={scale = 0.25}",
-        "--loss.recompute_old_logprobs=true",
+        "--loss.old_policy=recomputed",
         "--trainer.mini_batches=2",
     )
     assert run(cmd, tmp_path / "run.log") == 0, (tmp_path / "run.log").read_text()[-3000:]

@@ -41,14 +41,13 @@ def synthetic_batch(vocab: int, seed: int = 0) -> list:
 def probe(out: str, model_dir: str, sharding: str = "full", lora_rank: str = "0") -> None:
     from rlkit.trainer import dist
     from rlkit.trainer.config import LoraConfig, LossConfig, ModelConfig, TrainerConfig
-    from rlkit.trainer.rl import batch_normalizer, make_rl_loss
     from rlkit.trainer.trainer import Trainer
 
     cfg = TrainerConfig(
         run_dir=str(Path(out).parent / "run"),
         model=ModelConfig(path=model_dir, lora=LoraConfig(rank=int(lora_rank))),
         micro_batch_tokens=40,  # several micro-batches: uneven split across the two ranks
-        loss=LossConfig(name="grpo"),
+        loss=LossConfig(name="grpo", params={"kl_coef": 0.1}),  # with its reference model
         sharding=sharding,
         collective_timeout_s=120,
     )
@@ -58,7 +57,7 @@ def probe(out: str, model_dir: str, sharding: str = "full", lora_rank: str = "0"
             param.detach().fill_(0.01)
     seqs = synthetic_batch(trainer.policy.lm.config.vocab_size)
     metrics, nonfinite, n_mbs = trainer.compute_gradients(
-        seqs, make_rl_loss(cfg.loss), batch_normalizer(seqs, "token-mean")
+        seqs, cfg.loss.resolved, cfg.loss.resolved.normalizer(seqs)
     )
     grads = {}
     for name, param in trainer.policy.named_parameters():
@@ -93,7 +92,7 @@ def _run(cmd: list[str]) -> None:
 
 def _compare(one: dict, two: dict) -> None:
     assert one["micro_batches"] == two["micro_batches"] >= 3
-    for key in ("loss", "num_tokens", "mismatch_kl"):
+    for key in ("loss", "num_tokens", "mismatch_kl", "ref_kl"):
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-6), key
     assert one["grads"].keys() == two["grads"].keys()
     nonzero = 0

@@ -16,7 +16,7 @@ import torch
 from rlkit.protocol.layout import RunLayout
 from rlkit.trainer.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
 from rlkit.trainer.packing import TokenSequence, make_micro_batches
-from rlkit.trainer.rl import batch_normalizer, make_rl_loss, split_mini_batches
+from rlkit.trainer.rl import split_mini_batches
 from rlkit.trainer.sft import sft_loss
 from rlkit.trainer.trainer import StepResult, Trainer
 
@@ -62,13 +62,13 @@ def stale_setup(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     )
     try:
         seqs = random_sequences()
-        inference = policy_logprobs(trainer, seqs)
+        behaviour = policy_logprobs(trainer, seqs)
         for _ in range(3):  # move the policy: SFT on the batch's own completions
             assert not trainer.train_step(seqs, sft_loss, normalizer=8 * COMPLETION).skipped
         newer = trainer.export(RunLayout(root).weights_version(3))
     finally:
         trainer.close()
-    for seq, lps in zip(seqs, inference, strict=True):
+    for seq, lps in zip(seqs, behaviour, strict=True):
         seq.inference_logprobs = lps
     return newer, seqs
 
@@ -102,13 +102,12 @@ def run_step(
     trainer = make_trainer(model, run_dir, loss)
     try:
         grads = spy_gradients(trainer)
-        agg = "seq-mean-token-mean" if loss.name == "gspo" else "token-mean"
         chunks = split_mini_batches(seqs, mini_batches)
         result = trainer.train_steps(
             chunks,
-            make_rl_loss(loss),
-            [batch_normalizer(c, agg) for c in chunks],
-            loss.recompute_old_logprobs,
+            loss.resolved,
+            [loss.resolved.normalizer(c) for c in chunks],
+            loss.resolved.recomputes_old,
         )
         return result, grads
     finally:
@@ -132,7 +131,7 @@ def test_recomputed_prox_with_mini_batches_clips_and_separates_losses(
             name=name.split("-")[0],
             # cispo's default has no lower bound; here the update mostly lowers ratios
             params={"eps_low": 0.2} if name == "cispo" else {},
-            recompute_old_logprobs=True,
+            old_policy="recomputed",
             mismatch_correction="none" if name.endswith("none") else "icepop",
         )
         result, grads = run_step(model, tmp_path / name, seqs, loss, mini_batches=2)
@@ -168,7 +167,7 @@ def test_tokens_outside_the_icepop_band_get_no_gradient(
 ) -> None:
     """pi_old / pi_inf = 0.1 (< alpha) on half the sequences: they add nothing."""
     model, seqs = stale_setup
-    loss = LossConfig(name=name, recompute_old_logprobs=True)
+    loss = LossConfig(name=name, old_policy="recomputed")
     trainer = make_trainer(model, tmp_path, loss)
     try:
         prox = policy_logprobs(trainer, seqs)
@@ -177,7 +176,7 @@ def test_tokens_outside_the_icepop_band_get_no_gradient(
             shift = 2.302585 if i < 4 else 0.0  # k = exp(-shift): 0.1 or 1
             inf = [0.0] * PROMPT + [lp + shift for lp in lps[PROMPT:]]
             mixed.append(TokenSequence(seq.token_ids, seq.loss_mask, inf, seq.advantage))
-        loss_fn = make_rl_loss(loss)
+        loss_fn = loss.resolved
         norm = 100.0
 
         def grads_of(batch: list[TokenSequence]) -> torch.Tensor:

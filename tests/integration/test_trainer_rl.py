@@ -86,7 +86,6 @@ def test_rl_steps_publish_weights_and_skip_nonfinite(tiny_model_dir: Path, tmp_p
 def test_skipped_step_leaves_weights_and_optimizer_untouched(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from rlkit.trainer.rl import batch_normalizer, make_rl_loss
 
     cfg = config(tiny_model_dir, tmp_path)
     trainer = Trainer(cfg, total_steps=1)
@@ -94,9 +93,7 @@ def test_skipped_step_leaves_weights_and_optimizer_untouched(
         before = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
         seqs = to_sequences(make_batch(1))
         seqs[0].advantage = float("nan")
-        result = trainer.train_step(
-            seqs, make_rl_loss(cfg.loss), batch_normalizer(seqs, "token-mean")
-        )
+        result = trainer.train_step(seqs, cfg.loss.resolved, cfg.loss.resolved.normalizer(seqs))
         assert result.skipped
         after = trainer.policy.state_dict()
         assert all(torch.equal(before[k].full_tensor(), after[k].full_tensor()) for k in before)
@@ -123,7 +120,6 @@ def test_missing_batch_times_out_with_a_hint(tiny_model_dir: Path, tmp_path: Pat
 def test_out_of_memory_names_the_setting(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rlkit.trainer.rl import make_rl_loss
 
     cfg = config(tiny_model_dir, tmp_path)
     trainer = Trainer(cfg, total_steps=1)
@@ -134,7 +130,7 @@ def test_out_of_memory_names_the_setting(
     monkeypatch.setattr(trainer, "logprobs", exhausted)
     try:
         with pytest.raises(UsageError, match=r"lower micro_batch_tokens \(now 64\)"):
-            trainer.train_step(to_sequences(make_batch(1)), make_rl_loss(cfg.loss), 10.0)
+            trainer.train_step(to_sequences(make_batch(1)), cfg.loss.resolved, 10.0)
     finally:
         trainer.close()
 

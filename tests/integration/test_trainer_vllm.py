@@ -59,7 +59,7 @@ async def test_exported_weights_served_with_trainer_logprobs(
 
 
 def k3(trainer: Trainer, prompt: list[int], gens: list, temperature: float) -> float:
-    """Mean k3 = k - 1 - log k, k = pi_train / pi_vllm, over the sampled tokens."""
+    """Mean k3 = k - 1 - log k, k = pi_old / pi_inf, over the sampled tokens."""
     values = []
     for gen in gens:
         ids = prompt + gen.completion_token_ids

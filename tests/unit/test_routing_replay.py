@@ -14,7 +14,6 @@ from rlkit.errors import UsageError
 from rlkit.protocol.routing import UNKNOWN
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
 from rlkit.trainer.packing import MicroBatch, TokenSequence, make_micro_batches
-from rlkit.trainer.rl import batch_normalizer, make_rl_loss
 from rlkit.trainer.routing import moe_routers
 from rlkit.trainer.trainer import Trainer
 from tests.helpers.sequences import sequences
@@ -155,7 +154,7 @@ def test_r2_replays_pre_update_routing_and_logs_disagreement(
             s.advantage = 1.0 if i % 2 else -1.0
         chunks = [seqs[:2], seqs[2:]]
         result = trainer.train_steps(
-            chunks, make_rl_loss(cfg.loss), [batch_normalizer(c, "token-mean") for c in chunks]
+            chunks, cfg.loss.resolved, [cfg.loss.resolved.normalizer(c) for c in chunks]
         )
         m = result.metrics
         assert m["router_known_pairs"] == sum(len(s.token_ids) for s in seqs) * 2
@@ -183,7 +182,7 @@ def test_router_aux_loss_is_added_when_asked(tiny_moe_model_dir: Path, tmp_path:
     try:
         seqs = sequences(trainer.policy.lm.config.vocab_size, [23, 17])
         metrics, _, _ = trainer.compute_gradients(
-            seqs, make_rl_loss(cfg.loss), batch_normalizer(seqs, "token-mean")
+            seqs, cfg.loss.resolved, cfg.loss.resolved.normalizer(seqs)
         )
         assert 0 < metrics["router_aux_loss"] < 4  # E * sum_e f_e P_e: 1 when balanced
         assert "router_disagreement" not in metrics  # routing unknown: nothing to compare

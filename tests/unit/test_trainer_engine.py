@@ -11,7 +11,6 @@ import torch
 from rlkit.trainer.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
 from rlkit.trainer.optim import lr_factor
 from rlkit.trainer.packing import TokenSequence
-from rlkit.trainer.rl import batch_normalizer, make_rl_loss, resolve_loss_config
 from rlkit.trainer.trainer import Trainer
 
 
@@ -45,7 +44,7 @@ def gradients(model_dir: Path, tmp_path: Path, checkpointing: bool) -> tuple[flo
             for n, a in ((20, 1.0), (33, -0.5), (12, 0.25))
         ]
         metrics, _, _ = trainer.compute_gradients(
-            seqs, make_rl_loss(cfg.loss), batch_normalizer(seqs, "token-mean")
+            seqs, cfg.loss.resolved, cfg.loss.resolved.normalizer(seqs)
         )
         grads = {n: p.grad.full_tensor().clone() for n, p in trainer.policy.named_parameters()}
         return metrics["loss"], grads
@@ -72,7 +71,7 @@ def test_bad_loss_config_fails_before_any_work(tmp_path: Path) -> None:
         LossConfig(name="icepop", params={"alpah": 0.3})
     with pytest.raises(ValidationError, match="unknown loss 'ppo'"):
         LossConfig(name="ppo")
-    assert resolve_loss_config(LossConfig(name="gspo"))[1].agg == "seq-mean-token-mean"
+    assert LossConfig(name="gspo").resolved.params.agg == "seq-mean-token-mean"
     config = tmp_path / "rl.toml"
     config.write_text('[loss]\nname = "icepop"\n[optim]\nlr = -1.0\n')
     with pytest.raises(SystemExit) as exit_info:

@@ -36,6 +36,7 @@ def _turn(body: dict[str, Any], data: dict[str, Any], start: int | None, end: in
         "completion_token_ids": list(choice.get("token_ids") or []),
         "completion_logprobs": lps,
         "finish_reason": choice.get("finish_reason"),
+        "temperature": body.get("temperature"),  # what the request was sampled at
         "policy_version_start": start,
         "policy_version_end": end,
         "usage": data.get("usage") or {},
