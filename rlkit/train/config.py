@@ -21,6 +21,7 @@ from rlkit.config import dump_toml
 from rlkit.envs.fit import fit_training_sets, max_model_len, renderer_for, served_context
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list
 from rlkit.orchestrator.loggers import check_sinks
+from rlkit.orchestrator.scheduler import scheduler_class
 from rlkit.orchestrator.source import load_environments
 from rlkit.progress import phase, print_line
 from rlkit.train.roles import Role
@@ -117,6 +118,10 @@ class TrainConfig(RolloutJobConfig):
             raise ValueError("env: at least one [[env]] section is required")
         if not self.model.path:
             raise ValueError("model.path: the model to train is required")
+        try:
+            scheduler_class(o.scheduler)
+        except ValueError as exc:  # unknown, unimportable, or not a Scheduler
+            raise ValueError(f"orchestrator.scheduler: {exc}") from None
         if o.max_tokens <= 0:
             raise ValueError("orchestrator.sampling.max_tokens must be a positive integer")
         if o.token_budget < o.max_tokens:
