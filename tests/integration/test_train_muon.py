@@ -1,10 +1,12 @@
 """`rlkit train --trainer.optim.name muon` on the tiny model: the training reward rises.
 
-The CPU demo config (reverse-text, IcePop, C3PO++) from the untrained tiny Qwen3, without the
-SFT warm start tests/integration/test_train.py's AdamW run has. Muon at lr 3e-3 lifts the
-training reward (difflib ratio against the reversed text, sampled at T=1) within 60 steps; in
-two runs the mean of the first ten logged steps was 0.069 and 0.068, of the last ten 0.131 and
-0.113 (lr 5e-3: 0.069 -> 0.120; lr 1e-2 is unstable: 0.069 -> 0.083).
+The CPU demo config (reverse-text, IcePop) from the untrained tiny Qwen3, without the SFT warm
+start tests/integration/test_train.py's AdamW run has, with the sync scheduler (8 groups of 8
+on-policy rollouts a step; the demo's C3PO++ drops about half its rollouts as stale at
+max_off_policy_steps = 1, which slows learning). Mean training reward (difflib ratio against the
+reversed text, sampled at T=1) of the first and last ten of 60 steps, Muon at lr 5e-3, in three
+runs: 0.071 -> 0.272, 0.070 -> 0.124, 0.068 -> 0.209. With the demo's C3PO++ and lr 3e-3 the
+rise was smaller and less reliable (0.069 -> 0.131, 0.113, 0.097, 0.078 in four runs).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 STEPS = 60
 # Mean training reward of the last ten logged steps must beat the first ten by this much.
-MARGIN = 0.02
+MARGIN = 0.03
 
 
 def test_train_with_muon_raises_the_reward(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -32,8 +34,10 @@ def test_train_with_muon_raises_the_reward(tiny_model_dir: Path, tmp_path: Path)
         run_dir,
         *SHORT,
         f"--orchestrator.max_steps={STEPS}",
+        "--orchestrator.scheduler=sync",  # on-policy: no rollout dropped as stale
+        "--orchestrator.batch_groups=8",
         "--trainer.optim.name=muon",
-        "--trainer.optim.lr=3e-3",
+        "--trainer.optim.lr=5e-3",
     )
     assert run(cmd, tmp_path / "run.log") == 0, (tmp_path / "run.log").read_text()[-3000:]
     assert 'name = "muon"' in (run_dir / "config.toml").read_text()
@@ -42,8 +46,6 @@ def test_train_with_muon_raises_the_reward(tiny_model_dir: Path, tmp_path: Path)
     assert [r["step"] for r in trainer] == list(range(1, STEPS + 1))
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in trainer)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # a step during which no rollout finished (its batch waited in the pool) logs no reward
-    rewards = [r["reward_mean/reverse-text"] for r in records if "reward_mean/reverse-text" in r]
-    assert len(rewards) >= 30, rewards
+    rewards = [r["reward_mean/reverse-text"] for r in records]
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last > first + MARGIN, f"reward did not rise: {first:.3f} -> {last:.3f}: {rewards}"
