@@ -1,4 +1,5 @@
-"""Named, pluggable functions with typed parameters (policy losses, advantage estimators).
+"""Named, pluggable functions with typed parameters (policy losses, advantage estimators,
+optimisers) and classes (rollout schedulers, sandbox backends).
 
 A `Registry` maps a name to a function and the pydantic model of that function's parameters,
 in the style of verl's `register_policy_loss`. A config names a built-in (`"icepop"`), an
@@ -46,10 +47,13 @@ class Entry(Generic[F]):
 class Registry(Generic[F]):
     """Built-in functions by name, plus entry points and `module:function` paths on lookup."""
 
-    def __init__(self, kind: str, group: str, base_params: type[BaseModel]) -> None:
+    def __init__(
+        self, kind: str, group: str, base_params: type[BaseModel], form: str = "module:function"
+    ) -> None:
         self.kind = kind
         self.group = group
         self.base_params = base_params
+        self.form = form  # how an error message spells a path to the user's own object
         self._entries: dict[str, Entry[F]] = {}
 
     def register(
@@ -92,13 +96,14 @@ class Registry(Generic[F]):
             return self._from_callable(name, fn)
         raise ValueError(
             f"unknown {self.kind} {name!r}; expected one of {self.names()}, an installed "
-            f"'{self.group}' entry point, or 'module:function'"
+            f"'{self.group}' entry point, or '{self.form}'"
         )
 
     def _from_callable(self, name: str, fn: Any) -> Entry[F]:
         if not callable(fn):
             raise ValueError(f"{self.kind} {name!r} is not callable")
         entry = getattr(fn, ENTRY_ATTR, None)
-        if isinstance(entry, Entry):
+        # `is fn`: a subclass of a registered class inherits the attribute but is not that entry
+        if isinstance(entry, Entry) and entry.fn is fn:
             return Entry(name, entry.fn, entry.params, entry.options)
         return Entry(name, fn, self.base_params)

@@ -22,6 +22,7 @@ from rlkit.launch.roles import Role
 from rlkit.launch.slurm_config import SlurmConfig
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list
 from rlkit.orchestrator.loggers import check_sinks
+from rlkit.orchestrator.scheduler import scheduler_class
 from rlkit.orchestrator.source import load_environments, max_rollout_tokens
 from rlkit.progress import phase, print_line
 from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig
@@ -104,6 +105,10 @@ class RLJobConfig(RolloutJobConfig):
             raise ValueError("env: at least one [[env]] section is required")
         if not self.model.path:
             raise ValueError("model.path: the model to train is required")
+        try:
+            scheduler_class(o.scheduler)
+        except ValueError as exc:  # unknown, unimportable, or not a Scheduler
+            raise ValueError(f"orchestrator.scheduler: {exc}") from None
         max_tokens = o.sampling.max_tokens  # an environment's own is checked when it loads
         if max_tokens is not None and o.token_budget < max_tokens:
             raise ValueError(

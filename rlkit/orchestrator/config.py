@@ -151,8 +151,11 @@ class WatchdogConfig(Config):
 
 
 class OrchestratorConfig(Config):
-    scheduler: Literal["sync", "c3po"] = Field(
-        "c3po", description="sync = whole batch then train; c3po = C3PO++ token-budget pool."
+    scheduler: str = Field(
+        "c3po",
+        description="Rollout scheduler: sync (whole batch, then train), c3po (C3PO++ token-budget "
+        "pool), an entry point in group rlkit.schedulers, or 'my_pkg.my_module:MyScheduler' "
+        "(rlkit.orchestrator.scheduler.Scheduler).",
     )
     max_steps: int = Field(10, ge=1, description="Optimiser steps to run.")
     group_size: int = Field(8, ge=2, description="G: rollouts per prompt (advantage group).")
@@ -215,22 +218,6 @@ class OrchestratorConfig(Config):
 
         ADVANTAGES.get(self.advantage).validate(self.advantage_params, "advantage_params")
         return self
-
-    def watchdog_limits(self, max_tokens: int) -> tuple[int, int]:
-        """(warn_groups, stop_groups), defaults in batches' worth of groups (`max_tokens`: the
-        largest rollout's, after each environment's sampling defaults)."""
-        from rlkit.orchestrator.watchdog import default_limits, groups_per_batch
-
-        per_batch = groups_per_batch(
-            self.scheduler,
-            self.batch_groups,
-            self.capacity,
-            self.group_size,
-            self.token_budget,
-            max_tokens,
-        )
-        warn, stop = default_limits(per_batch)
-        return self.watchdog.warn_groups or warn, self.watchdog.stop_groups or stop
 
 
 class LogConfig(Config):

@@ -1,7 +1,8 @@
 """The orchestrator's main loop: one batch per step for the trainer, new weights to the servers.
 
 Per step N (numbered from 1, as the trainer expects):
-1. `scheduler.next_batch()` (sync: the whole batch; c3po: the shortest pool prefix with C >= Phi),
+1. `scheduler.next_batch()` (the `orchestrator.scheduler` class; sync: the whole batch; c3po: the
+   shortest pool prefix with C >= Phi),
 2. `write_batch` -> `batches/step_N.pt` (ringing the trainer), then the orchestrator
    state for step N (sampler + prompts handed out but untrained, `rlkit.orchestrator.prompts`),
 3. sleep until the trainer rings (`rlkit.protocol.handoff`) with `weights/step_N/` published and
@@ -34,7 +35,7 @@ from rlkit.orchestrator.loggers import open_sinks, sample_rows
 from rlkit.orchestrator.metrics import MetricsLogger, read_trainer_record, step_record
 from rlkit.orchestrator.prompts import PromptStream
 from rlkit.orchestrator.sampler import PromptSampler
-from rlkit.orchestrator.scheduler import C3POScheduler, Group, SyncScheduler
+from rlkit.orchestrator.scheduler import Group, scheduler_class
 from rlkit.orchestrator.source import (
     EnvRolloutSource,
     ServersLost,
@@ -42,7 +43,7 @@ from rlkit.orchestrator.source import (
     max_rollout_tokens,
 )
 from rlkit.orchestrator.state import save_state
-from rlkit.orchestrator.watchdog import NoSignalError, NoSignalWatchdog
+from rlkit.orchestrator.watchdog import NoSignalError, NoSignalWatchdog, watchdog_limits
 from rlkit.protocol import handoff
 from rlkit.protocol.batch import write_batch
 from rlkit.protocol.layout import RunLayout
@@ -56,35 +57,6 @@ class TrainerFailed(RuntimeError):
 class TrainerNodeFailed(TrainerFailed, RunStopped):
     """A trainer node (another machine) reported that the trainer exited: the run stops with
     a one-line error; its latest checkpoint is where `--resume` continues."""
-
-
-def make_scheduler(
-    cfg: RolloutJobConfig,
-    source: EnvRolloutSource,
-    processor: GroupProcessor,
-    prompts: PromptStream,
-    version: int,
-) -> SyncScheduler | C3POScheduler:
-    o = cfg.orchestrator
-    if o.scheduler == "sync":
-        return SyncScheduler(
-            source,
-            processor,
-            prompts=prompts,
-            batch_groups=o.batch_groups,
-            max_off_policy_steps=o.max_off_policy_steps,
-            version=version,
-        )
-    return C3POScheduler(
-        source,
-        processor,
-        prompts=prompts,
-        capacity=o.capacity,
-        token_budget=o.token_budget,
-        retention=o.retention,
-        max_off_policy_steps=o.max_off_policy_steps,
-        version=version,
-    )
 
 
 async def wait_for_weights(
@@ -221,9 +193,13 @@ async def run_orchestrator(
         drop_zero_advantage=o.drop_zero_advantage,
         solve_threshold=o.difficulty.solve_threshold,
         sampler=sampler,
-        watchdog=NoSignalWatchdog(*o.watchdog_limits(max_rollout_tokens(envs, o)), console=console),
+        watchdog=NoSignalWatchdog(
+            *watchdog_limits(o, max_rollout_tokens(envs, o)), console=console
+        ),
     )
-    scheduler = make_scheduler(cfg, source, processor, prompts, version=start_step)
+    scheduler = scheduler_class(o.scheduler).from_config(
+        cfg, source, processor, prompts, version=start_step
+    )
 
     def save(step: int) -> None:
         saved = {"sampler": sampler.state_dict(), "prompts": prompts.state_dict()}

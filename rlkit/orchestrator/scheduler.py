@@ -1,7 +1,10 @@
 """Rollout schedulers: `sync` (the baseline) and `c3po` (Ring-1T Algorithm 1, C3PO++).
 
-Both pull finished groups (G rollouts of one prompt) from a `RolloutSource` and hand the
-trainer one batch per step:
+A scheduler is any class with the `Scheduler` protocol's methods; `orchestrator.scheduler`
+names a registered one (`SCHEDULERS`: the two built-ins), an installed entry point (group
+`rlkit.schedulers`) or the user's own class (`"my_pkg.my_module:MyScheduler"`), so adding one is
+one file and no edit of rlkit. The two built-ins both pull finished groups (G rollouts of one
+prompt) from a `RolloutSource` and hand the trainer one batch per step:
 
 - `SyncScheduler` launches the whole batch, waits for every group, returns it. Inference idles
   while the trainer works and the slowest rollout sets the pace.
@@ -21,14 +24,21 @@ once taken into a batch it leaves the pool, so no rollout is trained on twice.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
+
+from pydantic import BaseModel
 
 from rlkit.envs.rollout import Rollout
 from rlkit.orchestrator.prompts import Prompt, PromptStream
 from rlkit.protocol.batch import TrainSample
+from rlkit.registry import Registry
+
+if TYPE_CHECKING:
+    from rlkit.orchestrator.config import OrchestratorConfig, RolloutJobConfig
 
 
 class RolloutSource(Protocol):
@@ -97,6 +107,69 @@ ProcessGroup = Callable[[Group], None]
 implemented by `rlkit.orchestrator.batching.GroupProcessor`."""
 
 
+class Scheduler(Protocol):
+    """What the orchestrator's loop asks of a scheduler (`rlkit.orchestrator.loop`).
+
+    `from_config` builds it for a run from the config (the built-ins read their knobs from
+    `[orchestrator]`); `groups_per_batch` tells the no-signal watchdog how many groups one batch
+    takes. Per step the loop awaits `next_batch()` (a non-empty list of processed groups, their
+    prompts settled with the `PromptStream`), calls `on_policy_update(step)` once the servers
+    serve the new weights, and logs `take_counters()` and `take_idle_s()`; `close()` cancels
+    whatever is still in flight. `version` is the policy version the servers serve.
+    """
+
+    version: int
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: RolloutJobConfig,
+        source: RolloutSource,
+        processor: ProcessGroup,
+        prompts: PromptStream,
+        version: int,
+    ) -> Scheduler: ...
+
+    @staticmethod
+    def groups_per_batch(o: OrchestratorConfig, max_tokens: int) -> int: ...
+
+    async def next_batch(self) -> list[Group]: ...
+
+    def on_policy_update(self, version: int) -> None: ...
+
+    def take_counters(self) -> Counters: ...
+
+    def take_idle_s(self) -> float: ...
+
+    async def close(self) -> None: ...
+
+
+SCHEDULERS: Registry[type[Scheduler]] = Registry(
+    "scheduler", "rlkit.schedulers", BaseModel, form="module:Class"
+)
+PROTOCOL_METHODS = (
+    "from_config",
+    "groups_per_batch",
+    "next_batch",
+    "on_policy_update",
+    "take_counters",
+    "take_idle_s",
+    "close",
+)
+
+
+def scheduler_class(name: str) -> type[Scheduler]:
+    """The scheduler class `name` names; ValueError when it is unknown or not a `Scheduler`."""
+    cls = SCHEDULERS.get(name).fn
+    missing = [m for m in PROTOCOL_METHODS if not callable(getattr(cls, m, None))]
+    if not isinstance(cls, type) or missing:
+        raise ValueError(
+            f"scheduler {name!r} is not a Scheduler class (rlkit.orchestrator.scheduler."
+            f"Scheduler): it lacks {', '.join(missing) or 'a class'}"
+        )
+    return cls
+
+
 class _SchedulerBase:
     def __init__(
         self,
@@ -117,6 +190,30 @@ class _SchedulerBase:
         self.active = 0  # groups generating right now
         self._idle_since: float | None = time.monotonic()
         self._idle_s = 0.0
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: RolloutJobConfig,
+        source: RolloutSource,
+        processor: ProcessGroup,
+        prompts: PromptStream,
+        version: int,
+    ) -> Self:
+        o = cfg.orchestrator
+        return cls(
+            source,
+            processor,
+            prompts=prompts,
+            max_off_policy_steps=o.max_off_policy_steps,
+            version=version,
+            **cls.options(o),
+        )
+
+    @staticmethod
+    def options(o: OrchestratorConfig) -> dict[str, Any]:
+        """This scheduler's own constructor arguments, from `[orchestrator]`."""
+        return {}
 
     def take_counters(self) -> Counters:
         counters, self.counters = self.counters, Counters()
@@ -179,6 +276,7 @@ class _SchedulerBase:
         """Cancel everything still in flight."""
 
 
+@SCHEDULERS.register("sync")
 class SyncScheduler(_SchedulerBase):
     """Generate the whole batch (`batch_groups` groups), then return it; nothing overlaps."""
 
@@ -187,6 +285,14 @@ class SyncScheduler(_SchedulerBase):
     ):
         super().__init__(source, processor, **kw)
         self.batch_groups = batch_groups
+
+    @staticmethod
+    def options(o: OrchestratorConfig) -> dict[str, Any]:
+        return {"batch_groups": o.batch_groups}
+
+    @staticmethod
+    def groups_per_batch(o: OrchestratorConfig, max_tokens: int) -> int:
+        return o.batch_groups
 
     async def next_batch(self) -> list[Group]:
         groups = [self._new_group() for _ in range(self.batch_groups)]
@@ -200,6 +306,7 @@ class SyncScheduler(_SchedulerBase):
         return 0
 
 
+@SCHEDULERS.register("c3po")
 class C3POScheduler(_SchedulerBase):
     """C3PO++: capacity Omega in flight, budget Phi per step, retention threshold sigma."""
 
@@ -220,6 +327,16 @@ class C3POScheduler(_SchedulerBase):
         self.pool: list[Group] = []  # finished groups waiting for a batch, in finish order
         self.tasks: dict[asyncio.Task, Group] = {}
         self._changed = asyncio.Event()
+
+    @staticmethod
+    def options(o: OrchestratorConfig) -> dict[str, Any]:
+        return {"capacity": o.capacity, "token_budget": o.token_budget, "retention": o.retention}
+
+    @staticmethod
+    def groups_per_batch(o: OrchestratorConfig, max_tokens: int) -> int:
+        """The groups in flight, or those the budget needs at max_tokens each if that is more."""
+        g = o.group_size
+        return max(o.capacity // g, math.ceil(o.token_budget / (g * max(max_tokens, 1))), 1)
 
     def in_flight(self) -> int:
         return len(self.tasks) * self.source.group_size

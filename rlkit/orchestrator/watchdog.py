@@ -11,30 +11,25 @@ values, or every rollout errored and the first errors); after `stop_groups` it r
 
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
 
 from rich.console import Console
 
 from rlkit.errors import RunStopped
+from rlkit.orchestrator.config import OrchestratorConfig
+from rlkit.orchestrator.scheduler import scheduler_class
 
 
 class NoSignalError(RunStopped):
     """Too many consecutive groups without learning signal; the message says why."""
 
 
-def default_limits(groups_per_batch: int) -> tuple[int, int]:
-    """Warn after two batches' worth of groups without signal, stop after ten."""
-    return 2 * groups_per_batch, 10 * groups_per_batch
-
-
-def groups_per_batch(
-    scheduler: str, batch_groups: int, capacity: int, group_size: int, budget: int, max_tokens: int
-) -> int:
-    """Groups one batch takes: sync's batch_groups; c3po's in-flight groups or the budget's."""
-    if scheduler == "sync":
-        return batch_groups
-    return max(capacity // group_size, math.ceil(budget / (group_size * max(max_tokens, 1))), 1)
+def watchdog_limits(o: OrchestratorConfig, max_tokens: int) -> tuple[int, int]:
+    """(warn_groups, stop_groups): the configured ones, else two and ten batches' worth of
+    groups (as many as the scheduler's `groups_per_batch` says one batch takes; `max_tokens`:
+    the largest rollout's, after each environment's sampling defaults)."""
+    per_batch = scheduler_class(o.scheduler).groups_per_batch(o, max_tokens)
+    return o.watchdog.warn_groups or 2 * per_batch, o.watchdog.stop_groups or 10 * per_batch
 
 
 class NoSignalWatchdog:

@@ -97,7 +97,11 @@ async def check() -> list[Finding]:
     run_limits = limits(PROBE_TIMEOUT, PROBE_MEMORY_MB)  # what the probe ran under
     cgroup = cgroup_v2_memory()
     return [
-        Finding(name="backend", ok=backend == "bwrap", detail=backend),
+        Finding(
+            name="backend",
+            ok=backend.isolated,
+            detail=backend.name if backend.isolated else f"{backend.name} (NOT isolated)",
+        ),
         Finding(
             name="filesystem",
             ok=not visible and not seen["system_writable"],

@@ -1,11 +1,12 @@
 """`run`: execute untrusted code in the sandbox, bounded in concurrency, time, memory and output.
 
-The sandbox fails closed: the backend is bubblewrap, and when bubblewrap is missing or broken
-every run raises `SandboxUnavailable`, whose message says how to install it. The `local`
-backend (rlimits, a temp dir and a timeout, NO isolation) runs only when the user chooses it
-explicitly (`RLKIT_SANDBOX_BACKEND=local`, a run config's `[sandbox] backend = "local"`, or
-`configure`), and every run start that resolves it logs a warning.
-`RLKIT_SANDBOX_CONCURRENCY` and `RLKIT_SANDBOX_TOTAL_MEMORY_MB` override the other defaults.
+The sandbox fails closed: the default backend is bubblewrap (`rlkit.sandbox.backends`), and when
+the chosen backend cannot run programs here every run raises `SandboxUnavailable`, whose message
+says how to fix it. A backend without isolation (`local`: rlimits, a temp dir and a timeout)
+runs only when the user chooses it explicitly (`RLKIT_SANDBOX_BACKEND=local`, a run config's
+`[sandbox] backend = "local"`, or `configure`), and every run start that resolves it logs a
+warning. `RLKIT_SANDBOX_CONCURRENCY` and `RLKIT_SANDBOX_TOTAL_MEMORY_MB` override the other
+defaults.
 """
 
 from __future__ import annotations
@@ -14,36 +15,27 @@ import asyncio
 import functools
 import logging
 import os
-import shutil
-import subprocess
 import weakref
-from typing import Literal
 
 from rich.console import Console
 
 from rlkit.errors import SystemRequirementError
-from rlkit.sandbox.launch import Mounts, prepare_bwrap, prepare_local
+from rlkit.sandbox.backends import Backend, backend_class
+from rlkit.sandbox.launch import Mounts
 from rlkit.sandbox.limits import DEFAULT_TOTAL_MEMORY_MB, MIB, Limits
 from rlkit.sandbox.process import execute
 from rlkit.sandbox.result import SandboxResult
 
-Backend = Literal["bwrap", "local"]
-BACKENDS = ("bwrap", "local")
-INSTALL_HINT = (
-    "install bubblewrap and util-linux (Debian/Ubuntu: `apt-get install bubblewrap util-linux`; "
-    "in a container, allow unprivileged user namespaces), then check with `rlkit sandbox check`. "
-    "To run untrusted code WITHOUT isolation instead, choose it explicitly: "
-    "RLKIT_SANDBOX_BACKEND=local"
-)
 logger = logging.getLogger(__name__)
 
 
 class SandboxUnavailable(SystemRequirementError):
-    """Bubblewrap cannot isolate programs here and the local backend was not chosen."""
+    """The chosen backend (bubblewrap by default) cannot run programs here."""
 
 
+# The backend's registered name or `module:Class` (resolved and checked by `active_backend`).
+_backend_name = os.environ.get("RLKIT_SANDBOX_BACKEND", "bwrap")
 _settings: dict[str, object] = {
-    "backend": os.environ.get("RLKIT_SANDBOX_BACKEND", "bwrap"),
     # Default: the CPUs this process may run on (not the host's count inside a container).
     "concurrency": int(os.environ.get("RLKIT_SANDBOX_CONCURRENCY", len(os.sched_getaffinity(0)))),
     "total_memory_mb": int(
@@ -64,12 +56,13 @@ def configure(
     total_memory_mb: int | None = None,
     output_limit_bytes: int | None = None,
 ) -> None:
-    """Change the process-wide sandbox settings (backend bwrap|local, parallel runs, the memory
-    cap of one sandbox's whole process tree, the per-stream output cap)."""
+    """Change the process-wide sandbox settings (the backend: a registered name or
+    `module:Class`; parallel runs; the memory cap of one sandbox's whole process tree; the
+    per-stream output cap)."""
+    global _backend_name
     if backend is not None:
-        if backend not in BACKENDS:
-            raise ValueError(f"sandbox backend must be one of {BACKENDS}, not {backend!r}")
-        _settings["backend"] = backend
+        backend_class(backend)  # ValueError: unknown, unimportable, or not a Backend
+        _backend_name = backend
         active_backend.cache_clear()
     if concurrency is not None:
         if concurrency < 1:
@@ -94,48 +87,27 @@ def limits(timeout: float, memory_mb: int) -> Limits:
 
 
 @functools.cache
-def bwrap_self_test() -> str | None:
-    """None when bubblewrap can run the sandbox here, else the reason it cannot."""
-    if shutil.which("bwrap") is None:
-        return "bwrap is not installed (Debian package `bubblewrap`)"
-    if shutil.which("prlimit") is None or shutil.which("setpriv") is None:
-        return "prlimit/setpriv are not installed (Debian package `util-linux`)"
-    try:
-        with prepare_bwrap("print('sandbox-ok')", "python", {}, limits(20, 256)) as launch:
-            proc = subprocess.run(
-                launch.argv,
-                pass_fds=launch.pass_fds,
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
-        return f"bwrap self-test failed: {exc}"
-    if proc.returncode != 0 or proc.stdout.strip() != "sandbox-ok":
-        return f"bwrap self-test failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}"
-    return None
-
-
-@functools.cache
 def active_backend() -> Backend:
-    """Resolve the configured backend once; raise when isolation is unavailable."""
-    wanted = _settings["backend"]
-    if wanted not in BACKENDS:
-        raise SandboxUnavailable(f"RLKIT_SANDBOX_BACKEND must be one of {BACKENDS}, not {wanted!r}")
-    if wanted == "local":
-        warn_unsafe()
-        return "local"
-    problem = bwrap_self_test()
+    """Resolve the configured backend once; raise when it cannot run programs here."""
+    try:
+        backend = backend_class(_backend_name)()
+    except ValueError as exc:
+        raise SandboxUnavailable(f"RLKIT_SANDBOX_BACKEND / [sandbox] backend: {exc}") from None
+    if not backend.isolated:
+        warn_unsafe(backend.name)
+    problem = backend.problem()
     if problem is not None:
-        raise SandboxUnavailable(f"the sandbox cannot isolate programs: {problem}; {INSTALL_HINT}")
-    return "bwrap"
+        raise SandboxUnavailable(
+            f"the sandbox backend {backend.name!r} cannot run programs here: {problem}"
+        )
+    return backend
 
 
-def warn_unsafe() -> None:
+def warn_unsafe(name: str) -> None:
     """The loud, logged notice that the user chose to run untrusted code without isolation."""
     message = (
-        "UNSAFE: the `local` sandbox backend was chosen: untrusted code runs on this host with "
-        "rlimits and timeouts only (NO filesystem, network or process isolation)"
+        f"UNSAFE: the `{name}` sandbox backend was chosen: untrusted code runs on this host "
+        "with NO filesystem, network or process isolation (rlimits and timeouts at most)"
     )
     logger.warning(message)
     Console(stderr=True).print(f"[bold red]WARNING:[/] {message}", highlight=False)
@@ -168,13 +140,13 @@ async def run(
     """Run `code` (a whole program) in a fresh sandbox and report how it ended.
 
     Never raises for anything the program does; bad arguments raise ValueError, a sandbox that
-    cannot isolate raises SandboxUnavailable, and a failed launch is status "sandbox_error".
+    cannot run programs raises SandboxUnavailable, and a failed launch is status "sandbox_error".
     `mounts` adds a writable host working directory and read-only import roots (see `Mounts`).
     """
     if timeout <= 0 or memory_mb <= 0:
         raise ValueError("sandbox timeout and memory_mb must be positive")
     run_limits = limits(timeout, memory_mb)
-    prepare = prepare_bwrap if active_backend() == "bwrap" else prepare_local
+    backend = active_backend()
     async with _semaphore():
-        with prepare(code, language, files or {}, run_limits, mounts) as launch:
+        with backend.prepare(code, language, files or {}, run_limits, mounts) as launch:
             return await execute(launch, stdin, timeout, int(_settings["output_limit"]))  # type: ignore[arg-type]

@@ -1,9 +1,10 @@
 """A persistent sandboxed Python interpreter: state survives across cells (a notebook for tools).
 
-One bubblewrap'd (or, without bubblewrap, local) `python3` runs `repl_server.py` for the
-session's lifetime; cells go over stdin as JSON lines and answers come back the same way. A cell
-that exceeds its wall-clock timeout or crashes the interpreter kills the whole sandbox; the next
-cell starts a fresh one (its state is gone, and the result says so).
+One `python3` in the chosen sandbox backend (`rlkit.sandbox.backends`; bubblewrap by default)
+runs `repl_server.py` for the session's lifetime; cells go over stdin as JSON lines and answers
+come back the same way. A cell that exceeds its wall-clock timeout or crashes the interpreter
+kills the whole sandbox; the next cell starts a fresh one (its state is gone, and the result
+says so).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from rlkit.sandbox.launch import prepare_bwrap, prepare_local
 from rlkit.sandbox.process import classify, kill_tree, spawn
 from rlkit.sandbox.result import Status
 from rlkit.sandbox.runner import active_backend, limits
@@ -73,9 +73,11 @@ class PythonSession:
 
     async def _start(self) -> asyncio.subprocess.Process | None:
         """Start the interpreter and wait until it is ready; None when it failed to start."""
-        prepare = prepare_bwrap if active_backend() == "bwrap" else prepare_local
+        backend = active_backend()
         self._stack = contextlib.ExitStack()
-        launch = self._stack.enter_context(prepare(REPL_SOURCE, "python", self.files, self.limits))
+        launch = self._stack.enter_context(
+            backend.prepare(REPL_SOURCE, "python", self.files, self.limits)
+        )
         launch.argv.append(str(self.output_limit))
         try:
             # Replies carry up to output_limit characters, JSON-escaped (at most 6 bytes each).

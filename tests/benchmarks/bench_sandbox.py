@@ -87,7 +87,7 @@ async def throughput(concurrency: int, total: int) -> float:
 
 
 async def main(runs: int) -> None:
-    backend = sandbox.active_backend()
+    backend = sandbox.active_backend().name
     await sandbox_run()  # warm caches (self-test, page cache) before timing
     bare, boxed = [], []
     for _ in range(runs):  # interleaved so machine noise hits both alike

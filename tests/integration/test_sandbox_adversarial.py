@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rlkit import sandbox
-from rlkit.sandbox import rootfs, runner
+from rlkit.sandbox import backends, rootfs
 from tests.helpers.system import require_system
 
 pytestmark = pytest.mark.system
@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(autouse=True)
 def _bwrap_backend() -> None:
-    problem = runner.bwrap_self_test()
-    require_system("bubblewrap", problem is None, f"{problem}; {runner.INSTALL_HINT}")
+    problem = backends.Bwrap().problem()
+    require_system("bubblewrap", problem is None, str(problem))
 
 
 def _marker() -> str:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlkit import sandbox
+from rlkit.sandbox import backends, runner
 from rlkit.sandbox import launch as launch_mod
-from rlkit.sandbox import runner
 from rlkit.sandbox.limits import MIB, Limits
 from rlkit.sandbox.process import classify
 from rlkit.sandbox.session import PythonSession
@@ -21,8 +21,8 @@ pytestmark = pytest.mark.system
 
 @pytest.fixture(autouse=True)
 def _bwrap_backend() -> None:
-    problem = runner.bwrap_self_test()
-    require_system("bubblewrap", problem is None, f"{problem}; {runner.INSTALL_HINT}")
+    problem = backends.Bwrap().problem()
+    require_system("bubblewrap", problem is None, str(problem))
 
 
 def test_limits_become_prlimit_arguments() -> None:
@@ -127,7 +127,7 @@ async def test_local_backend_runs_with_limits() -> None:
         assert spin.status == "timeout"
     finally:
         sandbox.configure(backend="bwrap")
-    assert sandbox.active_backend() == "bwrap"
+    assert sandbox.active_backend().name == "bwrap"
 
 
 async def test_python_session_keeps_state_and_recovers() -> None:
@@ -157,7 +157,7 @@ async def test_python_session_reports_a_broken_sandbox(monkeypatch: pytest.Monke
 
 
 async def test_unusable_bwrap_fails_closed_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner, "bwrap_self_test", lambda: "bwrap is not installed")
+    monkeypatch.setattr(backends, "bwrap_self_test", lambda: "bwrap is not installed")
     runner.active_backend.cache_clear()
     try:
         with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
@@ -167,7 +167,7 @@ async def test_unusable_bwrap_fails_closed_with_the_fix(monkeypatch: pytest.Monk
     finally:
         monkeypatch.undo()
         runner.active_backend.cache_clear()
-    assert sandbox.active_backend() == "bwrap"
+    assert sandbox.active_backend().name == "bwrap"
 
 
 async def test_mounts_bind_a_writable_workdir_and_read_only_import_roots(tmp_path) -> None:
@@ -203,10 +203,10 @@ def test_explicit_local_backend_is_logged_at_every_run_start(
     sandbox.configure(backend="local")
     try:
         with caplog.at_level("WARNING"):
-            assert sandbox.require() == "local"
-            assert sandbox.require() == "local"
+            assert sandbox.require().name == "local"
+            assert sandbox.require().name == "local"
         assert caplog.text.count("UNSAFE: the `local` sandbox backend was chosen") == 2
-        with pytest.raises(ValueError, match="backend must be one of"):
+        with pytest.raises(ValueError, match="unknown sandbox backend 'auto'"):
             sandbox.configure(backend="auto")
     finally:
         sandbox.configure(backend="bwrap")

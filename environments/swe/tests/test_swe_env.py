@@ -33,7 +33,7 @@ Script = list[dict[str, Any]]
 
 @pytest.fixture(autouse=True)
 def _bwrap_backend() -> None:
-    if sandbox.active_backend() != "bwrap":
+    if not sandbox.active_backend().isolated:
         pytest.fail("the swe environment's tests need bubblewrap")
 
 

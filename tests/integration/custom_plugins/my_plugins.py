@@ -1,0 +1,105 @@
+"""A user's own rollout scheduler and sandbox backends, outside rlkit, one class each.
+
+With this folder on PYTHONPATH, `rlkit train` takes `[orchestrator] scheduler =
+"my_plugins:OneGroupScheduler"` and `[sandbox] backend = "my_plugins:TaggedBwrap"`; nothing in
+rlkit names them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rlkit.orchestrator.scheduler import SCHEDULERS, Counters, Group
+from rlkit.sandbox.backends import BACKENDS, Bwrap
+from rlkit.sandbox.launch import Launch
+
+RECORD = "one_group_batches.jsonl"
+
+
+@SCHEDULERS.register("one-group")
+class OneGroupScheduler:
+    """Written against the `Scheduler` protocol alone: each step trains on one group, generated
+    after the previous step's weights are live (fully on-policy, nothing in flight while the
+    trainer works). Appends each batch's group uid to run_dir/one_group_batches.jsonl."""
+
+    def __init__(self, source: Any, processor: Any, prompts: Any, version: int, record: Path):
+        self.source = source
+        self.processor = processor
+        self.prompts = prompts
+        self.version = version
+        self.record = record
+        self.counters = Counters()
+        self._since = time.monotonic()
+        self._busy_s = 0.0  # seconds spent generating since the last take_idle_s()
+
+    @classmethod
+    def from_config(
+        cls, cfg: Any, source: Any, processor: Any, prompts: Any, version: int
+    ) -> OneGroupScheduler:
+        return cls(source, processor, prompts, version, Path(cfg.log.run_dir) / RECORD)
+
+    @staticmethod
+    def groups_per_batch(o: Any, max_tokens: int) -> int:
+        return 1
+
+    async def next_batch(self) -> list[Group]:
+        """The next group with trainable samples (groups without are dropped, as in rlkit's)."""
+        while True:
+            group = Group(prompt=self.prompts.take(), start_version=self.version)
+            self.counters.launched += self.source.group_size
+            start = time.monotonic()
+            group.rollouts = await self.source.next_group(group.prompt)
+            self._busy_s += time.monotonic() - start
+            self.counters.finished += len(group.rollouts)
+            self.processor(group)
+            if group.samples:
+                self.prompts.trained(group.prompt)
+                with self.record.open("a") as out:
+                    out.write(json.dumps([group.uid]) + "\n")
+                return [group]
+            self.prompts.drop(group.prompt, "no_samples")
+
+    def on_policy_update(self, version: int) -> None:
+        self.version = version
+
+    def take_counters(self) -> Counters:
+        counters, self.counters = self.counters, Counters()
+        return counters
+
+    def take_idle_s(self) -> float:
+        """Seconds without generation since the last call (inference idles while training)."""
+        now = time.monotonic()
+        idle = max(0.0, now - self._since - self._busy_s)
+        self._since, self._busy_s = now, 0.0
+        return idle
+
+    async def close(self) -> None:
+        """Nothing runs between calls of next_batch."""
+
+
+@BACKENDS.register("tagged-bwrap")
+class TaggedBwrap(Bwrap):
+    """Bubblewrap, every program started with SANDBOX_BACKEND=tagged-bwrap in its environment."""
+
+    name: ClassVar[str] = "tagged-bwrap"
+
+    @contextlib.contextmanager
+    def prepare(self, *args: Any, **kwargs: Any) -> Iterator[Launch]:
+        with super().prepare(*args, **kwargs) as launch:
+            at = launch.argv.index("--clearenv") + 1  # bwrap applies its options in order
+            launch.argv[at:at] = ["--setenv", "SANDBOX_BACKEND", self.name]
+            yield launch
+
+
+class MissingTool(TaggedBwrap):
+    """A backend whose tool is absent here: the sandbox must refuse to run anything."""
+
+    name: ClassVar[str] = "missing-tool"
+
+    def problem(self) -> str | None:
+        return "the missing-tool runtime is not installed"
