@@ -10,8 +10,11 @@ gloo on CPU, NCCL on CUDA (`new_group`): the same code path, so CI exercises it.
 The handshake: the trainer publishes a manifest (`make_manifest`: tensor names, dtypes and
 shapes in send order, the bucket layout, the store's address) beside the fingerprint and the
 canary under ``weights/step_N``; whoever decides who joins (the orchestrator) writes the peers'
-labels under the store key ``peers`` (`announce_peers`); the sender then opens the group for
-1 + len(peers) ranks and each receiver joins with its rank. Tensors travel packed into byte
+labels under the store key ``peers-N`` (`announce_peers`); the sender then opens the group for
+1 + len(peers) ranks and each receiver joins with its rank. Afterwards the orchestrator gives its
+verdict (`finish_update`): when a live server did not get a complete verified update, the
+trainer writes the filesystem copy of the same version (`Sender.serve_files`) and that server
+loads it the usual way. Tensors travel packed into byte
 buckets of at most ``bucket_bytes`` (a larger tensor goes alone), one broadcast per bucket.
 
 No hang, ever: every store wait and every collective has the manifest's timeout. While it
@@ -141,6 +144,26 @@ def announce_peers(manifest: dict, labels: list[str]) -> None:
     store.set(f"peers-{manifest['version']}", json.dumps(labels))
 
 
+def finish_update(manifest: dict, files_needed: bool) -> str | None:
+    """The orchestrator's verdict once every server answered: None when all got the update,
+    else ask the trainer for the filesystem copy of this version and wait for its path
+    (`Sender.serve_files`). BroadcastError when the trainer cannot be reached."""
+    version = manifest["version"]
+    timeout = timedelta(seconds=manifest["timeout_s"])
+    try:
+        store = _connect(manifest, timeout)
+        store.set(f"verdict-{version}", "files" if files_needed else "ok")
+        if not files_needed:
+            return None
+        return store.get(f"files-{version}").decode()
+    except RuntimeError as exc:
+        raise BroadcastError(
+            f"update {version}: the trainer (store {manifest['address'][0]}:"
+            f"{manifest['address'][1]}) did not provide the filesystem copy within "
+            f"{timeout.total_seconds():.0f}s: {exc}"
+        ) from exc
+
+
 class Sender:
     """The trainer's side: hosts the store (for the life of the trainer) and sends updates."""
 
@@ -196,6 +219,20 @@ class Sender:
         finally:
             del group  # closes its connections now, not at the next collection
         return peers
+
+    def files_wanted(self, version: int, stop: threading.Event) -> bool:
+        """Wait for the orchestrator's verdict on update `version` (`finish_update`): True when
+        some server needs the filesystem copy. False also when `stop` is set first."""
+        key = f"verdict-{version}"
+        while not stop.is_set():
+            if self.store.check([key]):
+                return self.store.get(key) == b"files"
+            stop.wait(0.05)
+        return False
+
+    def serve_files(self, version: int, path: str) -> None:
+        """Tell the orchestrator where the filesystem copy of `version` is."""
+        self.store.set(f"files-{version}", path)
 
     def _pack(self, manifest: dict, tensors: list[Named], bucket: list[int]) -> torch.Tensor:
         buffer = torch.empty(bucket_size(manifest, bucket), dtype=torch.uint8, device=self.device)
