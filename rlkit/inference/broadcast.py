@@ -216,9 +216,27 @@ class Sender:
                         f"update {version}: bucket {b + 1} of {len(manifest['buckets'])} failed; "
                         f"peer(s) not responding: {', '.join(dead) or 'none found'}: {exc}"
                     ) from exc
+            self._confirm(prefix, peers, version)
         finally:
             del group  # closes its connections now, not at the next collection
         return peers
+
+    def _confirm(self, prefix: str, peers: list[str], version: int) -> None:
+        """Wait for every peer to confirm the last bucket (a send can complete into a dead
+        peer's socket buffer); BroadcastError naming those that did not."""
+        keys = [f"{prefix}done/{r}" for r in range(1, len(peers) + 1)]
+        try:
+            self.store.wait(keys, self.timeout)
+        except RuntimeError as exc:
+            missing = [
+                f"rank {r} ({peers[r - 1]})"
+                for r, key in enumerate(keys, start=1)
+                if not self.store.check([key])
+            ]
+            raise BroadcastError(
+                f"update {version}: peer(s) did not confirm the last bucket within "
+                f"{self.timeout.total_seconds():.0f}s: {', '.join(missing)}: {exc}"
+            ) from exc
 
     def files_wanted(self, version: int, stop: threading.Event) -> bool:
         """Wait for the orchestrator's verdict on update `version` (`finish_update`): True when

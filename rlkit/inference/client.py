@@ -245,11 +245,15 @@ class InferenceClient:
         self.policy_version = int(resp.json()["policy_version"])
         return self.policy_version
 
-    async def receive_weights(self, path: str, rank: int, version: int) -> int:
+    async def receive_weights(self, path: str, rank: int, version: int, timeout: float) -> int:
         """Join the broadcast update published in `path` (its workers as ranks `rank`, ...);
-        returns the new policy version. Never retried: the update's group exists once."""
+        returns the new policy version. Never retried: the update's group exists once.
+        `timeout` bounds the whole call: a server whose engine died mid-update may never
+        answer."""
         body = {"path": str(path), "rank": rank, "version": version}
-        resp = await self.request("POST", "/rlkit/receive_weights", retries=0, json=body)
+        resp = await self.request(
+            "POST", "/rlkit/receive_weights", retries=0, timeout=timeout, json=body
+        )
         self.policy_version = int(resp.json()["policy_version"])
         return self.policy_version
 

@@ -156,7 +156,10 @@ class ClientPool:
         async with self._weights_lock:
             self.weights = (path, version)
             self.version = version
-            await self._load_files([i for i, ok in enumerate(self.healthy) if ok], path, version)
+            servers = [i for i, ok in enumerate(self.healthy) if ok or i in self.waiting]
+            for i in await self._load_files(servers, path, version):
+                if i in self.waiting:
+                    self._back(i)
         if not any(self.healthy):
             await self.wait_any()  # the monitor brings a returning server to these weights
 
@@ -206,8 +209,13 @@ class ClientPool:
                 url = self.clients[i].base_url
                 labels += [f"{url} worker {w}" for w in range(int(status.get("workers", 1)))]
             await asyncio.to_thread(announce_peers, manifest, labels)
+            # transfer, verification and reload: each bounded by the broadcast timeout
+            timeout = 3 * manifest["timeout_s"]
             results = await asyncio.gather(
-                *(self.clients[i].receive_weights(path, rank, version) for i, rank in members),
+                *(
+                    self.clients[i].receive_weights(path, rank, version, timeout)
+                    for i, rank in members
+                ),
                 return_exceptions=True,
             )
             behind = []

@@ -168,6 +168,20 @@ class PolicyVersionHeader:
         await self.app(scope, receive, send_with_version)
 
 
+async def unless_engine_dies(engine: Any, call: Any, poll_s: float = 1.0) -> Any:
+    """Await `call` (a collective RPC), or raise once the engine is dead: vLLM's RPC never
+    returns when a worker dies mid-call (a killed worker in a broadcast update), and the
+    request it hangs would keep this server from shutting down to be relaunched."""
+    task = asyncio.ensure_future(call)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=poll_s)
+        if done:
+            return task.result()
+        if getattr(engine, "errored", False):
+            task.cancel()
+            raise RuntimeError("the engine died during the update")
+
+
 async def load_on_workers(
     request: Request, method: str, args: tuple, version: int | None
 ) -> JSONResponse:
@@ -183,7 +197,7 @@ async def load_on_workers(
         try:
             if not was_paused:
                 await pause_keeping_requests(engine)
-            results = await engine.collective_rpc(method, args=args)
+            results = await unless_engine_dies(engine, engine.collective_rpc(method, args=args))
             refused = [(i, r["error"]) for i, r in enumerate(results) if "error" in r]
             if refused:
                 i, error = refused[0]

@@ -20,6 +20,8 @@ from rlkit.inference.polling import apply_from_env
 from rlkit.inference.weights import iter_safetensors
 from rlkit.lifetime import SERVER_PID_ENV, follow_process
 
+EXIT_IN_BROADCAST_ENV = "RLKIT_TEST_EXIT_IN_BROADCAST"  # "RANK:VERSION": die after one bucket
+
 apply_from_env()
 if os.environ.get(SERVER_PID_ENV, "").isdigit() and int(os.environ[SERVER_PID_ENV]) != os.getpid():
     follow_process(int(os.environ[SERVER_PID_ENV]))
@@ -91,9 +93,12 @@ class WeightSyncExtension:
         device = next(self.model_runner.model.parameters()).device  # type: ignore[attr-defined]
         rank = first_rank + getattr(self, "rank", 0)
         tensors: list[tuple[str, torch.Tensor]] = []
+        exit_at = os.environ.get(EXIT_IN_BROADCAST_ENV)  # test hook: a server killed mid-way
         try:
             for bucket in receive(manifest, rank, str(device)):
                 tensors += bucket
+                if exit_at == f"{rank}:{manifest['version']}":
+                    os._exit(1)
         except BroadcastError as exc:
             return {"error": str(exc)}
         return self._verify_and_load(tensors, read_fingerprint(path), corrupt_tensor)

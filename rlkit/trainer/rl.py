@@ -22,6 +22,7 @@ from rlkit.errors import UsageError
 from rlkit.registry import Entry
 from rlkit.trainer import dist
 from rlkit.trainer.batch import TrainBatch, batch_path, read_batch
+from rlkit.trainer.broadcaster import Broadcaster
 from rlkit.trainer.config import LossConfig, TrainerConfig
 from rlkit.trainer.engine import LossFn, Trainer
 from rlkit.trainer.export import prune_weights, weights_dir
@@ -146,10 +147,20 @@ def batch_stats(batch: TrainBatch, step: int) -> dict[str, float]:
     }
 
 
-def publish(trainer: Trainer, run_dir: Path, step: int) -> None:
+def publish(
+    trainer: Trainer, run_dir: Path, step: int, broadcaster: Broadcaster | None = None
+) -> None:
     """Collective: export policy version `step` (weights, or the LoRA adapter), tell the
-    orchestrator, and drop the oldest published versions."""
-    trainer.export(weights_dir(run_dir, step), extra={"step": step})
+    orchestrator, and drop the oldest published versions. With a `broadcaster`, the version
+    is sent over the broadcast group, except at checkpoint steps: their files are what a
+    resumed run loads first."""
+    interval = trainer.cfg.ckpt.interval
+    if broadcaster is not None and not (interval and step % interval == 0):
+        broadcaster.publish(trainer, weights_dir(run_dir, step), step, extra={"step": step})
+    else:
+        if broadcaster is not None:
+            broadcaster.wait()
+        trainer.export(weights_dir(run_dir, step), extra={"step": step})
     if dist.is_main():
         handoff.ring(run_dir, handoff.ORCHESTRATOR)
         prune_weights(run_dir, trainer.cfg.weights.keep_last)
@@ -171,6 +182,12 @@ def run_rl(cfg: TrainerConfig) -> None:
             publish(trainer, run_dir, 0)  # the initial adapter (B = 0: the base's policy)
         metrics = MetricsLog(run_dir / "trainer_metrics.jsonl", step, enabled=dist.is_main())
         doorbell = handoff.Doorbell(run_dir, f"{handoff.TRAINER}{dist.rank()}")
+        w = cfg.weights
+        broadcaster = (
+            Broadcaster(w.broadcast_timeout_s, w.broadcast_bucket_mb)
+            if w.publish and w.transfer == "broadcast"
+            else None
+        )
         while not cfg.max_steps or step < cfg.max_steps:
             step += 1
             t_wait = time.perf_counter()
@@ -193,7 +210,7 @@ def run_rl(cfg: TrainerConfig) -> None:
             if dist.is_main():  # before the weights: the orchestrator reads both at once
                 metrics.append(record)
             if cfg.weights.publish:
-                publish(trainer, run_dir, step)
+                publish(trainer, run_dir, step, broadcaster)
             if cfg.ckpt.interval and step % cfg.ckpt.interval == 0:
                 trainer.save_checkpoint(step, {"next_batch": step + 1})
             if dist.is_main():
@@ -203,6 +220,8 @@ def run_rl(cfg: TrainerConfig) -> None:
                     f"grad_norm {record['grad_norm']:.3f} "
                     f"{record['tokens_per_s']:.0f} tok/s{note}"
                 )
+        if broadcaster is not None:
+            broadcaster.wait()  # the last version reaches the servers before we exit
         trainer.close(wait_for_peers=True)
     finally:
         trainer.close()
