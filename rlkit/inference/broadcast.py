@@ -76,10 +76,12 @@ def make_manifest(
     bucket_bytes: int,
     address: tuple[str, int],
     timeout_s: float,
+    backend: str = "gloo",
 ) -> dict:
     """What receivers need to join update `version` and unpack its buckets."""
     return {
         "version": version,
+        "backend": backend,
         "address": list(address),
         "timeout_s": timeout_s,
         "tensors": [
@@ -121,12 +123,17 @@ def _connect(manifest: dict, timeout: timedelta) -> dist.TCPStore:
     return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
 
 
+def backend_of(device: str) -> str:
+    """NCCL when the buckets live on CUDA, else gloo."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
 def new_group(
-    store: dist.Store, version: int, rank: int, world_size: int, timeout: timedelta, device: str
+    store: dist.Store, version: int, rank: int, world_size: int, timeout: timedelta, backend: str
 ) -> dist.ProcessGroup:
-    """The standalone group of update `version`: NCCL when the buckets live on CUDA, else gloo."""
+    """The standalone group of update `version` on `backend` (see `backend_of`)."""
     prefixed = dist.PrefixStore(f"update-{version}", store)
-    if torch.device(device).type == "cuda":
+    if backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
@@ -177,7 +184,12 @@ class Sender:
 
     def manifest(self, version: int, tensors: list[Named], bucket_bytes: int) -> dict:
         return make_manifest(
-            version, tensors, bucket_bytes, self.address, self.timeout.total_seconds()
+            version,
+            tensors,
+            bucket_bytes,
+            self.address,
+            self.timeout.total_seconds(),
+            backend_of(self.device),
         )
 
     def send(self, manifest: dict, tensors: list[Named]) -> list[str]:
@@ -195,7 +207,9 @@ class Sender:
             return []
         prefix = f"update-{version}/"
         try:
-            group = new_group(self.store, version, 0, 1 + len(peers), self.timeout, self.device)
+            group = new_group(
+                self.store, version, 0, 1 + len(peers), self.timeout, backend_of(self.device)
+            )
         except RuntimeError as exc:
             missing = [
                 f"rank {r} ({peers[r - 1]})"
@@ -295,11 +309,14 @@ class _Heartbeat:
         self.thread.join()
 
 
-def receive(manifest: dict, rank: int, device: str = "cpu") -> Iterator[list[Named]]:
+def receive(manifest: dict, rank: int) -> Iterator[list[Named]]:
     """A worker's side: join update `manifest["version"]` as `rank` and yield each bucket's
-    (name, tensor) pairs as it arrives (views into the bucket's buffer, on `device`).
-    BroadcastError naming the trainer when it dies or stalls past the manifest's timeout."""
+    (name, tensor) pairs as it arrives (views into the bucket's buffer: on this process's
+    current CUDA device with NCCL, else on CPU). BroadcastError naming the trainer when it
+    dies or stalls past the manifest's timeout."""
     version = manifest["version"]
+    backend = manifest.get("backend", "gloo")
+    device = f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
     timeout = timedelta(seconds=manifest["timeout_s"])
     trainer = f"the trainer (rank 0, store {manifest['address'][0]}:{manifest['address'][1]})"
     prefix = f"update-{version}/"
@@ -311,7 +328,7 @@ def receive(manifest: dict, rank: int, device: str = "cpu") -> Iterator[list[Nam
     except RuntimeError as exc:
         raise BroadcastError(f"update {version}: cannot reach {trainer}: {exc}") from exc
     try:
-        group = new_group(store, version, rank, 1 + len(peers), timeout, device)
+        group = new_group(store, version, rank, 1 + len(peers), timeout, backend)
         tensors = manifest["tensors"]
         for b, bucket in enumerate(manifest["buckets"]):
             buffer = torch.empty(bucket_size(manifest, bucket), dtype=torch.uint8, device=device)

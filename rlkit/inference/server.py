@@ -222,7 +222,7 @@ async def load_on_workers(
             log.exception("weight update failed")
             return JSONResponse({"error": f"weight update failed: {exc}"}, status_code=500)
         finally:
-            if not was_paused:
+            if not was_paused and not getattr(engine, "errored", False):  # a dead one hangs
                 await engine.resume_generation()
             state.updating = False
     verified = all(r["verified"] for r in results)

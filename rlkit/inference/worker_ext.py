@@ -90,12 +90,11 @@ class WeightSyncExtension:
         manifest = read_manifest(path)
         if manifest is None:
             return {"error": f"no broadcast manifest in {path}"}
-        device = next(self.model_runner.model.parameters()).device  # type: ignore[attr-defined]
         rank = first_rank + getattr(self, "rank", 0)
         tensors: list[tuple[str, torch.Tensor]] = []
         exit_at = os.environ.get(EXIT_IN_BROADCAST_ENV)  # test hook: a server killed mid-way
         try:
-            for bucket in receive(manifest, rank, str(device)):
+            for bucket in receive(manifest, rank):
                 tensors += bucket
                 if exit_at == f"{rank}:{manifest['version']}":
                     os._exit(1)

@@ -84,13 +84,11 @@ def export_broadcast(
     the broadcast manifest (`make_manifest(tensors)`), fingerprint and canary but no tensor
     files, and returns the tensors to send, in their on-disk names and dtype (what
     `save_pretrained` would write: tied aliases dropped, in-memory fused layouts reverted)."""
-    from transformers.core_model_loading import revert_weight_conversion
-
     lm = policy.lm
     sent: list[list[Named]] = []
 
     def write(tmp: Path, full: dict[str, torch.Tensor]) -> None:
-        state = revert_weight_conversion(lm, hf_state(lm, full, dtype))
+        state = on_disk(lm, hf_state(lm, full, dtype))
         tensors = [(name, tensor.contiguous()) for name, tensor in state.items()]
         write_fingerprint(tmp, tensors)
         if canary is not None:
@@ -117,6 +115,16 @@ def write_weight_files(out: Path, tensors: list[Named], source: Path) -> Path:
             shutil.copy(source / CANARY_FILE, tmp / CANARY_FILE)
     (out / STABLE_MARKER).write_text("")
     return out
+
+
+def on_disk(lm: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` as `save_pretrained` writes it: transformers >= 5 reverts its in-memory fused
+    layouts (MoE experts) to the checkpoint's names; older releases have none."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:
+        return state
+    return revert_weight_conversion(lm, state)
 
 
 def hf_state(lm: torch.nn.Module, full: dict[str, torch.Tensor], dtype: torch.dtype) -> dict:

@@ -184,7 +184,7 @@ def run_rl(cfg: TrainerConfig) -> None:
         doorbell = handoff.Doorbell(run_dir, f"{handoff.TRAINER}{dist.rank()}")
         w = cfg.weights
         broadcaster = (
-            Broadcaster(w.broadcast_timeout_s, w.broadcast_bucket_mb)
+            Broadcaster(w.broadcast_timeout_s, w.broadcast_bucket_mb, str(trainer.device))
             if w.publish and w.transfer == "broadcast"
             else None
         )

@@ -17,6 +17,7 @@ from tests.integration.test_train_liveness import SHORT, run
 
 pytestmark = pytest.mark.slow
 STEPS = 5
+TIMEOUT_S = 20
 CKPT = 4  # step 4 is published as files (a checkpoint step), the others by broadcast
 
 
@@ -32,7 +33,7 @@ def test_broadcast_to_two_servers_survives_one_killed_mid_update(
         f"--ckpt.interval={CKPT}",
         "--inference.num_servers=2",
         "--inference.weight_transfer=broadcast",
-        "--inference.broadcast_timeout_s=20",
+        f"--inference.broadcast_timeout_s={TIMEOUT_S}",
         "--inference.broadcast_bucket_mb=1",  # several buckets even for the tiny model
     )
     monkeypatch.setenv(EXIT_IN_BROADCAST_ENV, "2:2")  # rank 2 (second server) at version 2
@@ -42,7 +43,9 @@ def test_broadcast_to_two_servers_survives_one_killed_mid_update(
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
 
     output = log.read_text()
-    assert "is down" in output and "broadcast update failed" in output  # dropped, named
+    assert "is down" in output  # the killed server, named by its URL, dropped
+    # its engine's death ends its request at once; the trainer names it within the timeout
+    assert records[1]["weight_update_s"] < 2 * TIMEOUT_S + 10
     trainer_log = (run_dir / "logs" / "trainer.log").read_text()
     assert "broadcast of version 2" in trainer_log and "rank 2 (http://" in trainer_log
     assert records[-1]["inference_servers_dropped"] >= 1
