@@ -147,8 +147,14 @@ def _broadcast(group: dist.ProcessGroup, buffer: torch.Tensor, timeout: timedelt
 def announce_peers(manifest: dict, labels: list[str]) -> None:
     """Tell the sender of `manifest` who joins: rank i + 1 is `labels[i]` (e.g. a server URL
     and worker index). Called once per update by whoever picks the participants."""
-    store = _connect(manifest, timedelta(seconds=manifest["timeout_s"]))
-    store.set(f"peers-{manifest['version']}", json.dumps(labels))
+    try:
+        store = _connect(manifest, timedelta(seconds=manifest["timeout_s"]))
+        store.set(f"peers-{manifest['version']}", json.dumps(labels))
+    except RuntimeError as exc:
+        raise BroadcastError(
+            f"update {manifest['version']}: cannot reach the trainer (store "
+            f"{manifest['address'][0]}:{manifest['address'][1]}): {exc}"
+        ) from exc
 
 
 def finish_update(manifest: dict, files_needed: bool) -> str | None:

@@ -169,9 +169,9 @@ class PolicyVersionHeader:
 
 
 async def unless_engine_dies(engine: Any, call: Any, poll_s: float = 1.0) -> Any:
-    """Await `call` (a collective RPC), or raise once the engine is dead: vLLM's RPC never
-    returns when a worker dies mid-call (a killed worker in a broadcast update), and the
-    request it hangs would keep this server from shutting down to be relaunched."""
+    """Await `call` (an engine RPC), or raise RuntimeError once the engine is dead: vLLM's
+    RPCs may never return when a worker died (a killed worker in a broadcast update), and the
+    request they hang would keep this server from shutting down to be relaunched."""
     task = asyncio.ensure_future(call)
     while True:
         done, _ = await asyncio.wait({task}, timeout=poll_s)
@@ -222,8 +222,11 @@ async def load_on_workers(
             log.exception("weight update failed")
             return JSONResponse({"error": f"weight update failed: {exc}"}, status_code=500)
         finally:
-            if not was_paused and not getattr(engine, "errored", False):  # a dead one hangs
-                await engine.resume_generation()
+            if not was_paused:
+                try:  # a dead engine (it may not know yet) would hang this forever
+                    await unless_engine_dies(engine, engine.resume_generation())
+                except RuntimeError:
+                    log.error("not resumed: the engine died during the update")
             state.updating = False
     verified = all(r["verified"] for r in results)
     return JSONResponse({"policy_version": state.version, "verified": verified})
