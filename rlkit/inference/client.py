@@ -179,11 +179,15 @@ class InferenceClient:
         async with self._http().request(method, self.base_url + path, **kwargs) as resp:
             return Response(resp.status, resp.headers, await resp.read())
 
-    async def request(self, method: str, path: str, **kwargs: Any) -> Response:
-        """Send with retries on transient failures; raise InferenceError otherwise."""
+    async def request(
+        self, method: str, path: str, *, retries: int | None = None, **kwargs: Any
+    ) -> Response:
+        """Send with retries (`max_retries` unless given) on transient failures; raise
+        InferenceError otherwise."""
         last: str = ""
         status: int | None = None
-        for attempt in range(self.max_retries + 1):
+        retries = self.max_retries if retries is None else retries
+        for attempt in range(retries + 1):
             try:
                 resp = await self._send(method, path, **kwargs)
                 version = _response_version(resp, self.adapter)
@@ -198,7 +202,7 @@ class InferenceClient:
             except TRANSPORT_ERRORS as exc:
                 status = None
                 last = f"{type(exc).__name__} talking to {self.base_url}{path}: {exc}"
-            if attempt < self.max_retries:
+            if attempt < retries:
                 delay = self.backoff_s * (2**attempt) * (0.5 + random.random())
                 await asyncio.sleep(min(delay, 30.0))
         raise InferenceError(last, status)
@@ -237,6 +241,18 @@ class InferenceClient:
         if version is not None:
             body["version"] = version
         resp = await self.request("POST", "/rlkit/update_weights", json=body)
+        self.policy_version = int(resp.json()["policy_version"])
+        return self.policy_version
+
+    async def receive_weights(self, path: str, rank: int, version: int, timeout: float) -> int:
+        """Join the broadcast update published in `path` (its workers as ranks `rank`, ...);
+        returns the new policy version. Never retried: the update's group exists once.
+        `timeout` bounds the whole call: a server whose engine died mid-update may never
+        answer."""
+        body = {"path": str(path), "rank": rank, "version": version}
+        resp = await self.request(
+            "POST", "/rlkit/receive_weights", retries=0, timeout=timeout, json=body
+        )
         self.policy_version = int(resp.json()["policy_version"])
         return self.policy_version
 

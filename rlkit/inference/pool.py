@@ -11,7 +11,10 @@ record the failure as an error, and the orchestrator stops the run).
 `monitor()` (a task the orchestrator runs) polls the servers that are down; one that answers
 again is first brought to the current policy weights (the last `update_weights`) and then
 rejoins the round robin. Weight updates go to the healthy servers; a server that fails one is
-marked down and catches up when it rejoins. `counters` records failovers, drops and rejoins.
+marked down and catches up when it rejoins. With the broadcast transport (`broadcast_weights`)
+a server that comes back waits out of the round robin for the next update, which it joins,
+unless the filesystem copy of the current version exists. `counters` records failovers, drops
+and rejoins.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from rlkit.inference.broadcast import announce_peers, finish_update, read_manifest
 from rlkit.inference.client import RETRY_STATUS, Generation, InferenceClient, InferenceError
 
 COUNTERS = ("failovers", "servers_dropped", "servers_rejoined")
@@ -57,6 +61,8 @@ class ClientPool:
         self.health_interval_s = health_interval_s
         self.log = log
         self.weights: tuple[str, int] | None = None  # (path, version) every server should serve
+        self.version: int | None = None  # the policy version every server should serve
+        self.waiting: set[int] = set()  # up, but out of the round robin until the next broadcast
         self.counters: Counter[str] = Counter()  # failovers, servers_dropped, servers_rejoined
         self.lost: ServersLost | None = None  # set once no server came back in time
         self._cycle = itertools.cycle(range(len(self.clients)))
@@ -98,6 +104,22 @@ class ClientPool:
                 f"dropped from the round robin, {self.healthy_count()} left"
             )
 
+    def _drop(self, i: int, reason: str) -> None:
+        """Server `i` failed: out of the round robin, and no longer waiting for weights."""
+        self.mark_down(i, reason)
+        self.waiting.discard(i)
+
+    def _back(self, i: int) -> None:
+        """Server `i` serves the current weights again: back in the round robin."""
+        self.waiting.discard(i)
+        self.healthy[i] = True
+        self.counters["servers_rejoined"] += 1
+        self.log(
+            f"inference server {self.clients[i].base_url} is back (policy version "
+            f"{self.clients[i].policy_version}); rejoined the round robin, "
+            f"{self.healthy_count()} healthy"
+        )
+
     async def wait_any(self) -> int:
         """A healthy server's index, waiting up to `recover_timeout_s`; else `ServersLost`."""
         deadline = time.monotonic() + self.recover_timeout_s
@@ -133,18 +155,91 @@ class ClientPool:
         Waits for a server to come back (`wait_any`) when none took the update."""
         async with self._weights_lock:
             self.weights = (path, version)
-            live = [i for i, ok in enumerate(self.healthy) if ok]
-            results = await asyncio.gather(
-                *(self.clients[i].load_policy(path, version) for i in live),
-                return_exceptions=True,
-            )
-            for i, result in zip(live, results, strict=True):
-                if isinstance(result, InferenceError):
-                    self.mark_down(i, f"weight update failed: {result}")
-                elif isinstance(result, BaseException):
-                    raise result
+            self.version = version
+            servers = [i for i, ok in enumerate(self.healthy) if ok or i in self.waiting]
+            for i in await self._load_files(servers, path, version):
+                if i in self.waiting:
+                    self._back(i)
         if not any(self.healthy):
             await self.wait_any()  # the monitor brings a returning server to these weights
+
+    async def _load_files(self, servers: list[int], path: str, version: int) -> list[int]:
+        """Load `path` as `version` on `servers`; drops those that fail, returns the others."""
+        results = await asyncio.gather(
+            *(self.clients[i].load_policy(path, version) for i in servers),
+            return_exceptions=True,
+        )
+        loaded = []
+        for i, result in zip(servers, results, strict=True):
+            if isinstance(result, InferenceError):
+                self._drop(i, f"weight update failed: {result}")
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                loaded.append(i)
+        return loaded
+
+    async def broadcast_weights(self, path: str, version: int) -> None:
+        """Send version `version` (published with a broadcast manifest in `path`) to every
+        healthy server, and to those back up and waiting for it, over the trainer's process
+        group (`rlkit.inference.broadcast`).
+
+        A server that stops answering is dropped (it rejoins later); one that answers but did
+        not get a complete verified update keeps its old version and then loads the trainer's
+        filesystem copy of this version, which rejoining servers load too."""
+        manifest = read_manifest(path)
+        if manifest is None:
+            raise ValueError(f"{path}: no broadcast manifest")
+        async with self._weights_lock:
+            self.version = version
+            self.weights = None  # no filesystem copy of this version (yet)
+            servers = [i for i, ok in enumerate(self.healthy) if ok or i in self.waiting]
+            statuses = await asyncio.gather(
+                *(self.clients[i].status() for i in servers), return_exceptions=True
+            )
+            members: list[tuple[int, int]] = []  # (server, its first rank)
+            labels: list[str] = []
+            for i, status in zip(servers, statuses, strict=True):
+                if isinstance(status, InferenceError):
+                    self._drop(i, f"no status before the broadcast: {status}")
+                    continue
+                if isinstance(status, BaseException):
+                    raise status
+                members.append((i, 1 + len(labels)))
+                url = self.clients[i].base_url
+                labels += [f"{url} worker {w}" for w in range(int(status.get("workers", 1)))]
+            await asyncio.to_thread(announce_peers, manifest, labels)
+            # transfer, verification and reload: each bounded by the broadcast timeout
+            timeout = 3 * manifest["timeout_s"]
+            results = await asyncio.gather(
+                *(
+                    self.clients[i].receive_weights(path, rank, version, timeout)
+                    for i, rank in members
+                ),
+                return_exceptions=True,
+            )
+            behind = []
+            for (i, _), result in zip(members, results, strict=True):
+                if isinstance(result, InferenceError) and result.status is None:
+                    self._drop(i, f"broadcast update failed: {result}")
+                elif isinstance(result, InferenceError):
+                    self.log(
+                        f"inference server {self.clients[i].base_url} did not get version "
+                        f"{version} by broadcast ({str(result)[:300]}); loading it from files"
+                    )
+                    behind.append(i)
+                elif isinstance(result, BaseException):
+                    raise result
+                elif i in self.waiting:
+                    self._back(i)
+            files = await asyncio.to_thread(finish_update, manifest, bool(behind))
+            if files is not None:
+                self.weights = (files, version)
+                for i in await self._load_files(behind, files, version):
+                    if i in self.waiting:
+                        self._back(i)
+        if not any(self.healthy):
+            await self.wait_any()
 
     async def unload_adapter(self) -> None:
         """A LoRA run that ends: unload its adapter from every healthy server (best effort)."""
@@ -155,19 +250,26 @@ class ClientPool:
                 self.log(f"could not unload the adapter from {client.base_url}: {result}")
 
     async def _rejoin(self, i: int) -> None:
-        """Bring a server that answers again to the current weights, then use it again."""
+        """Bring a server that answers again to the current weights, then use it again; with
+        no filesystem copy of them (a broadcast run), it waits for the next broadcast."""
         client = self.clients[i]
         async with self._weights_lock:
-            if self.weights is not None:
-                path, version = self.weights
-                if client.loaded_version(await client.status()) != version:
-                    await client.load_policy(path, version)
-            self.healthy[i] = True
-        self.counters["servers_rejoined"] += 1
-        self.log(
-            f"inference server {client.base_url} is back (policy version "
-            f"{client.policy_version}); rejoined the round robin, {self.healthy_count()} healthy"
-        )
+            if i in self.waiting:
+                return
+            if self.version is None:  # no update yet: the server has the starting weights
+                self._back(i)
+                return
+            loaded = client.loaded_version(await client.status())
+            if self.weights is not None and loaded != self.weights[1]:
+                await client.load_policy(*self.weights)
+            elif self.weights is None and loaded != self.version:
+                self.waiting.add(i)
+                self.log(
+                    f"inference server {client.base_url} is back at policy version {loaded}; "
+                    f"it rejoins with the next broadcast update (now {self.version})"
+                )
+                return
+            self._back(i)
 
     async def monitor(self) -> None:
         """Forever: every `health_interval_s`, try to bring the servers that are down back."""

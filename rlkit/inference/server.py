@@ -3,7 +3,8 @@
 Run as ``python -m rlkit.inference.server --model DIR [vLLM serve args]`` (what ``rlkit infer``
 launches). On top of vLLM's API (chat, completions, ``/pause?mode=keep``, ``/resume``) it adds:
 
-- ``GET  /rlkit/status``          -> {"policy_version", "model", "paused", "updating"}
+- ``GET  /rlkit/status``          -> {"policy_version", "model", "paused", "updating",
+  "workers", ...} (workers: how many ranks this server brings to a broadcast update)
 - ``POST /rlkit/update_weights``  {"path": DIR, "version": N?} -> {"policy_version", "verified"}
   validates the directory against the served checkpoint (names, shapes), pauses generation in
   ``keep`` mode (in-flight requests are frozen, not aborted), loads the weights in place on every
@@ -11,6 +12,13 @@ launches). On top of vLLM's API (chat, completions, ``/pause?mode=keep``, ``/res
   Each worker checks the tensors it read against the trainer's fingerprint in DIR (when there
   is one: then ``verified`` is true) before loading any; a mismatch is a 422 naming the tensor,
   and the server keeps its weights and version.
+- ``POST /rlkit/receive_weights`` {"path": DIR, "rank": R, "version": N?} -> as above, for
+  ``weight_transfer = "broadcast"``: DIR holds the trainer's broadcast manifest
+  (`rlkit.inference.broadcast`) and fingerprint; the manifest is checked against the served
+  checkpoint (400), then each worker joins the update's process group as rank R + its index,
+  receives every bucket, verifies and loads as above. A transfer that fails (the trainer died or
+  stalled past the manifest's timeout) is a 422 naming the trainer; the server keeps its
+  version (the orchestrator then loads the filesystem copy of the same version).
 - ``POST /rlkit/load_adapter``    {"name", "path", "version"} -> {"name", "policy_version"}
   (servers started with ``--enable-lora``) loads a PEFT LoRA adapter under `name`, replacing
   the adapter of that name in place (vLLM's ``load_inplace``) without pausing anything else:
@@ -42,8 +50,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from rlkit.errors import UsageError
+from rlkit.inference.broadcast import MANIFEST_FILE, read_manifest
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
-from rlkit.inference.weights import check_adapter_dir, check_compatible, weight_signature
+from rlkit.inference.weights import (
+    check_adapter_dir,
+    check_compatible,
+    check_signature,
+    weight_signature,
+)
 from rlkit.lifetime import SERVER_PID_ENV
 
 log = logging.getLogger("rlkit.inference.server")
@@ -55,6 +69,13 @@ class UpdateWeightsRequest(BaseModel):
     path: str
     version: int | None = None
     corrupt_tensor: str | None = None  # test hook: alter this tensor after the worker reads it
+
+
+class ReceiveWeightsRequest(BaseModel):
+    path: str  # the published version's directory: its broadcast manifest and fingerprint
+    rank: int  # this server's first worker's rank in the update's group (workers follow)
+    version: int | None = None
+    corrupt_tensor: str | None = None  # test hook: alter this tensor after it arrives
 
 
 class LoadAdapterRequest(BaseModel):
@@ -148,6 +169,70 @@ class PolicyVersionHeader:
         await self.app(scope, receive, send_with_version)
 
 
+async def unless_engine_dies(engine: Any, call: Any, poll_s: float = 1.0) -> Any:
+    """Await `call` (an engine RPC), or raise RuntimeError once the engine is dead: vLLM's
+    RPCs may never return when a worker died (a killed worker in a broadcast update), and the
+    request they hang would keep this server from shutting down to be relaunched."""
+    task = asyncio.ensure_future(call)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=poll_s)
+        if done:
+            return task.result()
+        if getattr(engine, "errored", False):
+            task.cancel()
+            raise RuntimeError("the engine died during the update")
+
+
+async def load_on_workers(
+    request: Request, method: str, args: tuple, version: int | None
+) -> JSONResponse:
+    """Pause in keep mode, run the worker extension's `method` (a verified load) on every
+    worker, bump the policy version and resume. A worker that refuses (its fingerprint check
+    failed, or the broadcast did not reach it) makes this a 422 naming it; when every worker
+    refused, the server keeps its weights and version."""
+    state: PolicyState = request.app.state.rlkit
+    engine = request.app.state.engine_client
+    async with state.lock:
+        state.updating = True
+        was_paused = await engine.is_paused()
+        try:
+            if not was_paused:
+                await pause_keeping_requests(engine)
+            results = await unless_engine_dies(engine, engine.collective_rpc(method, args=args))
+            refused = [(i, r["error"]) for i, r in enumerate(results) if "error" in r]
+            if refused:
+                i, error = refused[0]
+                log.error("weight update refused by worker %d: %s", i, error)
+                kept = (
+                    f"nothing was loaded, the server keeps policy version {state.version}"
+                    if len(refused) == len(results)
+                    else "the other workers loaded theirs: the weights are mixed until the "
+                    "next update"
+                )
+                return JSONResponse(
+                    {
+                        "error": f"weight update refused by worker {i} of {len(results)}: "
+                        f"{error}; {kept}"
+                    },
+                    status_code=422,
+                )
+            state.version = version if version is not None else state.version + 1
+            if was_paused:  # our own pause dropped the cache already; another's may not have
+                await reset_prefix_cache_or_warn(engine)
+        except Exception as exc:
+            log.exception("weight update failed")
+            return JSONResponse({"error": f"weight update failed: {exc}"}, status_code=500)
+        finally:
+            if not was_paused:
+                try:  # a dead engine (it may not know yet) would hang this forever
+                    await unless_engine_dies(engine, engine.resume_generation())
+                except RuntimeError:
+                    log.error("not resumed: the engine died during the update")
+            state.updating = False
+    verified = all(r["verified"] for r in results)
+    return JSONResponse({"policy_version": state.version, "verified": verified})
+
+
 def build_router() -> APIRouter:
     router = APIRouter(prefix="/rlkit")
 
@@ -162,6 +247,7 @@ def build_router() -> APIRouter:
             "updating": state.updating,
             "routing": state.routing,
             "adapters": dict(state.adapters),
+            "workers": engine.vllm_config.parallel_config.world_size,
         }
 
     @router.get("/routing/{response_id}")
@@ -182,7 +268,6 @@ def build_router() -> APIRouter:
     @router.post("/update_weights")
     async def update_weights(body: UpdateWeightsRequest, request: Request) -> JSONResponse:
         state: PolicyState = request.app.state.rlkit
-        engine = request.app.state.engine_client
         try:
             if state.reference is not None:
                 check_compatible(body.path, state.reference)
@@ -190,44 +275,26 @@ def build_router() -> APIRouter:
                 weight_signature(body.path)
         except UsageError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
-        async with state.lock:
-            state.updating = True
-            was_paused = await engine.is_paused()
+        args = (str(body.path), body.corrupt_tensor)
+        return await load_on_workers(request, "rlkit_load_weights", args, body.version)
+
+    @router.post("/receive_weights")
+    async def receive_weights(body: ReceiveWeightsRequest, request: Request) -> JSONResponse:
+        state: PolicyState = request.app.state.rlkit
+        manifest = read_manifest(body.path)
+        if manifest is None:
+            return JSONResponse(
+                {"error": f"no broadcast manifest ({MANIFEST_FILE}) in {body.path}"},
+                status_code=400,
+            )
+        if state.reference is not None:
+            signature = {t["name"]: (t["dtype"], tuple(t["shape"])) for t in manifest["tensors"]}
             try:
-                if not was_paused:
-                    await pause_keeping_requests(engine)
-                results = await engine.collective_rpc(
-                    "rlkit_load_weights", args=(str(body.path), body.corrupt_tensor)
-                )
-                refused = [(i, r["error"]) for i, r in enumerate(results) if "error" in r]
-                if refused:
-                    i, error = refused[0]
-                    log.error("weight update refused by worker %d: %s", i, error)
-                    kept = (
-                        f"nothing was loaded, the server keeps policy version {state.version}"
-                        if len(refused) == len(results)
-                        else "the other workers loaded theirs: the weights are mixed until the "
-                        "next update"
-                    )
-                    return JSONResponse(
-                        {
-                            "error": f"weight verification failed on worker {i} of "
-                            f"{len(results)}: {error}; {kept}"
-                        },
-                        status_code=422,
-                    )
-                state.version = body.version if body.version is not None else state.version + 1
-                if was_paused:  # our own pause dropped the cache already; another's may not have
-                    await reset_prefix_cache_or_warn(engine)
-            except Exception as exc:
-                log.exception("weight update failed")
-                return JSONResponse({"error": f"weight update failed: {exc}"}, status_code=500)
-            finally:
-                if not was_paused:
-                    await engine.resume_generation()
-                state.updating = False
-        verified = all(r["verified"] for r in results)
-        return JSONResponse({"policy_version": state.version, "verified": verified})
+                check_signature(signature, state.reference, body.path)
+            except UsageError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=400)
+        args = (str(body.path), body.rank, body.corrupt_tensor)
+        return await load_on_workers(request, "rlkit_receive_weights", args, body.version)
 
     @router.post("/load_adapter")
     async def load_adapter(body: LoadAdapterRequest, request: Request) -> JSONResponse:

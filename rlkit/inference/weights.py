@@ -75,7 +75,16 @@ def check_compatible(
     new_dir: str | Path, reference: dict[str, tuple[str, tuple[int, ...]]]
 ) -> None:
     """Raise UsageError unless `new_dir` holds exactly the reference tensors and shapes."""
-    new = weight_signature(new_dir)
+    check_signature(weight_signature(new_dir), reference, new_dir)
+
+
+def check_signature(
+    new: dict[str, tuple[str, tuple[int, ...]]],
+    reference: dict[str, tuple[str, tuple[int, ...]]],
+    new_dir: str | Path,
+) -> None:
+    """Raise UsageError (naming `new_dir`) unless `new` has exactly the reference's tensor
+    names and shapes (dtypes are the fingerprint's business)."""
     missing = sorted(set(reference) - set(new))
     extra = sorted(set(new) - set(reference))
     if missing:

@@ -1,5 +1,6 @@
-"""vLLM worker extension: load new policy weights in place from HF safetensors on disk,
-verified against the trainer's fingerprint (`rlkit.inference.fingerprint`).
+"""vLLM worker extension: load new policy weights in place, from HF safetensors on disk or
+received over the trainer's broadcast group (`rlkit.inference.broadcast`), verified against the
+trainer's fingerprint (`rlkit.inference.fingerprint`).
 
 vLLM mixes this class into every worker (``--worker-extension-cls``); the API server reaches it
 with ``engine.collective_rpc("rlkit_load_weights", args=(path, ...))``. The weights go through
@@ -18,6 +19,8 @@ import torch
 from rlkit.inference.polling import apply_from_env
 from rlkit.inference.weights import iter_safetensors
 from rlkit.lifetime import SERVER_PID_ENV, follow_process
+
+EXIT_IN_BROADCAST_ENV = "RLKIT_TEST_EXIT_IN_BROADCAST"  # "RANK:VERSION": die after one bucket
 
 apply_from_env()
 if os.environ.get(SERVER_PID_ENV, "").isdigit() and int(os.environ[SERVER_PID_ENV]) != os.getpid():
@@ -60,19 +63,59 @@ class WeightSyncExtension:
         """Load every tensor under `path` into the running model, verified first.
 
         The tensors are read into memory and, when the directory carries the trainer's
-        fingerprint, checked against it before any reaches the model: a mismatch returns
-        {"error": ...} with the model untouched. Then they go through vLLM's in-place reload,
-        which re-applies the backend's post-load weight processing (the CPU backend repacks
-        linear weights after loading). `corrupt_tensor` is a test hook: that tensor is altered
-        after it is read, as a fault in flight would. Returns {"tensors", "verified"} or
-        {"error"}.
+        fingerprint, checked against it before any reaches the model (`_verify_and_load`).
+        `corrupt_tensor` is a test hook: that tensor is altered after it is read, as a fault in
+        flight would. Returns {"tensors", "verified"} or {"error"}.
         """
-        from rlkit.inference.fingerprint import mismatches, read_fingerprint
+        from rlkit.inference.fingerprint import read_fingerprint
 
         tensors = list(iter_safetensors(path))
+        return self._verify_and_load(tensors, read_fingerprint(path), corrupt_tensor)
+
+    def rlkit_receive_weights(
+        self, path: str, first_rank: int, corrupt_tensor: str | None = None
+    ) -> dict:
+        """Join the broadcast update published in `path` as rank `first_rank` + this worker's
+        rank, receive every bucket, then verify and load like `rlkit_load_weights`.
+
+        The buckets are kept until the last one has arrived and the whole update matches the
+        fingerprint: loading each bucket as it lands would leave the model half-updated when a
+        later bucket fails or is corrupt, and the server must keep its old version then. The
+        memory cost (one copy of the weights) is the filesystem path's too. A transfer that
+        fails returns {"error"} naming the trainer, with the model untouched.
+        """
+        from rlkit.inference.broadcast import BroadcastError, read_manifest, receive
+        from rlkit.inference.fingerprint import read_fingerprint
+
+        manifest = read_manifest(path)
+        if manifest is None:
+            return {"error": f"no broadcast manifest in {path}"}
+        rank = first_rank + getattr(self, "rank", 0)
+        tensors: list[tuple[str, torch.Tensor]] = []
+        exit_at = os.environ.get(EXIT_IN_BROADCAST_ENV)  # test hook: a server killed mid-way
+        try:
+            for bucket in receive(manifest, rank):
+                tensors += bucket
+                if exit_at == f"{rank}:{manifest['version']}":
+                    os._exit(1)
+        except BroadcastError as exc:
+            return {"error": str(exc)}
+        return self._verify_and_load(tensors, read_fingerprint(path), corrupt_tensor)
+
+    def _verify_and_load(
+        self,
+        tensors: list[tuple[str, torch.Tensor]],
+        expected: dict | None,
+        corrupt_tensor: str | None,
+    ) -> dict:
+        """Check `tensors` against the fingerprint (when there is one) before any reaches the
+        model: a mismatch returns {"error": ...} with the model untouched. Then vLLM's in-place
+        reload, which re-applies the backend's post-load weight processing (the CPU backend
+        repacks linear weights after loading)."""
+        from rlkit.inference.fingerprint import mismatches
+
         if corrupt_tensor is not None:
             tensors = [(n, corrupted(t) if n == corrupt_tensor else t) for n, t in tensors]
-        expected = read_fingerprint(path)
         if expected is not None and (problems := mismatches(tensors, expected)):
             return {"error": "; ".join(problems)}
         self.reload_weights(weights_iterator=iter(tensors))  # type: ignore[attr-defined]

@@ -128,6 +128,11 @@ class RLJobConfig(RolloutJobConfig):
         for name in ROOT_FIELDS:
             if name in self.trainer.model_fields_set:
                 raise ValueError(f"trainer.{name}: set it in its own section ([{name}]) instead")
+        if self.inference.weight_transfer == "broadcast" and self.model.lora.enabled:
+            raise ValueError(
+                "inference.weight_transfer = 'broadcast' moves full weights; a LoRA run's "
+                "adapters are loaded by vLLM from files: use 'filesystem' (or 'auto')"
+            )
         if self.trainer.routing_replay == RoutingReplay.R3:  # R3 replays what servers return
             o.return_routing = True
         return self
@@ -140,6 +145,12 @@ class RLJobConfig(RolloutJobConfig):
         """The config the trainer process reads (`python -m rlkit.trainer.main --config`); the
         loss is this config's, already resolved."""
         data = self.trainer.model_dump(exclude=LAUNCH_FIELDS)
+        i = self.inference
+        data["weights"].update(
+            transfer="broadcast" if i.weight_transfer == "broadcast" else "filesystem",
+            broadcast_bucket_mb=i.broadcast_bucket_mb,
+            broadcast_timeout_s=i.broadcast_timeout_s,
+        )
         data.update(
             run_dir=self.log.run_dir,
             max_steps=self.orchestrator.max_steps,

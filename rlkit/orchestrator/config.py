@@ -78,7 +78,17 @@ class InferenceConfig(Config):
     weight_transfer: WeightTransfer = Field(
         "auto",
         description="How new weights reach the servers: auto | filesystem (HF safetensors "
-        "under run_dir) | broadcast | ipc (see rlkit.inference.transfer; auto = filesystem).",
+        "under run_dir) | broadcast (a gloo/NCCL group from the trainer to every engine "
+        "worker) | ipc (not built); see rlkit.inference.transfer. auto = filesystem.",
+    )
+    broadcast_bucket_mb: int = Field(
+        1024, ge=1, description="Broadcast: most MiB sent per collective (a bigger tensor alone)."
+    )
+    broadcast_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="Broadcast: timeout of every wait and collective; a dead peer is named "
+        "within it.",
     )
     canary_max_kl: float = Field(
         0.05,

@@ -144,6 +144,17 @@ class CkptConfig(Config):
 class WeightsConfig(Config):
     publish: bool = Field(True, description="Publish HF safetensors after every RL step.")
     keep_last: int = Field(3, ge=1, description="Keep only the newest N published weight dirs.")
+    transfer: Literal["filesystem", "broadcast"] = Field(
+        "filesystem",
+        description="How versions reach the servers (set by `rlkit train` from "
+        "inference.weight_transfer; broadcast: rlkit.inference.broadcast).",
+    )
+    broadcast_bucket_mb: int = Field(
+        1024, ge=1, description="Broadcast: most MiB per bucket (from inference)."
+    )
+    broadcast_timeout_s: float = Field(
+        120.0, gt=0, description="Broadcast: timeout of every collective (from inference)."
+    )
 
 
 class TrainerConfig(Config):

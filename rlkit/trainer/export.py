@@ -10,6 +10,9 @@ model. Beside the weights go the
 fingerprint of the files as written (`rlkit.inference.fingerprint`: every engine worker checks
 what it reads against it) and the trainer's logprobs of the canary sequence under these weights
 (`rlkit.inference.canary`: the orchestrator compares the engine's after the update).
+With the broadcast transport (`export_broadcast`) the directory holds the broadcast manifest
+instead of tensor files; the tensors travel over the trainer's process group
+(`rlkit.trainer.broadcaster`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from rlkit.atomic import atomic_dir
-from rlkit.inference.canary import write_canary
+from rlkit.inference.broadcast import Named, read_manifest, total_bytes, write_manifest
+from rlkit.inference.canary import CANARY_FILE, write_canary
 from rlkit.inference.fingerprint import write_fingerprint
 from rlkit.inference.weights import iter_safetensors
 from rlkit.protocol import handoff
@@ -47,12 +51,9 @@ def export_hf(
 
     `canary`: (token ids, the trainer's logprobs of ids[1:]) written beside the weights."""
     lm = policy.lm
-    aliases = {n for n, _ in lm.named_parameters(remove_duplicate=False)}
-    aliases -= {n for n, _ in lm.named_parameters()}  # tied weights: keep one name, like HF
 
     def write(tmp: Path, full: dict[str, torch.Tensor]) -> None:
-        state = {k.removeprefix("lm."): v.to(dtype) for k, v in full.items()}
-        state = {k: v for k, v in state.items() if k not in aliases}
+        state = hf_state(lm, full, dtype)
         lm.save_pretrained(tmp, state_dict=state, safe_serialization=True)
         config = copy.deepcopy(lm.config)  # save_pretrained records the fp32 training dtype
         config.dtype = dtype
@@ -66,6 +67,70 @@ def export_hf(
     return _publish(
         policy, out, StateDictOptions(full_state_dict=True, cpu_offload=True), write, extra
     )
+
+
+def export_broadcast(
+    policy: PolicyModel,
+    out: Path,
+    dtype: torch.dtype,
+    make_manifest: Callable[[list[Named]], dict],
+    extra: dict | None = None,
+    canary: tuple[list[int], list[float]] | None = None,
+) -> list[Named] | None:
+    """Collective. Like `export_hf` for the broadcast transport: rank 0 publishes `out` with
+    the broadcast manifest (`make_manifest(tensors)`), fingerprint and canary but no tensor
+    files, and returns the tensors to send, in their on-disk names and dtype (what
+    `save_pretrained` would write: tied aliases dropped, in-memory fused layouts reverted)."""
+    lm = policy.lm
+    sent: list[list[Named]] = []
+
+    def write(tmp: Path, full: dict[str, torch.Tensor]) -> None:
+        state = on_disk(lm, hf_state(lm, full, dtype))
+        tensors = [(name, tensor.contiguous()) for name, tensor in state.items()]
+        write_fingerprint(tmp, tensors)
+        if canary is not None:
+            write_canary(tmp, *canary)
+        write_manifest(tmp, make_manifest(tensors))
+        sent.append(tensors)
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    if _publish(policy, out, options, write, extra) is None:
+        return None
+    return sent[0]
+
+
+def write_weight_files(out: Path, tensors: list[Named], source: Path) -> Path:
+    """The filesystem copy of a broadcast version: `tensors` as safetensors in `out`, with
+    their fingerprint and `source`'s canary, atomically and marked STABLE (what a server
+    that missed the broadcast, or rejoins, loads through ``/rlkit/update_weights``)."""
+    from safetensors.torch import save_file
+
+    with atomic_dir(out, durable=False) as tmp:
+        save_file(dict(tensors), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        write_fingerprint(tmp, tensors)
+        if (source / CANARY_FILE).is_file():
+            shutil.copy(source / CANARY_FILE, tmp / CANARY_FILE)
+    handoff.mark_published(out)
+    return out
+
+
+def on_disk(lm: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` as `save_pretrained` writes it: transformers >= 5 reverts its in-memory fused
+    layouts (MoE experts) to the checkpoint's names; older releases have none."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:
+        return state
+    return revert_weight_conversion(lm, state)
+
+
+def hf_state(lm: torch.nn.Module, full: dict[str, torch.Tensor], dtype: torch.dtype) -> dict:
+    """The gathered state dict under the HF model's names, in `dtype`, tied aliases dropped
+    (one name per tensor, like HF checkpoints)."""
+    aliases = {n for n, _ in lm.named_parameters(remove_duplicate=False)}
+    aliases -= {n for n, _ in lm.named_parameters()}
+    state = {k.removeprefix("lm."): v.to(dtype) for k, v in full.items()}
+    return {k: v for k, v in state.items() if k not in aliases}
 
 
 def export_adapter(
@@ -111,8 +176,11 @@ def _publish(
 
 
 def published_bytes(path: str | Path) -> int:
-    """Bytes of tensors a published version holds (all weights, or just the adapter): what
-    one policy update moves to every server."""
+    """Bytes of tensors a published version holds (all weights, or just the adapter, or what
+    its broadcast manifest sends): what one policy update moves to every server."""
+    manifest = read_manifest(path)
+    if manifest is not None:
+        return total_bytes(manifest)
     return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
 
 

@@ -22,6 +22,7 @@ from rlkit.protocol.batch import TrainBatch, read_batch
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.routing import decode_routing
 from rlkit.trainer import dist
+from rlkit.trainer.broadcaster import Broadcaster
 from rlkit.trainer.config import TrainerConfig
 from rlkit.trainer.export import prune_weights
 from rlkit.trainer.metrics_log import MetricsLog
@@ -90,10 +91,21 @@ def batch_stats(batch: TrainBatch, step: int) -> dict[str, float]:
     }
 
 
-def publish(trainer: Trainer, run_dir: Path, step: int) -> None:
+def publish(
+    trainer: Trainer, run_dir: Path, step: int, broadcaster: Broadcaster | None = None
+) -> None:
     """Collective: export policy version `step` (weights, or the LoRA adapter), tell the
-    orchestrator, and drop the oldest published versions."""
-    trainer.export(RunLayout(run_dir).weights_version(step), extra={"step": step})
+    orchestrator, and drop the oldest published versions. With a `broadcaster`, the version
+    is sent over the broadcast group, except at checkpoint steps: their files are what a
+    resumed run loads first."""
+    out = RunLayout(run_dir).weights_version(step)
+    interval = trainer.cfg.ckpt.interval
+    if broadcaster is not None and not (interval and step % interval == 0):
+        broadcaster.publish(trainer, out, step, extra={"step": step})
+    else:
+        if broadcaster is not None:
+            broadcaster.wait()
+        trainer.export(out, extra={"step": step})
     if dist.is_main():
         handoff.ring(run_dir, handoff.ORCHESTRATOR)
         prune_weights(run_dir, trainer.cfg.weights.keep_last)
@@ -114,6 +126,12 @@ def run_rl(cfg: TrainerConfig) -> None:
             publish(trainer, run_dir, 0)  # the initial adapter (B = 0: the base's policy)
         metrics = MetricsLog(RunLayout(run_dir).trainer_metrics, step, enabled=dist.is_main())
         doorbell = handoff.Doorbell(run_dir, f"{handoff.TRAINER}{dist.rank()}")
+        w = cfg.weights
+        broadcaster = (
+            Broadcaster(w.broadcast_timeout_s, w.broadcast_bucket_mb, str(trainer.device))
+            if w.publish and w.transfer == "broadcast"
+            else None
+        )
         while not cfg.max_steps or step < cfg.max_steps:
             step += 1
             t_wait = time.perf_counter()
@@ -133,7 +151,7 @@ def run_rl(cfg: TrainerConfig) -> None:
             if dist.is_main():  # before the weights: the orchestrator reads both at once
                 metrics.append(record)
             if cfg.weights.publish:
-                publish(trainer, run_dir, step)
+                publish(trainer, run_dir, step, broadcaster)
             if cfg.ckpt.interval and step % cfg.ckpt.interval == 0:
                 trainer.save_checkpoint(step, {"next_batch": step + 1})
             if dist.is_main():
@@ -143,6 +161,8 @@ def run_rl(cfg: TrainerConfig) -> None:
                     f"grad_norm {record['grad_norm']:.3f} "
                     f"{record['tokens_per_s']:.0f} tok/s{note}"
                 )
+        if broadcaster is not None:
+            broadcaster.wait()  # the last version reaches the servers before we exit
         trainer.close(wait_for_peers=True)
     finally:
         trainer.close()

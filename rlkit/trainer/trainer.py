@@ -354,6 +354,13 @@ class Trainer:
             self.policy, out, self.tokenizer, self.export_dtype, extra, canary=canary
         )
 
+    def export_broadcast(self, out: Path, manifest, extra: dict | None = None) -> list | None:
+        """Collective. Publish the policy for the broadcast transport (`export.export_broadcast`:
+        manifest, fingerprint, canary) and return its tensors on rank 0."""
+        ids = canary_token_ids(self.tokenizer)
+        canary = (ids, self.canary_logprobs(ids))
+        return export.export_broadcast(self.policy, out, self.export_dtype, manifest, extra, canary)
+
     def close(self, wait_for_peers: bool = False) -> None:
         dist.close_distributed(wait_for_peers)
 

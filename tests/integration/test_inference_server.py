@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from rlkit.inference import (
     ServerProcess,
     start_server,
 )
+from rlkit.inference.broadcast import Sender, announce_peers, read_manifest, write_manifest
 from rlkit.inference.canary import CanaryMismatch, canary_token_ids, pool_canary_kl, write_canary
 from rlkit.inference.fingerprint import write_fingerprint
 from rlkit.inference.lifecycle import has_cuda
@@ -240,6 +242,65 @@ async def test_canary_catches_two_layers_swapped(
         assert pool.healthy == [True]  # the fingerprint passed: the files are as published
         with pytest.raises(CanaryMismatch, match=f"server {own_server.url} scores the canary"):
             await pool_canary_kl(pool, str(served), wrong, max_kl=0.01)
+    finally:
+        await pool.aclose()
+
+
+async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
+    own_server: ServerProcess, tied_models: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """The test plays the trainer (`Sender`) for ``/rlkit/receive_weights``: a tensor corrupted
+    in flight is refused and the old weights kept; a trainer that never sends gives a 422
+    naming it within the timeout (no hang); a good update scores the canary as the trainer."""
+    served, new, _ = tied_models
+    published = publish_like_the_trainer(new, tmp_path / "published")
+    tensors = list(iter_safetensors(published))
+    sender = Sender("127.0.0.1", timeout_s=8.0)
+    name = "model.layers.1.mlp.down_proj.weight"
+
+    async def update(client: InferenceClient, version: int, corrupt: str | None):
+        manifest = sender.manifest(version, tensors, bucket_bytes=64 * 1024)  # several buckets
+        write_manifest(published, manifest)
+        workers = (await client.status())["workers"]
+        announce_peers(manifest, [f"{client.base_url} worker {w}" for w in range(workers)])
+        sending = asyncio.create_task(asyncio.to_thread(sender.send, manifest, tensors))
+        body = {"path": str(published), "rank": 1, "version": version, "corrupt_tensor": corrupt}
+        try:
+            return await client.request("POST", "/rlkit/receive_weights", retries=0, json=body)
+        finally:
+            await sending
+
+    async with InferenceClient(own_server.url, max_retries=0) as client:
+        await client.update_weights(str(served))
+        before = await greedy(client, str(served))
+        version = (await client.status())["policy_version"]
+        with pytest.raises(InferenceError) as info:
+            await update(client, 101, name)
+        assert len(read_manifest(published)["buckets"]) > 1
+        assert info.value.status == 422
+        assert f"tensor {name!r}: checksum differs" in str(info.value)
+        assert f"keeps policy version {version}" in str(info.value)
+        assert await greedy(client, str(served)) == before
+
+        silent = Sender("127.0.0.1", timeout_s=5.0)  # a trainer that announces, never sends
+        manifest = silent.manifest(102, tensors, bucket_bytes=64 * 1024)
+        write_manifest(published, manifest)
+        announce_peers(manifest, [f"{client.base_url} worker 0"])
+        start = time.monotonic()
+        body = {"path": str(published), "rank": 1, "version": 102}
+        with pytest.raises(InferenceError) as info:
+            await client.request("POST", "/rlkit/receive_weights", retries=0, json=body)
+        assert time.monotonic() - start < 5.0 + 10
+        assert info.value.status == 422 and "the trainer (rank 0" in str(info.value)
+        assert (await client.status())["policy_version"] == version
+
+        resp = await update(client, 103, None)
+        assert resp.json() == {"policy_version": 103, "verified": True}
+        assert await greedy(client, str(served)) != before
+    pool = ClientPool([own_server.url])
+    try:
+        kl = await pool_canary_kl(pool, str(served), published, max_kl=0.01)
+        assert kl is not None and kl < 1e-3, kl
     finally:
         await pool.aclose()
 

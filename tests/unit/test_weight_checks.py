@@ -84,15 +84,35 @@ def test_canary_kl_is_the_mean_k3() -> None:
 def test_weight_transfer_choice() -> None:
     assert InferenceConfig().weight_transfer == "auto"
     assert InferenceConfig(weight_transfer="filesystem").weight_transfer == "filesystem"
+    assert InferenceConfig(weight_transfer="broadcast").weight_transfer == "broadcast"
 
 
-@pytest.mark.parametrize(("choice", "why"), [("ipc", "one CUDA GPU"), ("broadcast", "group")])
-def test_unbuilt_transfers_are_refused_naming_the_field(
-    tmp_path: Path, choice: str, why: str
-) -> None:
+def test_ipc_is_refused_naming_the_field(tmp_path: Path) -> None:
     from rlkit.launch.config import RLJobConfig
 
     toml = tmp_path / "train.toml"
-    toml.write_text(f'[inference]\nweight_transfer = "{choice}"\n')
-    with pytest.raises(UsageError, match=rf"inference\.weight_transfer.*{why}"):
+    toml.write_text('[inference]\nweight_transfer = "ipc"\n')
+    with pytest.raises(UsageError, match=r"inference\.weight_transfer.*one CUDA GPU"):
+        load_config(RLJobConfig, toml)
+
+
+def test_broadcast_reaches_the_trainer_config_and_is_refused_for_lora(tmp_path: Path) -> None:
+    from rlkit.launch.config import RLJobConfig
+
+    base = '[model]\npath = "m"\n[[env]]\nid = "reverse-text"\n'
+    toml = tmp_path / "train.toml"
+    toml.write_text(
+        base + '[inference]\nweight_transfer = "broadcast"\nbroadcast_bucket_mb = 8\n'
+        "broadcast_timeout_s = 30\n"
+    )
+    weights = load_config(RLJobConfig, toml).trainer_config().weights
+    assert (weights.transfer, weights.broadcast_bucket_mb, weights.broadcast_timeout_s) == (
+        "broadcast",
+        8,
+        30.0,
+    )
+    toml.write_text(base + '[inference]\nweight_transfer = "auto"\n')
+    assert load_config(RLJobConfig, toml).trainer_config().weights.transfer == "filesystem"
+    toml.write_text(base + '[model.lora]\nrank = 4\n[inference]\nweight_transfer = "broadcast"\n')
+    with pytest.raises(UsageError, match="broadcast.*LoRA"):
         load_config(RLJobConfig, toml)

@@ -1,0 +1,83 @@
+"""The trainer's side of ``weight_transfer = "broadcast"``: publish each version's manifest, then
+send its tensors from a background thread.
+
+Why a thread: the orchestrator announces who joins only after it sees the version published,
+and writes the next batch only after every server has loaded it; the trainer's main thread must
+meanwhile go back to waiting for that batch, or the two would wait on each other. The thread
+holds the gathered CPU tensors until the update is over; one update is in flight at a time
+(`publish` first waits for the previous one). When the broadcast fails, or the orchestrator
+says some live server did not get a verified update, the thread writes the filesystem copy of
+the same version (`FILES_DIR` inside the version's directory) and tells the orchestrator where.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from rlkit.inference.broadcast import BroadcastError, Named, Sender, read_manifest
+from rlkit.trainer import dist
+from rlkit.trainer.export import write_weight_files
+
+FILES_DIR = "files"
+console = Console(stderr=True)
+
+
+class Broadcaster:
+    """Owned by every trainer rank (the export is collective); rank 0 hosts the store."""
+
+    def __init__(self, timeout_s: float, bucket_mb: int, device: str = "cpu") -> None:
+        self.timeout_s = timeout_s
+        self.bucket_bytes = bucket_mb * 2**20
+        # torchrun's MASTER_ADDR is where this rank is reachable from the other machines
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        self.sender = Sender(host, timeout_s, device) if dist.is_main() else None
+        self.thread: threading.Thread | None = None
+        self.stop = threading.Event()
+
+    def publish(self, trainer, out: Path, version: int, extra: dict | None = None) -> None:
+        """Collective: publish `version`'s manifest in `out` and start sending it (rank 0)."""
+        self.wait()
+
+        def manifest(tensors: list[Named]) -> dict:
+            assert self.sender is not None
+            return self.sender.manifest(version, tensors, self.bucket_bytes)
+
+        tensors = trainer.export_broadcast(out, manifest, extra)
+        if tensors is None:  # not the exporting rank
+            return
+        self.thread = threading.Thread(
+            target=self._send, args=(read_manifest(out), tensors, out), daemon=True
+        )
+        self.thread.start()
+
+    def _send(self, manifest: dict, tensors: list[Named], out: Path) -> None:
+        assert self.sender is not None
+        version = manifest["version"]
+        try:
+            self.sender.send(manifest, tensors)
+            if not self.sender.files_wanted(version, self.stop):
+                return
+            reason = "a server did not get a verified update"
+        except BroadcastError as exc:
+            reason = str(exc)
+        console.print(
+            f"[yellow]broadcast of version {version}: {escape(reason[:500])}; writing its "
+            "filesystem copy[/]"
+        )
+        path = write_weight_files(out / FILES_DIR, tensors, out)
+        self.sender.serve_files(version, str(path))
+
+    def wait(self) -> None:
+        """Let the update in flight finish (at most the timeout, then it is abandoned)."""
+        if self.thread is None:
+            return
+        self.thread.join(self.timeout_s)
+        self.stop.set()
+        self.thread.join()
+        self.stop.clear()
+        self.thread = None

@@ -1,0 +1,141 @@
+"""The broadcast transport (rlkit.inference.broadcast) between a sender and two receiver
+processes on gloo: bounded buckets, identical tensors, and a named error within the timeout
+when either side dies mid-way."""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import time
+
+import pytest
+import torch
+
+from rlkit.inference import broadcast
+from rlkit.inference.broadcast import BroadcastError, Sender, announce_peers, receive
+
+TIMEOUT_S = 5.0
+BUCKET = 4096
+
+
+def model_tensors() -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [
+        ("embed.weight", torch.randn(40, 16, generator=g).bfloat16()),
+        ("layer.0.weight", torch.randn(16, 16, generator=g)),
+        ("layer.0.bias", torch.randn(16, generator=g).half()),
+        ("big.weight", torch.randn(64, 32, generator=g)),  # 8 KiB: a bucket of its own
+        ("count", torch.tensor([1, 2, 3], dtype=torch.int64)),
+    ]
+
+
+def receiver(manifest: dict, rank: int, die_after: int | None, out: mp.Queue, go) -> None:
+    out.put("ready")  # spawned and imported: the timeouts below are the transport's own
+    go.wait()
+    got, sizes = [], []
+    try:
+        for b, bucket in enumerate(receive(manifest, rank)):
+            sizes.append(sum(t.numel() * t.element_size() for _, t in bucket))
+            got += [(n, t.clone()) for n, t in bucket]
+            if die_after is not None and b + 1 == die_after:
+                os._exit(1)  # killed mid-way
+        with io.BytesIO() as saved:  # plain bytes: a queued tensor dies with its process
+            torch.save(got, saved)
+            out.put((rank, "ok", saved.getvalue(), sizes))
+    except BroadcastError as exc:
+        out.put((rank, "error", str(exc), None))
+
+
+def start_receivers(manifest: dict, die_after: dict[int, int], go=None) -> tuple[list, mp.Queue]:
+    """Two receiver processes (ranks 1, 2), started once `go` is set (by default: now)."""
+    ctx = mp.get_context("spawn")
+    out, go = ctx.Queue(), go or ctx.Event()
+    procs = [
+        ctx.Process(target=receiver, args=(manifest, rank, die_after.get(rank), out, go))
+        for rank in (1, 2)
+    ]
+    for p in procs:
+        p.start()
+    assert [out.get(timeout=60) for _ in procs] == ["ready", "ready"]
+    go.set()
+    return procs, out
+
+
+def test_buckets_are_bounded_and_a_big_tensor_goes_alone() -> None:
+    tensors = model_tensors()
+    buckets = broadcast.plan_buckets(tensors, BUCKET)
+    assert buckets == [[0, 3], [3, 4], [4, 5]]
+    manifest = broadcast.make_manifest(1, tensors, BUCKET, ("127.0.0.1", 1), TIMEOUT_S)
+    assert [broadcast.bucket_size(manifest, b) <= BUCKET for b in buckets] == [True, False, True]
+
+
+def test_two_receivers_get_identical_tensors() -> None:
+    tensors = model_tensors()
+    sender = Sender("127.0.0.1", TIMEOUT_S)
+    manifest = sender.manifest(7, tensors, BUCKET)
+    procs, out = start_receivers(manifest, {})
+    announce_peers(manifest, ["server-a worker 0", "server-b worker 0"])
+    assert sender.send(manifest, tensors) == ["server-a worker 0", "server-b worker 0"]
+    for _ in procs:
+        rank, status, got, sizes = out.get(timeout=60)
+        assert status == "ok", got
+        got = torch.load(io.BytesIO(got))
+        assert [n for n, _ in got] == [n for n, _ in tensors]
+        for (_, want), (_, have) in zip(tensors, got, strict=True):
+            assert have.dtype == want.dtype and torch.equal(have, want)
+        assert len(sizes) == 3 and max(sizes[0], sizes[2]) <= BUCKET
+    for p in procs:
+        p.join(30)
+
+
+def test_a_receiver_killed_mid_way_is_named_by_the_sender() -> None:
+    tensors = model_tensors()
+    sender = Sender("127.0.0.1", TIMEOUT_S)
+    manifest = sender.manifest(3, tensors, BUCKET)
+    procs, out = start_receivers(manifest, {2: 1})
+    announce_peers(manifest, ["server-a worker 0", "server-b worker 0"])
+    start = time.monotonic()
+    with pytest.raises(BroadcastError, match=r"rank 2 \(server-b worker 0\)") as caught:
+        sender.send(manifest, tensors)
+    assert "rank 1" not in str(caught.value)
+    assert time.monotonic() - start < TIMEOUT_S + 5
+    for p in procs:
+        p.join(TIMEOUT_S + 10)
+        assert p.exitcode is not None  # the live receiver did not hang either
+
+
+def dying_sender(tensors: list, queue: mp.Queue, go) -> None:
+    sender = Sender("127.0.0.1", TIMEOUT_S)
+    calls = []
+    real = broadcast._broadcast
+
+    def broadcast_then_die(*args) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            os._exit(1)  # killed after the first bucket
+        real(*args)
+
+    broadcast._broadcast = broadcast_then_die
+    manifest = sender.manifest(5, tensors, BUCKET)
+    queue.put(manifest)
+    go.wait()
+    sender.send(manifest, tensors)
+
+
+def test_receivers_name_the_trainer_when_it_dies_mid_way() -> None:
+    ctx = mp.get_context("spawn")
+    queue, go = ctx.Queue(), ctx.Event()
+    trainer = ctx.Process(target=dying_sender, args=(model_tensors(), queue, go))
+    trainer.start()
+    manifest = queue.get(timeout=60)
+    procs, out = start_receivers(manifest, {}, go)
+    announce_peers(manifest, ["a", "b"])
+    start = time.monotonic()
+    results = [out.get(timeout=TIMEOUT_S + 30) for _ in procs]
+    assert time.monotonic() - start < TIMEOUT_S + 10
+    for _, status, message, _ in results:
+        assert status == "error" and "the trainer (rank 0" in message
+    trainer.join(10)
+    for p in procs:
+        p.join(10)
