@@ -4,6 +4,10 @@ trainer's fingerprint, checked by the logprob canary), bad input."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing as mp
+import os
+import re
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -28,6 +32,7 @@ from rlkit.inference.fingerprint import write_fingerprint
 from rlkit.inference.lifecycle import has_cuda
 from rlkit.inference.weights import iter_safetensors
 from rlkit.models import init_tiny
+from tests.helpers.broadcast_trainer import STALLED, sender_stalled_after_first_bucket
 from tests.helpers.cli import TEST_SERVER_ARGS
 
 pytestmark = pytest.mark.slow
@@ -246,12 +251,50 @@ async def test_canary_catches_two_layers_swapped(
         await pool.aclose()
 
 
+async def refusal_from_killed_trainer(
+    client: InferenceClient, published: Path, tensors: list, version: int
+) -> InferenceError:
+    """The error of ``/rlkit/receive_weights`` from a trainer process that sends the first of
+    several buckets and is SIGKILLed (its store and group die with it): it must come within
+    the manifest's timeout of the kill (plus slack for the worker to report), never a hang."""
+    timeout_s = 5.0
+    ctx = mp.get_context("spawn")
+    out, go = ctx.Queue(), ctx.Event()
+    go.set()
+    args = ([(n, t.clone()) for n, t in tensors], version, 64 * 1024, timeout_s, out, go)
+    trainer = ctx.Process(target=sender_stalled_after_first_bucket, args=args, daemon=True)
+    trainer.start()
+    try:
+        manifest = await asyncio.to_thread(out.get, timeout=60)
+        assert len(manifest["buckets"]) > 2
+        write_manifest(published, manifest)
+        workers = (await client.status())["workers"]
+        announce_peers(manifest, [f"{client.base_url} worker {w}" for w in range(workers)])
+        body = {"path": str(published), "rank": 1, "version": version}
+        receiving = asyncio.create_task(
+            client.request(
+                "POST", "/rlkit/receive_weights", retries=0, timeout=timeout_s + 30, json=body
+            )
+        )
+        assert await asyncio.to_thread(out.get, timeout=60) == STALLED
+        os.kill(trainer.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(InferenceError) as info:
+            await receiving
+        assert time.monotonic() - killed < timeout_s + 5, str(info.value)
+        return info.value
+    finally:
+        trainer.kill()
+        trainer.join(10)
+
+
 async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
     own_server: ServerProcess, tied_models: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
     """The test plays the trainer (`Sender`) for ``/rlkit/receive_weights``: a tensor corrupted
     in flight is refused and the old weights kept; a trainer that never sends gives a 422
-    naming it within the timeout (no hang); a good update scores the canary as the trainer."""
+    naming it within the timeout (no hang), and so does a trainer process SIGKILLed after its
+    first bucket; a good update then loads and scores the canary as the trainer."""
     served, new, _ = tied_models
     published = publish_like_the_trainer(new, tmp_path / "published")
     tensors = list(iter_safetensors(published))
@@ -294,8 +337,15 @@ async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
         assert info.value.status == 422 and "the trainer (rank 0" in str(info.value)
         assert (await client.status())["policy_version"] == version
 
-        resp = await update(client, 103, None)
-        assert resp.json() == {"policy_version": 103, "verified": True}
+        error = await refusal_from_killed_trainer(client, published, tensors, 103)
+        assert error.status == 422, str(error)
+        assert re.search(r"bucket \d+ of \d+ never arrived from the trainer \(rank 0", str(error))
+        assert f"keeps policy version {version}" in str(error)
+        assert (await client.status())["policy_version"] == version
+        assert await greedy(client, str(served)) == before
+
+        resp = await update(client, 104, None)
+        assert resp.json() == {"policy_version": 104, "verified": True}
         assert await greedy(client, str(served)) != before
     pool = ClientPool([own_server.url])
     try:

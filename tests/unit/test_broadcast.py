@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 import os
+import signal
 import time
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 from rlkit.inference import broadcast
 from rlkit.inference.broadcast import BroadcastError, Sender, announce_peers, receive
+from tests.helpers.broadcast_trainer import STALLED, sender_stalled_after_first_bucket
 
 TIMEOUT_S = 5.0
 BUCKET = 4096
@@ -105,37 +107,25 @@ def test_a_receiver_killed_mid_way_is_named_by_the_sender() -> None:
         assert p.exitcode is not None  # the live receiver did not hang either
 
 
-def dying_sender(tensors: list, queue: mp.Queue, go) -> None:
-    sender = Sender("127.0.0.1", TIMEOUT_S)
-    calls = []
-    real = broadcast._broadcast
-
-    def broadcast_then_die(*args) -> None:
-        calls.append(1)
-        if len(calls) == 2:
-            os._exit(1)  # killed after the first bucket
-        real(*args)
-
-    broadcast._broadcast = broadcast_then_die
-    manifest = sender.manifest(5, tensors, BUCKET)
-    queue.put(manifest)
-    go.wait()
-    sender.send(manifest, tensors)
-
-
-def test_receivers_name_the_trainer_when_it_dies_mid_way() -> None:
+def test_receivers_name_the_trainer_when_it_is_killed_mid_way() -> None:
     ctx = mp.get_context("spawn")
     queue, go = ctx.Queue(), ctx.Event()
-    trainer = ctx.Process(target=dying_sender, args=(model_tensors(), queue, go))
+    args = (model_tensors(), 5, BUCKET, TIMEOUT_S, queue, go)
+    trainer = ctx.Process(target=sender_stalled_after_first_bucket, args=args, daemon=True)
     trainer.start()
-    manifest = queue.get(timeout=60)
-    procs, out = start_receivers(manifest, {}, go)
-    announce_peers(manifest, ["a", "b"])
-    start = time.monotonic()
-    results = [out.get(timeout=TIMEOUT_S + 30) for _ in procs]
-    assert time.monotonic() - start < TIMEOUT_S + 10
+    try:
+        manifest = queue.get(timeout=60)
+        procs, out = start_receivers(manifest, {}, go)
+        announce_peers(manifest, ["a", "b"])
+        assert queue.get(timeout=60) == STALLED
+        os.kill(trainer.pid, signal.SIGKILL)
+        start = time.monotonic()
+        results = [out.get(timeout=TIMEOUT_S + 30) for _ in procs]
+        assert time.monotonic() - start < TIMEOUT_S + 10
+    finally:
+        trainer.kill()
+        trainer.join(10)
     for _, status, message, _ in results:
         assert status == "error" and "the trainer (rank 0" in message
-    trainer.join(10)
     for p in procs:
         p.join(10)

@@ -1,0 +1,35 @@
+"""A trainer process killed mid-broadcast, for the transport's unit test and the real server's."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rlkit.inference import broadcast
+from rlkit.inference.broadcast import Named, Sender
+
+STALLED = "stalled"
+
+
+def sender_stalled_after_first_bucket(
+    tensors: list[Named], version: int, bucket_bytes: int, timeout_s: float, out: Any, go: Any
+) -> None:
+    """A spawn target playing the trainer: hosts a `Sender`, puts the manifest of update
+    `version` on `out`, waits for `go`, sends the first bucket, then puts `STALLED` on `out`
+    and waits for the test to SIGKILL it mid-broadcast (store and group die with it)."""
+    sender = Sender("127.0.0.1", timeout_s)
+    real = broadcast._broadcast
+    sent: list[int] = []
+
+    def first_bucket_only(*args: Any) -> None:
+        if sent:
+            out.put(STALLED)
+            time.sleep(600)  # killed long before: the test's timeouts are seconds
+        real(*args)
+        sent.append(1)
+
+    broadcast._broadcast = first_bucket_only
+    manifest = sender.manifest(version, tensors, bucket_bytes)
+    out.put(manifest)
+    go.wait()
+    sender.send(manifest, tensors)
