@@ -257,7 +257,7 @@ async def refusal_from_killed_trainer(
     """The error of ``/rlkit/receive_weights`` from a trainer process that sends the first of
     several buckets and is SIGKILLed (its store and group die with it): it must come within
     the manifest's timeout of the kill (plus slack for the worker to report), never a hang."""
-    timeout_s = 5.0
+    timeout_s = 8.0  # as the test's own Sender: room for the server to join the group
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), ctx.Event()
     go.set()
