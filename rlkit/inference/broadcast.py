@@ -14,7 +14,11 @@ labels under the store key ``peers-N`` (`announce_peers`); the sender then opens
 1 + len(peers) ranks and each receiver joins with its rank. Afterwards the orchestrator gives its
 verdict (`finish_update`): when a live server did not get a complete verified update, the
 trainer writes the filesystem copy of the same version (`Sender.serve_files`) and that server
-loads it the usual way. Tensors travel packed into byte
+loads it the usual way. Until its next update the trainer also writes that copy on request for a
+server that restarts in between (`request_files`): with one server, waiting for the next update
+would never end, since no rollout, hence no next batch, can be made without a server. After its
+next update starts, the trainer marks the version closed and such a server joins that update.
+Tensors travel packed into byte
 buckets of at most ``bucket_bytes`` (a larger tensor goes alone), one broadcast per bucket.
 
 No hang, ever: every store wait and every collective has the manifest's timeout. While it
@@ -177,6 +181,31 @@ def finish_update(manifest: dict, files_needed: bool) -> str | None:
         ) from exc
 
 
+def request_files(manifest: dict) -> str | None:
+    """A server rejoins between updates: ask the trainer for the filesystem copy of the version
+    of `manifest` (`Sender.files_requested`). Its path, or None when the trainer has closed that
+    version (its next update is under way: the server joins that one). BroadcastError when the
+    trainer cannot be reached or does not answer within the manifest's timeout."""
+    version, timeout = manifest["version"], manifest["timeout_s"]
+    trainer = f"the trainer (store {manifest['address'][0]}:{manifest['address'][1]})"
+    files, closed = f"files-{version}", f"closed-{version}"
+    try:
+        store = _connect(manifest, timedelta(seconds=timeout))
+        store.set(f"rejoin-{version}", "1")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if store.check([files]):
+                return store.get(files).decode()
+            if store.check([closed]):
+                return None
+            time.sleep(0.05)
+    except RuntimeError as exc:
+        raise BroadcastError(f"update {version}: cannot reach {trainer}: {exc}") from exc
+    raise BroadcastError(
+        f"update {version}: {trainer} did not write the filesystem copy within {timeout:.0f}s"
+    )
+
+
 class Sender:
     """The trainer's side: hosts the store (for the life of the trainer) and sends updates."""
 
@@ -268,9 +297,23 @@ class Sender:
             stop.wait(0.05)
         return False
 
+    def files_requested(self, version: int, stop: threading.Event) -> bool:
+        """After an update every server got: wait until `stop` (the next update) for a server
+        that rejoins and asks for `version`'s filesystem copy (`request_files`)."""
+        key = f"rejoin-{version}"
+        while not stop.is_set():
+            if self.store.check([key]):
+                return True
+            stop.wait(0.05)
+        return False
+
     def serve_files(self, version: int, path: str) -> None:
         """Tell the orchestrator where the filesystem copy of `version` is."""
         self.store.set(f"files-{version}", path)
+
+    def close_version(self, version: int) -> None:
+        """No filesystem copy of `version` will be written from now on (unless it exists)."""
+        self.store.set(f"closed-{version}", "1")
 
     def _pack(self, manifest: dict, tensors: list[Named], bucket: list[int]) -> torch.Tensor:
         buffer = torch.empty(bucket_size(manifest, bucket), dtype=torch.uint8, device=self.device)

@@ -6,15 +6,15 @@ fails and the server no longer answers `/health`, the pool marks it down (droppe
 robin) and the view retries the same request on another healthy server, so an in-flight rollout
 survives the loss of its server. If no server is healthy the request waits up to
 `recover_timeout_s` for one to come back, then raises `ServersLost` (kept in `lost`: rollouts
-record the failure as an error, and the orchestrator stops the run).
+record the failure as an error, and the orchestrator stops the run with a resumable checkpoint).
 
 `monitor()` (a task the orchestrator runs) polls the servers that are down; one that answers
 again is first brought to the current policy weights (the last `update_weights`) and then
 rejoins the round robin. Weight updates go to the healthy servers; a server that fails one is
 marked down and catches up when it rejoins. With the broadcast transport (`broadcast_weights`)
-a server that comes back waits out of the round robin for the next update, which it joins,
-unless the filesystem copy of the current version exists. `counters` records failovers, drops
-and rejoins.
+a server that comes back loads the filesystem copy of the current version, which the trainer
+writes on request until its next update; after that it waits out of the round robin for that
+update, which it joins. `counters` records failovers, drops and rejoins.
 """
 
 from __future__ import annotations
@@ -26,14 +26,22 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from rlkit.inference.broadcast import announce_peers, finish_update, read_manifest
+from rlkit.errors import RunStopped
+from rlkit.inference.broadcast import (
+    BroadcastError,
+    announce_peers,
+    finish_update,
+    read_manifest,
+    request_files,
+)
 from rlkit.inference.client import RETRY_STATUS, Generation, InferenceClient, InferenceError
 
 COUNTERS = ("failovers", "servers_dropped", "servers_rejoined")
 
 
-class ServersLost(InferenceError):
-    """No inference server was healthy within the recovery timeout."""
+class ServersLost(InferenceError, RunStopped):
+    """No inference server was healthy within the recovery timeout: the orchestrator stops the
+    run with a resumable checkpoint (`--resume` once servers are back)."""
 
 
 def _server_failure(exc: InferenceError) -> bool:
@@ -62,6 +70,7 @@ class ClientPool:
         self.log = log
         self.weights: tuple[str, int] | None = None  # (path, version) every server should serve
         self.version: int | None = None  # the policy version every server should serve
+        self.manifest: dict | None = None  # the last broadcast update's
         self.waiting: set[int] = set()  # up, but out of the round robin until the next broadcast
         self.counters: Counter[str] = Counter()  # failovers, servers_dropped, servers_rejoined
         self.lost: ServersLost | None = None  # set once no server came back in time
@@ -192,6 +201,7 @@ class ClientPool:
             raise ValueError(f"{path}: no broadcast manifest")
         async with self._weights_lock:
             self.version = version
+            self.manifest = manifest
             self.weights = None  # no filesystem copy of this version (yet)
             servers = [i for i, ok in enumerate(self.healthy) if ok or i in self.waiting]
             statuses = await asyncio.gather(
@@ -250,8 +260,9 @@ class ClientPool:
                 self.log(f"could not unload the adapter from {client.base_url}: {result}")
 
     async def _rejoin(self, i: int) -> None:
-        """Bring a server that answers again to the current weights, then use it again; with
-        no filesystem copy of them (a broadcast run), it waits for the next broadcast."""
+        """Bring a server that answers again to the current weights, then use it again. In a
+        broadcast run they are the trainer's filesystem copy of the current version, written
+        on request; when the trainer has moved on, the server waits for the next broadcast."""
         client = self.clients[i]
         async with self._weights_lock:
             if i in self.waiting:
@@ -260,16 +271,29 @@ class ClientPool:
                 self._back(i)
                 return
             loaded = client.loaded_version(await client.status())
+            if self.weights is None and loaded != self.version:
+                files = await self._request_files()
+                if files is None:
+                    self.waiting.add(i)
+                    self.log(
+                        f"inference server {client.base_url} is back at policy version "
+                        f"{loaded}; it rejoins with the next broadcast update (now {self.version})"
+                    )
+                    return
+                self.weights = (files, self.version)
             if self.weights is not None and loaded != self.weights[1]:
                 await client.load_policy(*self.weights)
-            elif self.weights is None and loaded != self.version:
-                self.waiting.add(i)
-                self.log(
-                    f"inference server {client.base_url} is back at policy version {loaded}; "
-                    f"it rejoins with the next broadcast update (now {self.version})"
-                )
-                return
             self._back(i)
+
+    async def _request_files(self) -> str | None:
+        """The path of the trainer's filesystem copy of the current broadcast version, or None
+        when the trainer moved on to its next update or cannot be reached (logged)."""
+        assert self.manifest is not None  # no filesystem copy: the version was broadcast
+        try:
+            return await asyncio.to_thread(request_files, self.manifest)
+        except BroadcastError as exc:
+            self.log(f"no filesystem copy of policy version {self.version}: {exc}")
+            return None
 
     async def monitor(self) -> None:
         """Forever: every `health_interval_s`, try to bring the servers that are down back."""

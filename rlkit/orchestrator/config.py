@@ -56,7 +56,8 @@ class InferenceConfig(Config):
     recover_timeout_s: float = Field(
         300.0,
         gt=0,
-        description="With every server down, wait this long for one to return, then fail.",
+        description="With every server down, wait this long for one to return, then stop the "
+        "run with a resumable checkpoint.",
     )
     health_interval_s: float = Field(
         2.0, gt=0, description="How often servers that are down are polled to rejoin the pool."
@@ -91,10 +92,11 @@ class InferenceConfig(Config):
         "within it.",
     )
     canary_max_kl: float = Field(
-        0.05,
+        0.1,
         gt=0,
         description="Stop the run when a server's canary logprobs after a weight update are "
-        "further than this KL (k3) from the trainer's (metric weights_canary_kl).",
+        "further than this KL (k3) from the trainer's (metric weights_canary_kl). Above the "
+        "engine's bf16 floor, below a wrong update's (tests/benchmarks/bench_canary.py).",
     )
     gpu_memory_utilization: float | None = Field(
         None,

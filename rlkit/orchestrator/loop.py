@@ -300,10 +300,7 @@ async def run_orchestrator(
         if o.eval.at_end:
             await scheduler.close()
             await run_eval(o.max_steps)
-    except ServersLost as exc:
-        console.print(f"[bold red]stopping:[/] {exc}")
-        raise
-    except (NoSignalError, CanaryMismatch) as exc:
+    except (NoSignalError, CanaryMismatch, ServersLost) as exc:
         console.print(f"[bold red]stopping:[/] {exc}")
         await stop_with_checkpoint(run_dir, done, str(exc), trainer_exit, console)
         raise  # step `done`'s state was saved with its batch (step 0's at the start)

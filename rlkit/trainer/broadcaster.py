@@ -3,11 +3,13 @@ send its tensors from a background thread.
 
 Why a thread: the orchestrator announces who joins only after it sees the version published,
 and writes the next batch only after every server has loaded it; the trainer's main thread must
-meanwhile go back to waiting for that batch, or the two would wait on each other. The thread
-holds the gathered CPU tensors until the update is over; one update is in flight at a time
-(`publish` first waits for the previous one). When the broadcast fails, or the orchestrator
-says some live server did not get a verified update, the thread writes the filesystem copy of
-the same version (`FILES_DIR` inside the version's directory) and tells the orchestrator where.
+meanwhile go back to waiting for that batch, or the two would wait on each other. One update is
+in flight at a time (`publish` first waits for the previous one to settle). When the broadcast
+fails, or the orchestrator says some live server did not get a verified update, the thread
+writes the filesystem copy of the same version (`FILES_DIR` inside the version's directory) and
+tells the orchestrator where. Once the update settled, the thread keeps the gathered CPU tensors
+until the next `publish` (one CPU copy of the policy on the exporting rank) to write that copy
+for a server that restarts in the meantime (`rlkit.inference.broadcast.request_files`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Broadcaster:
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         self.sender = Sender(host, timeout_s, device) if dist.is_main() else None
         self.thread: threading.Thread | None = None
+        self.settled = threading.Event()  # the update in flight reached every server, or failed
         self.stop = threading.Event()
 
     def publish(self, trainer, out: Path, version: int, extra: dict | None = None) -> None:
@@ -59,25 +62,35 @@ class Broadcaster:
         assert self.sender is not None
         version = manifest["version"]
         try:
-            self.sender.send(manifest, tensors)
-            if not self.sender.files_wanted(version, self.stop):
-                return
-            reason = "a server did not get a verified update"
-        except BroadcastError as exc:
-            reason = str(exc)
-        console.print(
-            f"[yellow]broadcast of version {version}: {escape(reason[:500])}; writing its "
-            "filesystem copy[/]"
-        )
-        path = write_weight_files(out / FILES_DIR, tensors, out)
-        self.sender.serve_files(version, str(path))
+            try:
+                self.sender.send(manifest, tensors)
+                if self.sender.files_wanted(version, self.stop):
+                    reason = "a server did not get a verified update"
+                else:
+                    self.settled.set()
+                    if not self.sender.files_requested(version, self.stop):
+                        return
+                    reason = "a server restarted and asks for it"
+            except BroadcastError as exc:
+                reason = str(exc)
+            console.print(
+                f"[yellow]broadcast of version {version}: {escape(reason[:500])}; writing its "
+                "filesystem copy[/]"
+            )
+            path = write_weight_files(out / FILES_DIR, tensors, out)
+            self.sender.serve_files(version, str(path))
+        finally:
+            self.sender.close_version(version)
+            self.settled.set()
 
     def wait(self) -> None:
-        """Let the update in flight finish (at most the timeout, then it is abandoned)."""
+        """Let the update in flight settle (at most the timeout, then it is abandoned) and stop
+        serving its filesystem copy on request."""
         if self.thread is None:
             return
-        self.thread.join(self.timeout_s)
+        self.settled.wait(self.timeout_s)
         self.stop.set()
         self.thread.join()
         self.stop.clear()
+        self.settled.clear()
         self.thread = None

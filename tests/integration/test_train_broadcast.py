@@ -2,18 +2,23 @@
 version reaches both over the trainer's gloo group (checkpoint steps as files), the canary KL
 after each update is as small as after the filesystem updates of the same run, and a server
 killed mid-broadcast (the worker extension's exit hook, after one bucket) is named, dropped and
-relaunched while the run goes on to its end."""
+relaunched while the run goes on to its end. And a run's only server, SIGKILLed between updates,
+is relaunched and rejoins with the trainer's filesystem copy of the current version, written on
+request (no broadcast can come before it serves again: no rollouts, no next batch)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from rlkit.inference.worker_ext import EXIT_IN_BROADCAST_ENV
 from tests.helpers.cli import tiny_train_cmd
-from tests.helpers.train_runs import SHORT, run
+from tests.helpers.roles import descendants, kill_all
+from tests.helpers.train_runs import SHORT, records, run, start, wait_for_step
 
 pytestmark = pytest.mark.slow
 STEPS = 5
@@ -59,3 +64,43 @@ def test_broadcast_to_two_servers_survives_one_killed_mid_update(
     assert (weights / "step_000002" / "files" / "STABLE").exists()  # the fallback copy
     assert not list((weights / "step_000003").glob("*.safetensors"))  # broadcast only
     assert list((weights / f"step_{CKPT:06d}").glob("*.safetensors"))
+
+
+def test_the_only_server_killed_between_updates_rejoins_with_files(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    steps = 5
+    cmd = tiny_train_cmd(
+        tiny_model_dir,
+        run_dir,
+        *SHORT,
+        f"--orchestrator.max_steps={steps}",
+        "--ckpt.interval=0",  # no checkpoint step: no version is written as files unasked
+        "--inference.weight_transfer=broadcast",
+        f"--inference.broadcast_timeout_s={TIMEOUT_S}",
+        "--inference.health_interval_s=1",
+    )
+    log = tmp_path / "run.log"
+    proc = start(cmd, log)
+    seen: set[int] = set()
+    try:
+        wait_for_step(proc, run_dir, 2, timeout=600)
+        (server,) = json.loads((run_dir / "pids.json").read_text())["inference"]
+        tree = [server, *descendants(server)]  # the API process and its engine core
+        seen |= set(tree)
+        for pid in tree:
+            os.kill(pid, signal.SIGKILL)
+        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    finally:
+        kill_all([proc], seen)
+    recs = records(run_dir)
+    assert [r["step"] for r in recs] == list(range(1, steps + 1))
+    output = log.read_text()
+    assert "is down" in output and "is back" in output, output[-3000:]
+    assert recs[-1]["inference_servers_rejoined"] == 1
+    # the version it rejoined at, written on request (or because the kill cut a broadcast)
+    copies = sorted((run_dir / "weights").glob("step_*/files/model.safetensors"))
+    assert len(copies) == 1, copies
+    kls = [r["weights_canary_kl"] for r in recs]  # None: the server died before its canary
+    assert all(kl is None or kl < 1e-3 for kl in kls) and kls[-1] is not None, kls

@@ -1,15 +1,19 @@
-"""`rlkit train` end to end on the tiny model: a custom loss from the user's own module, and the
-no-signal watchdog stopping runs that would otherwise generate and drop groups forever."""
+"""`rlkit train` end to end on the tiny model: a custom loss from the user's own module, the
+no-signal watchdog stopping runs that would otherwise generate and drop groups forever, and a run
+whose every server is gone past `inference.recover_timeout_s` stopping resumably."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.cli import tiny_train_cmd
-from tests.helpers.train_runs import SHORT, run
+from tests.helpers.roles import descendants, kill_all
+from tests.helpers.train_runs import SHORT, run, start, wait_for_step
 
 pytestmark = pytest.mark.slow
 
@@ -68,3 +72,46 @@ def test_no_signal_run_stops_with_a_checkpoint(
     assert (run_dir / "checkpoints" / "step_000000").is_dir()  # resumable: trainer + sampler
     assert (run_dir / "orchestrator" / "step_000000.json").exists()
     assert "checkpoint of step 0 written" in text
+
+
+def test_all_servers_lost_stops_with_a_checkpoint_and_resumes(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The only server SIGKILLed and not relaunched: after `recover_timeout_s` the run stops with
+    a one-line error, exit code 1 and a checkpoint; `--resume` (with a new server) finishes it."""
+    run_dir = tmp_path / "run"
+    steps = 6
+    cmd = tiny_train_cmd(
+        tiny_model_dir,
+        run_dir,
+        *SHORT,
+        f"--orchestrator.max_steps={steps}",
+        "--inference.restart_dead_servers=false",
+        "--inference.recover_timeout_s=5",
+        "--inference.health_interval_s=1",
+    )
+    log = tmp_path / "run.log"
+    proc = start(cmd, log)
+    seen: set[int] = set()
+    try:
+        wait_for_step(proc, run_dir, 2, timeout=600)
+        (server,) = json.loads((run_dir / "pids.json").read_text())["inference"]
+        tree = [server, *descendants(server)]
+        seen |= set(tree)
+        for pid in tree:
+            os.kill(pid, signal.SIGKILL)
+        code = proc.wait(timeout=300)
+    finally:
+        kill_all([proc], seen)
+    text = " ".join(log.read_text().split())  # rich wraps long lines
+    assert code == 1, text[-3000:]
+    assert "stopping: no inference server healthy for 5s" in text
+    assert "Traceback" not in text
+    stopped = int((run_dir / "checkpoints" / "latest").read_text().strip().split("_")[1])
+    assert "written; continue with --resume" in text  # the trainer confirmed its checkpoint
+    assert 2 <= stopped < steps
+
+    resumed = tmp_path / "resumed.log"
+    assert run([*cmd, "--resume"], resumed, timeout=600) == 0, resumed.read_text()[-3000:]
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records][-1] == steps

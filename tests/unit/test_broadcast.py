@@ -1,6 +1,7 @@
 """The broadcast transport (rlkit.inference.broadcast) between a sender and two receiver
-processes on gloo: bounded buckets, identical tensors, and a named error within the timeout
-when either side dies mid-way."""
+processes on gloo: bounded buckets, identical tensors, a named error within the timeout when
+either side dies mid-way, and the trainer's filesystem copy of its last update for a server that
+restarts before the next one (rlkit.trainer.broadcaster)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,25 @@ import multiprocessing as mp
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from rlkit.inference import broadcast
-from rlkit.inference.broadcast import BroadcastError, Sender, announce_peers, receive
+from rlkit.inference.broadcast import (
+    BroadcastError,
+    Sender,
+    announce_peers,
+    finish_update,
+    read_manifest,
+    receive,
+    request_files,
+    write_manifest,
+)
+from rlkit.protocol import handoff
+from rlkit.trainer.broadcaster import FILES_DIR, Broadcaster
 from tests.helpers.broadcast_trainer import STALLED, sender_stalled_after_first_bucket
 
 TIMEOUT_S = 5.0
@@ -49,17 +63,20 @@ def receiver(manifest: dict, rank: int, die_after: int | None, out: mp.Queue, go
         out.put((rank, "error", str(exc), None))
 
 
-def start_receivers(manifest: dict, die_after: dict[int, int], go=None) -> tuple[list, mp.Queue]:
-    """Two receiver processes (ranks 1, 2), started once `go` is set (by default: now)."""
+def start_receivers(
+    manifest: dict, die_after: dict[int, int], go=None, ranks: tuple[int, ...] = (1, 2)
+) -> tuple[list, mp.Queue]:
+    """Receiver processes (by default two: ranks 1, 2), started once `go` is set (by default:
+    now)."""
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), go or ctx.Event()
     procs = [
         ctx.Process(target=receiver, args=(manifest, rank, die_after.get(rank), out, go))
-        for rank in (1, 2)
+        for rank in ranks
     ]
     for p in procs:
         p.start()
-    assert [out.get(timeout=60) for _ in procs] == ["ready", "ready"]
+    assert [out.get(timeout=60) for _ in procs] == ["ready"] * len(procs)
     go.set()
     return procs, out
 
@@ -129,3 +146,49 @@ def test_receivers_name_the_trainer_when_it_is_killed_mid_way() -> None:
         assert status == "error" and "the trainer (rank 0" in message
     for p in procs:
         p.join(10)
+
+
+class ExportingTrainer:
+    """The one `Trainer` call a `Broadcaster` makes (`export_broadcast`): publish the manifest
+    of `model_tensors()` in `out` and return them."""
+
+    def export_broadcast(self, out: Path, manifest, extra: dict | None = None) -> list:
+        tensors = model_tensors()
+        out.mkdir(parents=True)
+        write_manifest(out, manifest(tensors))
+        return tensors
+
+
+def broadcast_to_one_receiver(broadcaster: Broadcaster, out: Path, version: int) -> dict:
+    """Publish `version` into `out` and send it to one receiver process; the orchestrator's
+    verdict: every server got it. Returns the manifest."""
+    broadcaster.publish(ExportingTrainer(), out, version)
+    manifest = read_manifest(out)
+    procs, results = start_receivers(manifest, {}, ranks=(1,))
+    announce_peers(manifest, ["server-a worker 0"])
+    assert results.get(timeout=60)[1] == "ok"
+    assert finish_update(manifest, files_needed=False) is None
+    procs[0].join(30)
+    return manifest
+
+
+def test_a_server_restarting_between_updates_gets_the_last_version_as_files(
+    tmp_path: Path,
+) -> None:
+    """Without this, a one-server broadcast run whose server restarts waits for an update that
+    can never come (no server, no rollouts, no next batch)."""
+    broadcaster = Broadcaster(TIMEOUT_S, bucket_mb=1)
+    first = broadcast_to_one_receiver(broadcaster, tmp_path / "step_1", 1)
+    assert not (tmp_path / "step_1" / FILES_DIR).exists()  # nobody asked: nothing written
+    path = request_files(first)  # the server restarted: the trainer writes version 1
+    assert path == str(tmp_path / "step_1" / FILES_DIR) and handoff.is_published(Path(path))
+    written = load_file(str(Path(path) / "model.safetensors"))
+    for name, tensor in model_tensors():
+        assert torch.equal(written[name], tensor)
+
+    second = broadcast_to_one_receiver(broadcaster, tmp_path / "step_2", 2)
+    broadcaster.wait()  # the trainer's next update (or its end) closes version 2
+    start = time.monotonic()
+    assert request_files(second) is None  # too late: the server joins the next broadcast
+    assert time.monotonic() - start < 1
+    assert not (tmp_path / "step_2" / FILES_DIR).exists()

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from rlkit.errors import RunStopped
 from rlkit.inference import ClientPool, InferenceError, free_port
 from rlkit.inference.pool import ServersLost
 from tests.helpers.cli import ROOT
@@ -129,6 +130,7 @@ async def test_all_servers_down_gives_up_after_recover_timeout(
         with pytest.raises(ServersLost, match="no inference server healthy for 1s"):
             await pool.next().chat(MESSAGES, "fake-model")
         assert isinstance(pool.lost, ServersLost)
+        assert isinstance(pool.lost, RunStopped)  # the CLI's one-line error, exit code 1
         assert pool.healthy == [False, False]
         with pytest.raises(ServersLost):  # once lost, every later request fails at once
             await pool.next().completion("abc", "fake-model")

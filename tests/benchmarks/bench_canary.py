@@ -1,0 +1,97 @@
+"""How far apart the logprob canary puts right and wrong weight updates, on a trained policy.
+
+The canary (`rlkit.inference.canary`) compares the trainer's logprobs of a fixed token sequence,
+written beside each published version, with the engine's after the update, as a k3 KL; the run
+stops above `inference.canary_max_kl`. The threshold must sit above the engine's numeric floor
+(bf16 kernels against the fp32 trainer) and below what a wrong update scores. This script reads
+a run's published versions (by default the CPU demo's: run `bash scripts/demo.sh` first) and
+prints, side by side:
+
+- the engine's floor: `weights_canary_kl` over the run's steps (its metrics.jsonl),
+- the same weights through transformers in fp32 and in bf16 (no engine),
+- wrong updates of the last version through transformers in fp32: the last layer a stale copy
+  of the one before, and the first two layers swapped (the same bytes under each other's
+  names: what the fingerprint cannot see),
+
+and each one's ratio to the threshold.
+
+    python tests/benchmarks/bench_canary.py [--run runs/tiny-cpu/rl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from rlkit.inference.canary import canary_kl, read_canary
+from rlkit.orchestrator.config import InferenceConfig
+from rlkit.protocol.layout import RunLayout
+
+
+def canary_logprobs(model: torch.nn.Module, token_ids: list[int]) -> list[float]:
+    ids = torch.tensor([token_ids])
+    with torch.no_grad():
+        logits = model(ids).logits.float()
+    return torch.log_softmax(logits[0, :-1], -1).gather(-1, ids[0, 1:, None])[:, 0].tolist()
+
+
+def swap_layers(layers: torch.nn.ModuleList, a: int, b: int) -> None:
+    first = {k: v.clone() for k, v in layers[a].state_dict().items()}
+    layers[a].load_state_dict(layers[b].state_dict())
+    layers[b].load_state_dict(first)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, default=Path("runs/tiny-cpu/rl"))
+    args = parser.parse_args()
+    from transformers import AutoModelForCausalLM
+
+    layout = RunLayout(args.run)
+    versions = sorted(p for p in layout.weights.glob("step_*") if read_canary(p) is not None)
+    if not versions:
+        raise SystemExit(f"{args.run}: no published version with a canary (run the demo first)")
+    last = versions[-1]
+    canary = read_canary(last)
+    ids, trainer = canary["token_ids"], canary["logprobs"]
+    limit = InferenceConfig.model_fields["canary_max_kl"].default
+
+    engine = [
+        r["weights_canary_kl"]
+        for r in map(json.loads, layout.metrics.read_text().splitlines())
+        if r.get("weights_canary_kl") is not None
+    ]
+    rows = {
+        "engine_max": max(engine),
+        "engine_median": statistics.median(engine),
+    }
+    for dtype in (torch.float32, torch.bfloat16):
+        model = AutoModelForCausalLM.from_pretrained(last, dtype=dtype)
+        rows[f"right_{str(dtype).split('.')[-1]}"] = canary_kl(trainer, canary_logprobs(model, ids))
+    model = AutoModelForCausalLM.from_pretrained(last, dtype=torch.float32)
+    layers = model.model.layers
+    swap_layers(layers, 0, 1)
+    rows["wrong_two_layers_swapped"] = canary_kl(trainer, canary_logprobs(model, ids))
+    swap_layers(layers, 0, 1)
+    layers[-1].load_state_dict(layers[-2].state_dict())
+    rows["wrong_last_layer_stale"] = canary_kl(trainer, canary_logprobs(model, ids))
+
+    print(f"run {args.run}: {len(engine)} updates, last version {last.name}, limit {limit}")
+    for name, kl in rows.items():
+        print(f"  {name:28s} KL {kl:10.3g}   {kl / limit:8.3g}x the limit")
+    floor, wrong = (
+        rows["engine_max"],
+        min(rows["wrong_last_layer_stale"], rows["wrong_two_layers_swapped"]),
+    )
+    print(
+        f"margins: limit / engine max {limit / floor:.3g}x, "
+        f"mildest wrong / limit {wrong / limit:.3g}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
