@@ -108,6 +108,7 @@ def test_two_receivers_get_identical_tensors() -> None:
         p.join(30)
 
 
+@pytest.mark.slow  # waits out the sender's timeout, 5-8 s
 def test_a_receiver_killed_mid_way_is_named_by_the_sender() -> None:
     tensors = model_tensors()
     sender = Sender("127.0.0.1", TIMEOUT_S)
@@ -124,6 +125,7 @@ def test_a_receiver_killed_mid_way_is_named_by_the_sender() -> None:
         assert p.exitcode is not None  # the live receiver did not hang either
 
 
+@pytest.mark.slow  # three spawned processes, 5-8 s
 def test_receivers_name_the_trainer_when_it_is_killed_mid_way() -> None:
     ctx = mp.get_context("spawn")
     queue, go = ctx.Queue(), ctx.Event()
@@ -172,6 +174,7 @@ def broadcast_to_one_receiver(broadcaster: Broadcaster, out: Path, version: int)
     return manifest
 
 
+@pytest.mark.slow  # two updates to a spawned receiver, 5-8 s
 def test_a_server_restarting_between_updates_gets_the_last_version_as_files(
     tmp_path: Path,
 ) -> None:

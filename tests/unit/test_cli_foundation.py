@@ -27,6 +27,7 @@ def test_init_tiny_cli(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "qwen3" in bad.stderr
 
 
+@pytest.mark.slow  # three CLI processes (torch imports), ~6 s
 def test_infer_rejects_bad_model_dirs(tmp_path: Path) -> None:
     missing = rlkit("infer", "--model", str(tmp_path / "absent"))
     assert missing.returncode == 2 and "not found" in missing.stderr
