@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 from tests.helpers.cli import default_sigint
+from tests.helpers.roles import descendants, kill_all
 
 ENV_PATH = str(Path(__file__).parents[1] / "integration" / "envs")
 CUSTOM_LOSSES = str(Path(__file__).parents[1] / "integration" / "custom_losses")
@@ -62,3 +64,21 @@ def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout: flo
         assert time.monotonic() < deadline, f"no step {step} after {timeout}s"
         time.sleep(0.2)
     return max(logged)
+
+
+def run_killing_the_server(cmd: list[str], log: Path, run_dir: Path, after_step: int) -> int:
+    """Run `cmd` (a run with one inference server) in the background, SIGKILL that server's
+    process tree (API process and engine core) once step `after_step` is logged, and return
+    the run's exit code."""
+    proc = start(cmd, log)
+    seen: set[int] = set()
+    try:
+        wait_for_step(proc, run_dir, after_step, timeout=600)
+        (server,) = json.loads((run_dir / "pids.json").read_text())["inference"]
+        tree = [server, *descendants(server)]
+        seen |= set(tree)
+        for pid in tree:
+            os.kill(pid, signal.SIGKILL)
+        return proc.wait(timeout=600)
+    finally:
+        kill_all([proc], seen)

@@ -9,16 +9,13 @@ request (no broadcast can come before it serves again: no rollouts, no next batc
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
 
 from rlkit.inference.worker_ext import EXIT_IN_BROADCAST_ENV
 from tests.helpers.cli import tiny_train_cmd
-from tests.helpers.roles import descendants, kill_all
-from tests.helpers.train_runs import SHORT, records, run, start, wait_for_step
+from tests.helpers.train_runs import SHORT, records, run, run_killing_the_server
 
 pytestmark = pytest.mark.slow
 STEPS = 5
@@ -82,18 +79,8 @@ def test_the_only_server_killed_between_updates_rejoins_with_files(
         "--inference.health_interval_s=1",
     )
     log = tmp_path / "run.log"
-    proc = start(cmd, log)
-    seen: set[int] = set()
-    try:
-        wait_for_step(proc, run_dir, 2, timeout=600)
-        (server,) = json.loads((run_dir / "pids.json").read_text())["inference"]
-        tree = [server, *descendants(server)]  # the API process and its engine core
-        seen |= set(tree)
-        for pid in tree:
-            os.kill(pid, signal.SIGKILL)
-        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
-    finally:
-        kill_all([proc], seen)
+    code = run_killing_the_server(cmd, log, run_dir, after_step=2)
+    assert code == 0, log.read_text()[-3000:]
     recs = records(run_dir)
     assert [r["step"] for r in recs] == list(range(1, steps + 1))
     output = log.read_text()

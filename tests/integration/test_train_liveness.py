@@ -5,15 +5,12 @@ whose every server is gone past `inference.recover_timeout_s` stopping resumably
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.cli import tiny_train_cmd
-from tests.helpers.roles import descendants, kill_all
-from tests.helpers.train_runs import SHORT, run, start, wait_for_step
+from tests.helpers.train_runs import SHORT, run, run_killing_the_server
 
 pytestmark = pytest.mark.slow
 
@@ -91,18 +88,7 @@ def test_all_servers_lost_stops_with_a_checkpoint_and_resumes(
         "--inference.health_interval_s=1",
     )
     log = tmp_path / "run.log"
-    proc = start(cmd, log)
-    seen: set[int] = set()
-    try:
-        wait_for_step(proc, run_dir, 2, timeout=600)
-        (server,) = json.loads((run_dir / "pids.json").read_text())["inference"]
-        tree = [server, *descendants(server)]
-        seen |= set(tree)
-        for pid in tree:
-            os.kill(pid, signal.SIGKILL)
-        code = proc.wait(timeout=300)
-    finally:
-        kill_all([proc], seen)
+    code = run_killing_the_server(cmd, log, run_dir, after_step=2)
     text = " ".join(log.read_text().split())  # rich wraps long lines
     assert code == 1, text[-3000:]
     assert "stopping: no inference server healthy for 5s" in text
