@@ -287,25 +287,23 @@ class Sender:
                 f"{self.timeout.total_seconds():.0f}s: {', '.join(missing)}: {exc}"
             ) from exc
 
+    def _poll(self, key: str, stop: threading.Event) -> bytes | None:
+        """The store's value of `key` once it is set; None when `stop` is set first."""
+        while not stop.is_set():
+            if self.store.check([key]):
+                return self.store.get(key)
+            stop.wait(0.05)
+        return None
+
     def files_wanted(self, version: int, stop: threading.Event) -> bool:
         """Wait for the orchestrator's verdict on update `version` (`finish_update`): True when
         some server needs the filesystem copy. False also when `stop` is set first."""
-        key = f"verdict-{version}"
-        while not stop.is_set():
-            if self.store.check([key]):
-                return self.store.get(key) == b"files"
-            stop.wait(0.05)
-        return False
+        return self._poll(f"verdict-{version}", stop) == b"files"
 
     def files_requested(self, version: int, stop: threading.Event) -> bool:
         """After an update every server got: wait until `stop` (the next update) for a server
         that rejoins and asks for `version`'s filesystem copy (`request_files`)."""
-        key = f"rejoin-{version}"
-        while not stop.is_set():
-            if self.store.check([key]):
-                return True
-            stop.wait(0.05)
-        return False
+        return self._poll(f"rejoin-{version}", stop) is not None
 
     def serve_files(self, version: int, path: str) -> None:
         """Tell the orchestrator where the filesystem copy of `version` is."""

@@ -62,26 +62,33 @@ class Broadcaster:
         assert self.sender is not None
         version = manifest["version"]
         try:
-            try:
-                self.sender.send(manifest, tensors)
-                if self.sender.files_wanted(version, self.stop):
-                    reason = "a server did not get a verified update"
-                else:
-                    self.settled.set()
-                    if not self.sender.files_requested(version, self.stop):
-                        return
-                    reason = "a server restarted and asks for it"
-            except BroadcastError as exc:
-                reason = str(exc)
-            console.print(
-                f"[yellow]broadcast of version {version}: {escape(reason[:500])}; writing its "
-                "filesystem copy[/]"
-            )
-            path = write_weight_files(out / FILES_DIR, tensors, out)
-            self.sender.serve_files(version, str(path))
+            reason = self._files_reason(manifest, tensors)
+            if reason is not None:
+                console.print(
+                    f"[yellow]broadcast of version {version}: {escape(reason[:500])}; writing "
+                    "its filesystem copy[/]"
+                )
+                path = write_weight_files(out / FILES_DIR, tensors, out)
+                self.sender.serve_files(version, str(path))
         finally:
             self.sender.close_version(version)
             self.settled.set()
+
+    def _files_reason(self, manifest: dict, tensors: list[Named]) -> str | None:
+        """Send the update; why its filesystem copy is needed (a failed broadcast, a server
+        without a verified update, a server restarted before the next update), or None."""
+        assert self.sender is not None
+        version = manifest["version"]
+        try:
+            self.sender.send(manifest, tensors)
+        except BroadcastError as exc:
+            return str(exc)
+        if self.sender.files_wanted(version, self.stop):
+            return "a server did not get a verified update"
+        self.settled.set()  # every server has it: keep the tensors for one that restarts
+        if self.sender.files_requested(version, self.stop):
+            return "a server restarted and asks for it"
+        return None
 
     def wait(self) -> None:
         """Let the update in flight settle (at most the timeout, then it is abandoned) and stop
