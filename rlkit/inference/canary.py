@@ -1,9 +1,10 @@
 """The logprob canary: after each weight update, does the engine compute what the trainer does?
 
-The fingerprint (`rlkit.inference.fingerprint`) proves each worker received the published bytes;
+The tensor table (`rlkit.protocol.weights`) proves each worker received the published bytes;
 it cannot see a mistake in how they were loaded (a tensor under another layer's name, a stale
 repacked copy). The canary checks the result: the trainer scores a fixed short token sequence
-with the weights it publishes and writes the logprobs beside them (`CANARY_FILE`); after the
+with the weights it publishes and writes the logprobs into the version's record
+(`rlkit.protocol.weights.Canary`); after the
 update every server scores the same tokens (`prompt_logprobs` through the completions API) and
 `canary_kl` compares the two: the mean k3 estimate exp(d) - 1 - d over the tokens, with d the
 trainer's minus the engine's logprob, the same estimator as the run's mismatch KL. Its floor is
@@ -12,7 +13,6 @@ the usual trainer/engine numeric mismatch (precision, kernels); a wrong update i
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,8 @@ from typing import Any
 from rlkit.errors import RunStopped
 from rlkit.inference.client import InferenceClient, InferenceError
 from rlkit.inference.pool import ClientPool
+from rlkit.protocol.weights import PublishedVersion
 
-CANARY_FILE = "rlkit_canary.json"
 CANARY_TEXT = (
     "The canary checks that the engine serves the weights the trainer just published: "
     "12 + 30 = 42, reversed 'hello' is 'olleh'."
@@ -36,17 +36,6 @@ class CanaryMismatch(RunStopped):
 def canary_token_ids(tokenizer: Any) -> list[int]:
     """The canary's token ids under the policy's tokenizer (no special tokens)."""
     return list(tokenizer(CANARY_TEXT, add_special_tokens=False).input_ids)
-
-
-def write_canary(directory: Path, token_ids: list[int], logprobs: list[float]) -> None:
-    """Written with the weights: logprobs[i] is the trainer's logprob of token_ids[i + 1]."""
-    record = {"token_ids": token_ids, "logprobs": logprobs}
-    (Path(directory) / CANARY_FILE).write_text(json.dumps(record) + "\n")
-
-
-def read_canary(directory: str | Path) -> dict[str, list] | None:
-    path = Path(directory) / CANARY_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def canary_kl(trainer: list[float], engine: list[float]) -> float:
@@ -84,7 +73,8 @@ async def pool_canary_kl(
     CanaryMismatch naming the first server above `max_kl`. A server that fails to answer is
     dropped from the pool (as a failed update would be). None when `directory` has no canary
     or no server answered."""
-    canary = read_canary(directory)
+    record = PublishedVersion.read(directory)
+    canary = None if record is None else record.canary
     if canary is None:
         return None
     kls = []
@@ -92,11 +82,11 @@ async def pool_canary_kl(
         if not pool.healthy[i]:
             continue
         try:
-            engine = await engine_logprobs(client, model, canary["token_ids"])
+            engine = await engine_logprobs(client, model, canary.token_ids)
         except InferenceError as exc:
             pool.mark_down(i, f"canary request failed: {exc}")
             continue
-        kls.append(kl := canary_kl(canary["logprobs"], engine))
+        kls.append(kl := canary_kl(canary.logprobs, engine))
         if kl > max_kl:
             raise CanaryMismatch(
                 f"weight update check failed: server {client.base_url} scores the canary with "

@@ -1,4 +1,4 @@
-"""Async client for an OpenAI-compatible server, plus rlkit's weight-sync routes.
+"""Async client for an OpenAI-compatible server (generation; admin calls: `rlkit.inference.admin`).
 
 `InferenceClient.chat()` / `.completion()` return a `Generation` with the text, the prompt and
 completion token ids and one logprob per completion token (vLLM's ``return_token_ids`` and
@@ -207,74 +207,13 @@ class InferenceClient:
                 await asyncio.sleep(min(delay, 30.0))
         raise InferenceError(last, status)
 
-    # ---- health and weight sync -------------------------------------------------------------
+    # ---- health and capabilities -----------------------------------------------------------
     async def health(self) -> bool:
         """True when the server answers /health with 200 (no retries)."""
         try:
             return (await self._send("GET", "/health", timeout=5.0)).status_code == 200
         except TRANSPORT_ERRORS:
             return False
-
-    async def status(self) -> dict[str, Any]:
-        resp = await self.request("GET", "/rlkit/status")
-        data = resp.json()
-        self.policy_version = self.loaded_version(data)
-        return data
-
-    def loaded_version(self, status: dict[str, Any]) -> int | None:
-        """The version of this client's policy (its adapter's, or the weights') in `status`."""
-        if self.adapter is None:
-            return int(status["policy_version"])
-        version = (status.get("adapters") or {}).get(self.adapter)
-        return None if version is None else int(version)
-
-    async def pause(self, mode: str = "keep") -> None:
-        """Pause generation; with `keep` in-flight requests freeze and continue on resume."""
-        await self.request("POST", "/pause", params={"mode": mode})
-
-    async def resume(self) -> None:
-        await self.request("POST", "/resume")
-
-    async def update_weights(self, path: str, version: int | None = None) -> int:
-        """Load HF safetensors from `path` in place; returns the new policy version."""
-        body: dict[str, Any] = {"path": str(path)}
-        if version is not None:
-            body["version"] = version
-        resp = await self.request("POST", "/rlkit/update_weights", json=body)
-        self.policy_version = int(resp.json()["policy_version"])
-        return self.policy_version
-
-    async def receive_weights(self, path: str, rank: int, version: int, timeout: float) -> int:
-        """Join the broadcast update published in `path` (its workers as ranks `rank`, ...);
-        returns the new policy version. Never retried: the update's group exists once.
-        `timeout` bounds the whole call: a server whose engine died mid-update may never
-        answer."""
-        body = {"path": str(path), "rank": rank, "version": version}
-        resp = await self.request(
-            "POST", "/rlkit/receive_weights", retries=0, timeout=timeout, json=body
-        )
-        self.policy_version = int(resp.json()["policy_version"])
-        return self.policy_version
-
-    async def load_adapter(self, path: str, version: int) -> int:
-        """Load the PEFT adapter at `path` as this client's `adapter` (in place); its version."""
-        if self.adapter is None:
-            raise ValueError("load_adapter needs a client created with adapter=NAME")
-        body = {"name": self.adapter, "path": str(path), "version": version}
-        resp = await self.request("POST", "/rlkit/load_adapter", json=body)
-        self.policy_version = int(resp.json()["policy_version"])
-        return self.policy_version
-
-    async def unload_adapter(self) -> None:
-        """Unload this client's adapter from the server (a run that ends frees its slot)."""
-        await self.request("POST", "/rlkit/unload_adapter", json={"name": self.adapter})
-
-    async def load_policy(self, path: str, version: int) -> int:
-        """Bring the server to this policy version: the adapter at `path` for a LoRA client,
-        else the full weights at `path`."""
-        if self.adapter is not None:
-            return await self.load_adapter(path, version)
-        return await self.update_weights(path, version)
 
     async def models(self) -> list[str]:
         resp = await self.request("GET", "/v1/models")
@@ -308,7 +247,7 @@ class InferenceClient:
         """How this server returns routed experts: "vllm" (in every response), "capture"
         (rlkit's `/rlkit/routing` fallback) or None (it cannot, or is not an rlkit server)."""
         try:
-            return (await self.status()).get("routing")
+            return (await self.request("GET", "/rlkit/status")).json().get("routing")
         except InferenceError as exc:
             if exc.status == 404:
                 return None

@@ -9,12 +9,12 @@ survives the loss of its server. If no server is healthy the request waits up to
 record the failure as an error, and the orchestrator stops the run with a resumable checkpoint).
 
 `monitor()` (a task the orchestrator runs) polls the servers that are down; one that answers
-again is first brought to the current policy weights (the last `update_weights`) and then
-rejoins the round robin. Weight updates go to the healthy servers; a server that fails one is
-marked down and catches up when it rejoins. With the broadcast transport (`broadcast_weights`)
-a server that comes back loads the filesystem copy of the current version, which the trainer
-writes on request until its next update; after that it waits out of the round robin for that
-update, which it joins. `counters` records failovers, drops and rejoins.
+again is first brought to the current policy version (`update_weights`'s last) through its
+version's transport (`WeightTransport.catch_up`; when the transport cannot, as a broadcast
+after the trainer moved on, it waits out of the round robin for the next update) and then
+rejoins the round robin. Weight updates go to the healthy servers through the transport
+(`WeightTransport.deliver`); a server that does not get one is dropped and catches up when it
+rejoins. `counters` records failovers, drops and rejoins.
 """
 
 from __future__ import annotations
@@ -27,16 +27,25 @@ from collections.abc import Callable
 from typing import Any
 
 from rlkit.errors import RunStopped
-from rlkit.inference.broadcast import (
-    BroadcastError,
-    announce_peers,
-    finish_update,
-    read_manifest,
-    request_files,
-)
+from rlkit.inference.admin import AdminClient
 from rlkit.inference.client import RETRY_STATUS, Generation, InferenceClient, InferenceError
+from rlkit.protocol.weights import PublishedVersion
+from rlkit.weights import Outcome, transport_class
 
 COUNTERS = ("failovers", "servers_dropped", "servers_rejoined")
+
+
+async def load_adapters(servers: list[AdminClient], path: str, version: int) -> list[Outcome]:
+    """Every server in `servers` loads this run's adapter at `path` as `version`."""
+    results = await asyncio.gather(
+        *(s.load_adapter(path, version) for s in servers), return_exceptions=True
+    )
+    outcomes = []
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, InferenceError):
+            raise result
+        outcomes.append(Outcome(not isinstance(result, InferenceError), error=str(result)))
+    return outcomes
 
 
 class ServersLost(InferenceError, RunStopped):
@@ -64,14 +73,15 @@ class ClientPool:
         if not urls:
             raise ValueError("ClientPool needs at least one server URL")
         self.clients = [InferenceClient(url, **client_kwargs) for url in urls]
+        self.admins = [AdminClient(c) for c in self.clients]
+        self.adapter: str | None = client_kwargs.get("adapter")  # a LoRA run's
         self.healthy = [True] * len(self.clients)
         self.recover_timeout_s = recover_timeout_s
         self.health_interval_s = health_interval_s
         self.log = log
-        self.weights: tuple[str, int] | None = None  # (path, version) every server should serve
-        self.version: int | None = None  # the policy version every server should serve
-        self.manifest: dict | None = None  # the last broadcast update's
-        self.waiting: set[int] = set()  # up, but out of the round robin until the next broadcast
+        # (path, record, version) every server should serve; no record for a LoRA adapter
+        self.current: tuple[str, PublishedVersion | None, int] | None = None
+        self.waiting: set[int] = set()  # up, but out of the round robin until the next update
         self.counters: Counter[str] = Counter()  # failovers, servers_dropped, servers_rejoined
         self.lost: ServersLost | None = None  # set once no server came back in time
         self._cycle = itertools.cycle(range(len(self.clients)))
@@ -158,142 +168,60 @@ class ClientPool:
         self.healthy = health
 
     async def update_weights(self, path: str, version: int) -> None:
-        """Load new weights (a LoRA run: its adapter) on every healthy server; one that fails
-        is dropped until it rejoins.
-
-        Waits for a server to come back (`wait_any`) when none took the update."""
+        """Bring every healthy server, and those back up and waiting, to policy version
+        `version` published in `path`: this run's LoRA adapter, or full weights through the
+        transport named in the version's record (`rlkit.weights`). A server that does not get
+        it is dropped until it rejoins. Waits for a server to come back (`wait_any`) when none
+        took the update."""
+        record = None if self.adapter else PublishedVersion.read(path)
+        if not self.adapter and record is None:
+            raise ValueError(f"{path}: no published version record")
         async with self._weights_lock:
-            self.weights = (path, version)
-            self.version = version
+            self.current = (path, record, version)
             servers = [i for i, ok in enumerate(self.healthy) if ok or i in self.waiting]
-            for i in await self._load_files(servers, path, version):
-                if i in self.waiting:
+            admins = [self.admins[i] for i in servers]
+            if record is None:
+                outcomes = await load_adapters(admins, path, version)
+            else:
+                outcomes = await transport_class(record.transport).deliver(admins, path, record)
+            for i, outcome in zip(servers, outcomes, strict=True):
+                if not outcome.loaded:
+                    self._drop(i, f"weight update failed: {outcome.error}")
+                elif i in self.waiting:
                     self._back(i)
         if not any(self.healthy):
             await self.wait_any()  # the monitor brings a returning server to these weights
 
-    async def _load_files(self, servers: list[int], path: str, version: int) -> list[int]:
-        """Load `path` as `version` on `servers`; drops those that fail, returns the others."""
-        results = await asyncio.gather(
-            *(self.clients[i].load_policy(path, version) for i in servers),
-            return_exceptions=True,
-        )
-        loaded = []
-        for i, result in zip(servers, results, strict=True):
-            if isinstance(result, InferenceError):
-                self._drop(i, f"weight update failed: {result}")
-            elif isinstance(result, BaseException):
-                raise result
-            else:
-                loaded.append(i)
-        return loaded
-
-    async def broadcast_weights(self, path: str, version: int) -> None:
-        """Send version `version` (published with a broadcast manifest in `path`) to every
-        healthy server, and to those back up and waiting for it, over the trainer's process
-        group (`rlkit.inference.broadcast`).
-
-        A server that stops answering is dropped (it rejoins later); one that answers but did
-        not get a complete verified update keeps its old version and then loads the trainer's
-        filesystem copy of this version, which rejoining servers load too."""
-        manifest = read_manifest(path)
-        if manifest is None:
-            raise ValueError(f"{path}: no broadcast manifest")
-        async with self._weights_lock:
-            self.version = version
-            self.manifest = manifest
-            self.weights = None  # no filesystem copy of this version (yet)
-            servers = [i for i, ok in enumerate(self.healthy) if ok or i in self.waiting]
-            statuses = await asyncio.gather(
-                *(self.clients[i].status() for i in servers), return_exceptions=True
-            )
-            members: list[tuple[int, int]] = []  # (server, its first rank)
-            labels: list[str] = []
-            for i, status in zip(servers, statuses, strict=True):
-                if isinstance(status, InferenceError):
-                    self._drop(i, f"no status before the broadcast: {status}")
-                    continue
-                if isinstance(status, BaseException):
-                    raise status
-                members.append((i, 1 + len(labels)))
-                url = self.clients[i].base_url
-                labels += [f"{url} worker {w}" for w in range(int(status.get("workers", 1)))]
-            await asyncio.to_thread(announce_peers, manifest, labels)
-            # transfer, verification and reload: each bounded by the broadcast timeout
-            timeout = 3 * manifest["timeout_s"]
-            results = await asyncio.gather(
-                *(
-                    self.clients[i].receive_weights(path, rank, version, timeout)
-                    for i, rank in members
-                ),
-                return_exceptions=True,
-            )
-            behind = []
-            for (i, _), result in zip(members, results, strict=True):
-                if isinstance(result, InferenceError) and result.status is None:
-                    self._drop(i, f"broadcast update failed: {result}")
-                elif isinstance(result, InferenceError):
-                    self.log(
-                        f"inference server {self.clients[i].base_url} did not get version "
-                        f"{version} by broadcast ({str(result)[:300]}); loading it from files"
-                    )
-                    behind.append(i)
-                elif isinstance(result, BaseException):
-                    raise result
-                elif i in self.waiting:
-                    self._back(i)
-            files = await asyncio.to_thread(finish_update, manifest, bool(behind))
-            if files is not None:
-                self.weights = (files, version)
-                for i in await self._load_files(behind, files, version):
-                    if i in self.waiting:
-                        self._back(i)
-        if not any(self.healthy):
-            await self.wait_any()
-
     async def unload_adapter(self) -> None:
         """A LoRA run that ends: unload its adapter from every healthy server (best effort)."""
-        live = [c for c, ok in zip(self.clients, self.healthy, strict=True) if ok]
-        results = await asyncio.gather(*(c.unload_adapter() for c in live), return_exceptions=True)
-        for client, result in zip(live, results, strict=True):
+        live = [a for a, ok in zip(self.admins, self.healthy, strict=True) if ok]
+        results = await asyncio.gather(*(a.unload_adapter() for a in live), return_exceptions=True)
+        for admin, result in zip(live, results, strict=True):
             if isinstance(result, InferenceError):
-                self.log(f"could not unload the adapter from {client.base_url}: {result}")
+                self.log(f"could not unload the adapter from {admin.base_url}: {result}")
 
     async def _rejoin(self, i: int) -> None:
-        """Bring a server that answers again to the current weights, then use it again. In a
-        broadcast run they are the trainer's filesystem copy of the current version, written
-        on request; when the trainer has moved on, the server waits for the next broadcast."""
-        client = self.clients[i]
+        """Bring a server that answers again to the current version, then use it again; when
+        its transport cannot (the trainer moved on), it waits for the next update."""
+        admin = self.admins[i]
         async with self._weights_lock:
             if i in self.waiting:
                 return
-            if self.version is None:  # no update yet: the server has the starting weights
+            if self.current is None:  # no update yet: the server has the starting weights
                 self._back(i)
                 return
-            loaded = client.loaded_version(await client.status())
-            if self.weights is None and loaded != self.version:
-                files = await self._request_files()
-                if files is None:
+            path, record, version = self.current
+            if admin.loaded_version(await admin.status()) != version:
+                if record is None:
+                    await admin.load_adapter(path, version)
+                elif not await transport_class(record.transport).catch_up(admin, path, record):
                     self.waiting.add(i)
                     self.log(
-                        f"inference server {client.base_url} is back at policy version "
-                        f"{loaded}; it rejoins with the next broadcast update (now {self.version})"
+                        f"inference server {admin.base_url} is back; it rejoins with the next "
+                        f"weight update (now policy version {version})"
                     )
                     return
-                self.weights = (files, self.version)
-            if self.weights is not None and loaded != self.weights[1]:
-                await client.load_policy(*self.weights)
             self._back(i)
-
-    async def _request_files(self) -> str | None:
-        """The path of the trainer's filesystem copy of the current broadcast version, or None
-        when the trainer moved on to its next update or cannot be reached (logged)."""
-        assert self.manifest is not None  # no filesystem copy: the version was broadcast
-        try:
-            return await asyncio.to_thread(request_files, self.manifest)
-        except BroadcastError as exc:
-            self.log(f"no filesystem copy of policy version {self.version}: {exc}")
-            return None
 
     async def monitor(self) -> None:
         """Forever: every `health_interval_s`, try to bring the servers that are down back."""

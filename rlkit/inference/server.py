@@ -5,20 +5,16 @@ launches). On top of vLLM's API (chat, completions, ``/pause?mode=keep``, ``/res
 
 - ``GET  /rlkit/status``          -> {"policy_version", "model", "paused", "updating",
   "workers", ...} (workers: how many ranks this server brings to a broadcast update)
-- ``POST /rlkit/update_weights``  {"path": DIR, "version": N?} -> {"policy_version", "verified"}
-  validates the directory against the served checkpoint (names, shapes), pauses generation in
-  ``keep`` mode (in-flight requests are frozen, not aborted), loads the weights in place on every
-  worker, bumps the policy version and resumes. A bad directory is a 400 and changes nothing.
-  Each worker checks the tensors it read against the trainer's fingerprint in DIR (when there
-  is one: then ``verified`` is true) before loading any; a mismatch is a 422 naming the tensor,
-  and the server keeps its weights and version.
-- ``POST /rlkit/receive_weights`` {"path": DIR, "rank": R, "version": N?} -> as above, for
-  ``weight_transfer = "broadcast"``: DIR holds the trainer's broadcast manifest
-  (`rlkit.inference.broadcast`) and fingerprint; the manifest is checked against the served
-  checkpoint (400), then each worker joins the update's process group as rank R + its index,
-  receives every bucket, verifies and loads as above. A transfer that fails (the trainer died or
-  stalled past the manifest's timeout) is a 422 naming the trainer; the server keeps its
-  version (the orchestrator then loads the filesystem copy of the same version).
+- ``POST /rlkit/update_weights``  {"path": DIR, "version": N?, "rank": R?} ->
+  {"policy_version", "verified"} loads the version the trainer published in DIR: its record
+  (`rlkit.protocol.weights.PublishedVersion`) is read and checked against the served checkpoint
+  (names, shapes: a bad one is a 400 and changes nothing), then generation pauses in ``keep``
+  mode (in-flight requests are frozen, not aborted), every worker receives the tensors through
+  the record's transport (`rlkit.weights`: files, a broadcast group it joins as rank R + its
+  index, a shared buffer), checks them against the record's tensor table and loads them in
+  place; the policy version is bumped and generation resumes. A worker that refuses (a tensor
+  differs, the transfer failed: the trainer died or stalled past its timeout) makes this a 422
+  naming it, and the server keeps its weights and version.
 - ``POST /rlkit/load_adapter``    {"name", "path", "version"} -> {"name", "policy_version"}
   (servers started with ``--enable-lora``) loads a PEFT LoRA adapter under `name`, replacing
   the adapter of that name in place (vLLM's ``load_inplace``) without pausing anything else:
@@ -50,15 +46,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from rlkit.errors import UsageError
-from rlkit.inference.broadcast import MANIFEST_FILE, read_manifest
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
-from rlkit.inference.weights import (
-    check_adapter_dir,
-    check_compatible,
-    check_signature,
-    weight_signature,
-)
+from rlkit.inference.weights import check_adapter_dir, check_signature, weight_signature
 from rlkit.lifetime import SERVER_PID_ENV
+from rlkit.protocol.weights import VERSION_FILE, PublishedVersion
 
 log = logging.getLogger("rlkit.inference.server")
 
@@ -66,16 +57,10 @@ WORKER_EXTENSION = "rlkit.inference.worker_ext.WeightSyncExtension"
 
 
 class UpdateWeightsRequest(BaseModel):
-    path: str
+    path: str  # the published version's directory (its record, and files for `filesystem`)
     version: int | None = None
-    corrupt_tensor: str | None = None  # test hook: alter this tensor after the worker reads it
-
-
-class ReceiveWeightsRequest(BaseModel):
-    path: str  # the published version's directory: its broadcast manifest and fingerprint
-    rank: int  # this server's first worker's rank in the update's group (workers follow)
-    version: int | None = None
-    corrupt_tensor: str | None = None  # test hook: alter this tensor after it arrives
+    rank: int = 0  # broadcast: this server's first worker's rank in the update's group
+    corrupt_tensor: str | None = None  # test hook: alter this tensor after the worker gets it
 
 
 class LoadAdapterRequest(BaseModel):
@@ -269,32 +254,21 @@ def build_router() -> APIRouter:
     async def update_weights(body: UpdateWeightsRequest, request: Request) -> JSONResponse:
         state: PolicyState = request.app.state.rlkit
         try:
-            if state.reference is not None:
-                check_compatible(body.path, state.reference)
-            else:
-                weight_signature(body.path)
-        except UsageError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
-        args = (str(body.path), body.corrupt_tensor)
-        return await load_on_workers(request, "rlkit_load_weights", args, body.version)
-
-    @router.post("/receive_weights")
-    async def receive_weights(body: ReceiveWeightsRequest, request: Request) -> JSONResponse:
-        state: PolicyState = request.app.state.rlkit
-        manifest = read_manifest(body.path)
-        if manifest is None:
+            record = PublishedVersion.read(body.path)
+        except (OSError, ValueError) as exc:
+            return JSONResponse({"error": f"unreadable version record: {exc}"}, status_code=400)
+        if record is None:
             return JSONResponse(
-                {"error": f"no broadcast manifest ({MANIFEST_FILE}) in {body.path}"},
+                {"error": f"no published version record ({VERSION_FILE}) in {body.path}"},
                 status_code=400,
             )
         if state.reference is not None:
-            signature = {t["name"]: (t["dtype"], tuple(t["shape"])) for t in manifest["tensors"]}
             try:
-                check_signature(signature, state.reference, body.path)
+                check_signature(record.shapes(), state.reference, body.path)
             except UsageError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=400)
-        args = (str(body.path), body.rank, body.corrupt_tensor)
-        return await load_on_workers(request, "rlkit_receive_weights", args, body.version)
+        args = (record.model_dump_json(), str(body.path), body.rank, body.corrupt_tensor)
+        return await load_on_workers(request, "rlkit_update", args, body.version)
 
     @router.post("/load_adapter")
     async def load_adapter(body: LoadAdapterRequest, request: Request) -> JSONResponse:

@@ -128,9 +128,10 @@ class RLJobConfig(RolloutJobConfig):
         for name in ROOT_FIELDS:
             if name in self.trainer.model_fields_set:
                 raise ValueError(f"trainer.{name}: set it in its own section ([{name}]) instead")
-        if self.inference.weight_transfer == "broadcast" and self.model.lora.enabled:
+        transfer = self.inference.weight_transfer
+        if transfer not in ("auto", "filesystem") and self.model.lora.enabled:
             raise ValueError(
-                "inference.weight_transfer = 'broadcast' moves full weights; a LoRA run's "
+                f"inference.weight_transfer = {transfer!r} moves full weights; a LoRA run's "
                 "adapters are loaded by vLLM from files: use 'filesystem' (or 'auto')"
             )
         if self.trainer.routing_replay == RoutingReplay.R3:  # R3 replays what servers return
@@ -147,7 +148,7 @@ class RLJobConfig(RolloutJobConfig):
         data = self.trainer.model_dump(exclude=LAUNCH_FIELDS)
         i = self.inference
         data["weights"].update(
-            transfer="broadcast" if i.weight_transfer == "broadcast" else "filesystem",
+            transfer="filesystem" if i.weight_transfer == "auto" else i.weight_transfer,
             broadcast_bucket_mb=i.broadcast_bucket_mb,
             broadcast_timeout_s=i.broadcast_timeout_s,
         )

@@ -14,9 +14,9 @@ from pydantic import Field, field_validator, model_validator
 
 from rlkit.config import Config
 from rlkit.envs.sampling import SamplingConfig
-from rlkit.inference.transfer import WeightTransfer, check_weight_transfer
+from rlkit.protocol.model import ModelConfig
 from rlkit.sandbox.config import SandboxConfig
-from rlkit.trainer.config import ModelConfig
+from rlkit.weights import transport_class
 
 
 class EnvSpec(Config):
@@ -76,11 +76,12 @@ class InferenceConfig(Config):
         description="GPU indices of this machine for the launched servers, split evenly among "
         "them (CUDA_VISIBLE_DEVICES per server); empty = leave the devices alone.",
     )
-    weight_transfer: WeightTransfer = Field(
+    weight_transfer: str = Field(
         "auto",
-        description="How new weights reach the servers: auto | filesystem (HF safetensors "
-        "under run_dir) | broadcast (a gloo/NCCL group from the trainer to every engine "
-        "worker) | ipc (not built); see rlkit.inference.transfer. auto = filesystem.",
+        description="How new weights reach the servers (rlkit.weights): auto (= filesystem) | "
+        "filesystem (HF safetensors under run_dir) | broadcast (a gloo/NCCL group from the "
+        "trainer to every engine worker) | ipc (a shared-memory buffer: trainer and servers on "
+        "one host) | a registered entry point or 'module:Class' of your own.",
     )
     broadcast_bucket_mb: int = Field(
         1024, ge=1, description="Broadcast: most MiB sent per collective (a bigger tensor alone)."
@@ -88,8 +89,9 @@ class InferenceConfig(Config):
     broadcast_timeout_s: float = Field(
         120.0,
         gt=0,
-        description="Broadcast: timeout of every wait and collective; a dead peer is named "
-        "within it.",
+        description="Timeout of every wait and collective of one update (broadcast: a dead "
+        "peer is named within it; ipc: how long the trainer keeps a version's buffer for a "
+        "server that has not loaded it).",
     )
     canary_max_kl: float = Field(
         0.1,
@@ -108,8 +110,9 @@ class InferenceConfig(Config):
 
     @field_validator("weight_transfer")
     @classmethod
-    def _transfer_built(cls, value: str) -> str:
-        return check_weight_transfer(value)
+    def _transfer_known(cls, value: str) -> str:
+        transport_class(value)  # a ValueError names what is wrong
+        return value
 
     @model_validator(mode="after")
     def _valid_gpus(self) -> InferenceConfig:

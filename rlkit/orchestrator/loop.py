@@ -7,9 +7,10 @@ Per step N (numbered from 1, as the trainer expects):
    state for step N (sampler + prompts handed out but untrained, `rlkit.orchestrator.prompts`),
 3. sleep until the trainer rings (`rlkit.protocol.handoff`) with `weights/step_N/` published and
    its metrics in place; while it trains, c3po keeps generating,
-4. load the weights on every server as policy version N (each worker verifies them against the
-   trainer's fingerprint), score the logprob canary on each (`weights_canary_kl`; the run stops
-   above `inference.canary_max_kl`); c3po purges over-retained rollouts,
+4. load the version on every server as policy version N through its transport (each worker
+   checks what it received against the version's tensor table), score the logprob canary on
+   each (`weights_canary_kl`; the run stops above `inference.canary_max_kl`); c3po purges
+   over-retained rollouts,
 5. log the step's metrics (merged with the trainer's), evaluate every `eval.every` steps.
 """
 
@@ -47,7 +48,7 @@ from rlkit.orchestrator.watchdog import NoSignalError, NoSignalWatchdog, watchdo
 from rlkit.protocol import handoff
 from rlkit.protocol.batch import write_batch
 from rlkit.protocol.layout import RunLayout
-from rlkit.trainer.export import published_bytes
+from rlkit.protocol.weights import published_bytes
 
 
 class TrainerFailed(RuntimeError):

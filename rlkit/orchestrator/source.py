@@ -15,7 +15,6 @@ from rlkit.envs import load_environment
 from rlkit.envs.sampling import SamplingConfig
 from rlkit.errors import UsageError
 from rlkit.inference import ClientPool
-from rlkit.inference.broadcast import read_manifest
 from rlkit.inference.pool import ServersLost
 from rlkit.orchestrator.config import EnvSpec, OrchestratorConfig
 from rlkit.orchestrator.prompts import Prompt
@@ -51,13 +50,9 @@ class EnvRolloutSource:
         return rollouts
 
     async def update_weights(self, path: str, version: int) -> None:
-        """Load new weights on every server (a server that is down catches up on rejoining):
-        over the trainer's broadcast group when it published `path` with a manifest, else
-        from the files in `path`."""
-        if read_manifest(path) is not None:
-            await self.pool.broadcast_weights(path, version)
-        else:
-            await self.pool.update_weights(path, version)
+        """Load the version published in `path` on every server, through the transport its
+        record names (a server that is down catches up on rejoining)."""
+        await self.pool.update_weights(path, version)
 
 
 def load_environments(specs: list[EnvSpec]) -> dict[str, Any]:

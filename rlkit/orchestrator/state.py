@@ -25,7 +25,6 @@ from rlkit.orchestrator.metrics import recover_step_records, truncate_jsonl
 from rlkit.protocol import handoff
 from rlkit.protocol.batch import read_batch_header
 from rlkit.protocol.layout import RunLayout, step_of
-from rlkit.trainer.checkpoint import resolve_checkpoint
 
 
 def save_state(run_dir: Path, step: int, state: dict[str, Any]) -> None:
@@ -41,7 +40,7 @@ def save_state(run_dir: Path, step: int, state: dict[str, Any]) -> None:
 
 def trainer_checkpoint_step(run_dir: Path) -> int:
     """Step of the trainer's latest checkpoint (0 when it has none)."""
-    ckpt = resolve_checkpoint(run_dir, "latest")
+    ckpt = RunLayout(run_dir).latest_checkpoint()
     return step_of(ckpt) if ckpt is not None else 0
 
 

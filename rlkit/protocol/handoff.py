@@ -24,6 +24,7 @@ from rlkit.atomic import atomic_write
 from rlkit.protocol.layout import RunLayout
 
 STABLE = "STABLE"  # written last into a published weights folder: the folder is complete
+DELIVERED = "DELIVERED"  # written by the orchestrator once a version reached the servers
 TRAINER = "trainer."  # + rank: rung by the orchestrator when a step's batch is written
 ORCHESTRATOR = "orchestrator"  # rung by the trainer when a step's metrics and weights are out
 FALLBACK_POLL_S = 1.0  # re-check without a ring: other machines, a dead peer
@@ -130,6 +131,16 @@ def mark_published(folder: Path) -> None:
 
 def is_published(folder: Path) -> bool:
     return (folder / STABLE).exists()
+
+
+def mark_delivered(folder: Path) -> None:
+    """The orchestrator has delivered the published version in `folder` to every server it
+    could: a trainer holding the version's tensors for the servers (ipc) may let them go."""
+    (folder / DELIVERED).write_text("")
+
+
+def is_delivered(folder: Path) -> bool:
+    return (folder / DELIVERED).exists()
 
 
 def request_stop(run_dir: str | Path, reason: str) -> None:

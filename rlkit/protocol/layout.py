@@ -86,6 +86,12 @@ class RunLayout:
         """Every finished checkpoint folder, by step."""
         return _step_dirs(self.checkpoints)
 
+    def latest_checkpoint(self) -> Path | None:
+        """The checkpoint the `latest` pointer names (None when the run has none yet)."""
+        if not self.latest_checkpoint_pointer.is_file():
+            return None
+        return self.checkpoints / self.latest_checkpoint_pointer.read_text().strip()
+
     def orchestrator_state(self, step: int) -> Path:
         return self.orchestrator_states / f"{step_name(step)}.json"
 

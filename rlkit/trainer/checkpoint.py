@@ -105,11 +105,9 @@ def resolve_checkpoint(run_dir: str | Path, resume: str) -> Path | None:
     if not resume:
         return None
     if resume == "latest":
-        layout = RunLayout(run_dir)
-        pointer = layout.latest_checkpoint_pointer
-        if not pointer.is_file():
+        path = RunLayout(run_dir).latest_checkpoint()
+        if path is None:
             return None
-        path = layout.checkpoints / pointer.read_text().strip()
     else:
         path = Path(resume)
     if not (path / ".metadata").is_file():

@@ -6,68 +6,17 @@ full `rlkit train` config embeds its sections (`model`, `optim`, `loss`, `ckpt`,
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from rlkit.config import Config
+from rlkit.protocol.model import ModelConfig
 from rlkit.trainer.loss import LOSSES, Correction, loss_correction
 from rlkit.trainer.optim import OptimConfig
 from rlkit.trainer.rl_loss import OldPolicy, ResolvedLoss
 from rlkit.trainer.routing import RoutingReplay
-
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-class LoraConfig(Config):
-    """`[model.lora]`: train a LoRA adapter on the frozen base instead of every weight."""
-
-    rank: int = Field(0, ge=0, description="Adapter rank r (0 = LoRA off: train all weights).")
-    alpha: float = Field(16.0, gt=0, description="LoRA alpha: the update is scaled by alpha/r.")
-    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input.")
-    target_modules: list[str] = Field(
-        default_factory=lambda: list(LORA_TARGETS),
-        min_length=1,
-        description="Module names that get an adapter (default: attention and MLP projections).",
-    )
-    name: str = Field(
-        "",
-        description="Name the inference servers serve the adapter under (requests use it as "
-        "`model`); empty = derived from the run directory. Unique per run on a shared pool.",
-    )
-
-    @property
-    def enabled(self) -> bool:
-        return self.rank > 0
-
-    def served_name(self, run_dir: str | Path) -> str:
-        """`name`, or one derived from the run directory: its name plus a hash of its absolute
-        path, so two runs on one server never share an adapter by accident."""
-        if self.name:
-            return self.name
-        path = Path(run_dir).resolve()
-        return f"{path.name}-{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-
-
-class ModelConfig(Config):
-    path: str = Field("", description="Local HF model directory or HF model name to train.")
-    activation_checkpointing: bool = Field(
-        False, description="Recompute each decoder layer in backward to save activation memory."
-    )
-    dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="Compute dtype: auto = bf16 mixed precision on GPU, fp32 on CPU."
-    )
-    attention: Literal["auto", "sdpa", "eager", "flash_attention_2", "flash_attention_3"] = Field(
-        "auto",
-        description="Attention kernel: auto = varlen flash attention for packed rows on GPU when "
-        "installed, sdpa with a block-causal mask otherwise (and on CPU).",
-    )
-    lora: LoraConfig = Field(
-        default_factory=LoraConfig, description="LoRA adapter training (off unless rank > 0)."
-    )
 
 
 class LossConfig(Config):
@@ -144,16 +93,18 @@ class CkptConfig(Config):
 class WeightsConfig(Config):
     publish: bool = Field(True, description="Publish HF safetensors after every RL step.")
     keep_last: int = Field(3, ge=1, description="Keep only the newest N published weight dirs.")
-    transfer: Literal["filesystem", "broadcast"] = Field(
+    transfer: str = Field(
         "filesystem",
-        description="How versions reach the servers (set by `rlkit train` from "
-        "inference.weight_transfer; broadcast: rlkit.inference.broadcast).",
+        description="The weight transport versions reach the servers by (rlkit.weights; set "
+        "by `rlkit train` from inference.weight_transfer).",
     )
     broadcast_bucket_mb: int = Field(
         1024, ge=1, description="Broadcast: most MiB per bucket (from inference)."
     )
     broadcast_timeout_s: float = Field(
-        120.0, gt=0, description="Broadcast: timeout of every collective (from inference)."
+        120.0,
+        gt=0,
+        description="Timeout of every wait and collective of one update (from inference).",
     )
 
 

@@ -1,18 +1,13 @@
-"""Publish the policy as an HF model directory that vLLM (and `from_pretrained`) can load, or,
-when it trains a LoRA adapter, as a PEFT adapter directory (`export_adapter`).
+"""Publish the policy as a version the engines load (`export_version`), or, when it trains a
+LoRA adapter, as a PEFT adapter directory (`export_adapter`).
 
-The sharded parameters are gathered to rank 0 on CPU, cast to the checkpoint's original dtype
-and written with `save_pretrained` (which also reverts transformers' in-memory fused layouts,
-e.g. MoE experts, to the on-disk names vLLM expects), plus the tokenizer files. The directory
-is built under a temporary name, renamed into place, and only then marked published
-(`rlkit.protocol.handoff.mark_published`) so a reader that waits for it never sees a partial
-model. Beside the weights go the
-fingerprint of the files as written (`rlkit.inference.fingerprint`: every engine worker checks
-what it reads against it) and the trainer's logprobs of the canary sequence under these weights
-(`rlkit.inference.canary`: the orchestrator compares the engine's after the update).
-With the broadcast transport (`export_broadcast`) the directory holds the broadcast manifest
-instead of tensor files; the tensors travel over the trainer's process group
-(`rlkit.trainer.broadcaster`).
+The sharded parameters are gathered to rank 0 on CPU and cast to the checkpoint's original
+dtype under the names vLLM expects; the run's weight transport (`rlkit.weights`) makes them
+reachable (files, a broadcast, a shared buffer) and the version's record
+(`rlkit.protocol.weights.PublishedVersion`: tensor table, the trainer's canary logprobs, the
+transport's delivery fields) goes beside them. The directory is built under a temporary name,
+renamed into place, and only then marked published (`rlkit.protocol.handoff.mark_published`) so
+a reader that waits for it never sees a partial version.
 """
 
 from __future__ import annotations
@@ -22,96 +17,72 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from rlkit.atomic import atomic_dir
-from rlkit.inference.broadcast import Named, read_manifest, total_bytes, write_manifest
-from rlkit.inference.canary import CANARY_FILE, write_canary
-from rlkit.inference.fingerprint import write_fingerprint
-from rlkit.inference.weights import iter_safetensors
 from rlkit.protocol import handoff
 from rlkit.protocol.layout import RunLayout
+from rlkit.protocol.model import LoraConfig
+from rlkit.protocol.weights import Canary, Named, PublishedVersion, tensor_table
 from rlkit.trainer import dist
-from rlkit.trainer.config import LoraConfig
 from rlkit.trainer.lora import to_peft_state, write_adapter
 from rlkit.trainer.model import PolicyModel
+from rlkit.weights import ModelFiles, WeightTransport
 
 
-def export_hf(
+def export_version(
     policy: PolicyModel,
     out: Path,
-    tokenizer,
     dtype: torch.dtype,
+    transport: WeightTransport | None,
+    version: int,
+    model_files: ModelFiles,
+    canary: Canary | None = None,
     extra: dict | None = None,
-    canary: tuple[list[int], list[float]] | None = None,
 ) -> Path | None:
-    """Collective. Rank 0 writes `out` atomically, then marks it published; returns it on rank 0.
-
-    `canary`: (token ids, the trainer's logprobs of ids[1:]) written beside the weights."""
+    """Collective. Rank 0 (the exporting rank: it alone holds `transport`) publishes policy
+    `version` in `out`: the tensors in their on-disk names and `dtype` (what `save_pretrained`
+    would write: tied aliases dropped, in-memory fused layouts reverted), made reachable by the
+    transport, and the version's record (tensor table, canary, the transport's delivery
+    fields) beside them. Returns `out` on rank 0."""
     lm = policy.lm
+    sent: list[tuple[PublishedVersion, list[Named]]] = []
 
     def write(tmp: Path, full: dict[str, torch.Tensor]) -> None:
-        state = hf_state(lm, full, dtype)
-        lm.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-        config = copy.deepcopy(lm.config)  # save_pretrained records the fp32 training dtype
-        config.dtype = dtype
-        config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        # from the files as written: save_pretrained may rename tensors (MoE experts)
-        write_fingerprint(tmp, iter_safetensors(tmp))
-        if canary is not None:
-            write_canary(tmp, *canary)
-
-    return _publish(
-        policy, out, StateDictOptions(full_state_dict=True, cpu_offload=True), write, extra
-    )
-
-
-def export_broadcast(
-    policy: PolicyModel,
-    out: Path,
-    dtype: torch.dtype,
-    make_manifest: Callable[[list[Named]], dict],
-    extra: dict | None = None,
-    canary: tuple[list[int], list[float]] | None = None,
-) -> list[Named] | None:
-    """Collective. Like `export_hf` for the broadcast transport: rank 0 publishes `out` with
-    the broadcast manifest (`make_manifest(tensors)`), fingerprint and canary but no tensor
-    files, and returns the tensors to send, in their on-disk names and dtype (what
-    `save_pretrained` would write: tied aliases dropped, in-memory fused layouts reverted)."""
-    lm = policy.lm
-    sent: list[list[Named]] = []
-
-    def write(tmp: Path, full: dict[str, torch.Tensor]) -> None:
+        assert transport is not None, "the exporting rank publishes through a transport"
         state = on_disk(lm, hf_state(lm, full, dtype))
         tensors = [(name, tensor.contiguous()) for name, tensor in state.items()]
-        write_fingerprint(tmp, tensors)
-        if canary is not None:
-            write_canary(tmp, *canary)
-        write_manifest(tmp, make_manifest(tensors))
-        sent.append(tensors)
+        record = PublishedVersion(
+            version=version, transport=transport.name, tensors=tensor_table(tensors), canary=canary
+        )
+        record = transport.publish(tmp, record, tensors)
+        record.write(tmp)
+        sent.append((record, tensors))
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     if _publish(policy, out, options, write, extra) is None:
         return None
-    return sent[0]
-
-
-def write_weight_files(out: Path, tensors: list[Named], source: Path) -> Path:
-    """The filesystem copy of a broadcast version: `tensors` as safetensors in `out`, with
-    their fingerprint and `source`'s canary, atomically and marked STABLE (what a server
-    that missed the broadcast, or rejoins, loads through ``/rlkit/update_weights``)."""
-    from safetensors.torch import save_file
-
-    with atomic_dir(out, durable=False) as tmp:
-        save_file(dict(tensors), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        write_fingerprint(tmp, tensors)
-        if (source / CANARY_FILE).is_file():
-            shutil.copy(source / CANARY_FILE, tmp / CANARY_FILE)
-    handoff.mark_published(out)
+    assert transport is not None
+    transport.published(out, *sent[0])
     return out
+
+
+def hf_model_files(lm: torch.nn.Module, tokenizer: Any, dtype: torch.dtype) -> ModelFiles:
+    """Writes the model's config (with its published dtype) and tokenizer into a directory, so
+    that a version's files are a loadable HF model."""
+
+    def write(directory: Path) -> None:
+        config = copy.deepcopy(lm.config)  # the in-memory config records the fp32 training dtype
+        config.dtype = dtype
+        config.save_pretrained(directory)
+        if getattr(lm, "generation_config", None) is not None:
+            lm.generation_config.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    return write
 
 
 def on_disk(lm: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -173,15 +144,6 @@ def _publish(
     handoff.mark_published(out)
     dist.barrier()
     return out
-
-
-def published_bytes(path: str | Path) -> int:
-    """Bytes of tensors a published version holds (all weights, or just the adapter, or what
-    its broadcast manifest sends): what one policy update moves to every server."""
-    manifest = read_manifest(path)
-    if manifest is not None:
-        return total_bytes(manifest)
-    return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
 
 
 def prune_weights(run_dir: str | Path, keep_last: int) -> None:

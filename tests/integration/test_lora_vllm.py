@@ -19,7 +19,8 @@ import torch
 from rlkit.inference.client import InferenceError
 from rlkit.inference.lifecycle import lora_server_args
 from rlkit.protocol.layout import RunLayout
-from rlkit.trainer.config import LoraConfig, ModelConfig, OptimConfig, TrainerConfig
+from rlkit.protocol.model import LoraConfig
+from rlkit.trainer.config import ModelConfig, OptimConfig, TrainerConfig
 from rlkit.trainer.export import published_bytes
 from rlkit.trainer.trainer import Trainer
 from tests.helpers.cli import RLKIT, TEST_SERVER_ARGS

@@ -39,8 +39,9 @@ def synthetic_batch(vocab: int, seed: int = 0) -> list:
 
 
 def probe(out: str, model_dir: str, sharding: str = "full", lora_rank: str = "0") -> None:
+    from rlkit.protocol.model import LoraConfig
     from rlkit.trainer import dist
-    from rlkit.trainer.config import LoraConfig, LossConfig, ModelConfig, TrainerConfig
+    from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
     from rlkit.trainer.trainer import Trainer
 
     cfg = TrainerConfig(

@@ -164,10 +164,10 @@ def test_export_keeps_checkpoint_tensor_names(tmp_path: Path) -> None:
 def test_export_publishes_fingerprint_and_canary(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Beside the weights: the fingerprint of the files as written and the trainer's canary
     logprobs, which transformers reproduces from the exported (bf16) weights."""
+    from rlkit.inference.fingerprint import mismatches, read_fingerprint
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlkit.inference.canary import canary_token_ids, read_canary
-    from rlkit.inference.fingerprint import mismatches, read_fingerprint
     from rlkit.inference.weights import iter_safetensors
 
     trainer = Trainer(config(tiny_model_dir, tmp_path / "run"), total_steps=1)

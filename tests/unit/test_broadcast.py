@@ -14,9 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-from rlkit.inference import broadcast
 from rlkit.inference.broadcast import (
     BroadcastError,
     Sender,
@@ -27,8 +24,11 @@ from rlkit.inference.broadcast import (
     request_files,
     write_manifest,
 )
-from rlkit.protocol import handoff
 from rlkit.trainer.broadcaster import FILES_DIR, Broadcaster
+from safetensors.torch import load_file
+
+from rlkit.inference import broadcast
+from rlkit.protocol import handoff
 from tests.helpers.broadcast_trainer import STALLED, sender_stalled_after_first_bucket
 
 TIMEOUT_S = 5.0

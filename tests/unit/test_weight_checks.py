@@ -7,11 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
-
-from rlkit.config import load_config
-from rlkit.errors import UsageError
-from rlkit.inference.canary import canary_kl
 from rlkit.inference.fingerprint import (
     fingerprint,
     mismatches,
@@ -19,6 +14,11 @@ from rlkit.inference.fingerprint import (
     tensor_checksum,
     write_fingerprint,
 )
+from safetensors.torch import save_file
+
+from rlkit.config import load_config
+from rlkit.errors import UsageError
+from rlkit.inference.canary import canary_kl
 from rlkit.inference.weights import iter_safetensors
 from rlkit.orchestrator.config import InferenceConfig
 

@@ -1,0 +1,100 @@
+"""The ``filesystem`` weight transport: HF safetensors in the version's directory.
+
+The trainer writes the tensors (one ``model.safetensors``) with the model's config and tokenizer,
+so every version directory is a loadable HF model; each server's workers read the files, check
+them against the record's tensor table and load them in place. Also the checkpoint format, what a
+resumed run loads first, and the copy a broadcast or ipc version falls back to (`write_files`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from rlkit.atomic import atomic_dir
+from rlkit.inference.client import InferenceError
+from rlkit.inference.weights import iter_safetensors
+from rlkit.protocol import handoff
+from rlkit.protocol.weights import Named, PublishedVersion
+from rlkit.weights import TRANSPORTS, ModelFiles, Outcome, TransportSettings
+
+if TYPE_CHECKING:
+    from rlkit.inference.admin import AdminClient
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def save_tensors(directory: Path, tensors: list[Named], model_files: ModelFiles | None) -> None:
+    """`tensors` as one safetensors file in `directory`, plus the model's config and tokenizer."""
+    from safetensors.torch import save_file
+
+    save_file(dict(tensors), str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    if model_files is not None:
+        model_files(directory)
+
+
+def write_files(
+    out: Path, record: PublishedVersion, tensors: list[Named], model_files: ModelFiles | None
+) -> Path:
+    """The filesystem copy of a version sent another way: its tensors and a ``filesystem``
+    record (same table, canary and signature scheme), atomically, marked published."""
+    with atomic_dir(out, durable=False) as tmp:
+        save_tensors(tmp, tensors, model_files)
+        record.model_copy(update={"transport": Filesystem.name, "delivery": {}}).write(tmp)
+    handoff.mark_published(out)
+    return out
+
+
+async def load_files(servers: list[AdminClient], directory: str, version: int) -> list[Outcome]:
+    """Every server in `servers` loads the files in `directory` as `version`."""
+    results = await asyncio.gather(
+        *(s.update_weights(directory, version) for s in servers), return_exceptions=True
+    )
+    return [outcome_of(r) for r in results]
+
+
+def outcome_of(result: object) -> Outcome:
+    """One server's update call as an `Outcome`; anything but an InferenceError re-raises."""
+    if isinstance(result, InferenceError):
+        return Outcome(False, answered=result.status is not None, error=str(result))
+    if isinstance(result, BaseException):
+        raise result
+    return Outcome(True)
+
+
+@TRANSPORTS.register("filesystem")
+class Filesystem:
+    """Files in the version's directory; the servers read them (module doc)."""
+
+    name: ClassVar[str] = "filesystem"
+
+    def __init__(self, settings: TransportSettings, model_files: ModelFiles | None = None) -> None:
+        self.model_files = model_files
+
+    def publish(
+        self, tmp: Path, record: PublishedVersion, tensors: list[Named]
+    ) -> PublishedVersion:
+        save_tensors(tmp, tensors, self.model_files)
+        return record
+
+    def published(self, out: Path, record: PublishedVersion, tensors: list[Named]) -> None:
+        return None
+
+    def settle(self) -> None:
+        return None
+
+    @classmethod
+    def receive(cls, record: PublishedVersion, directory: Path, rank: int) -> list[Named]:
+        return list(iter_safetensors(directory))
+
+    @classmethod
+    async def deliver(
+        cls, servers: list[AdminClient], directory: str, record: PublishedVersion
+    ) -> list[Outcome]:
+        return await load_files(servers, directory, record.version)
+
+    @classmethod
+    async def catch_up(cls, server: AdminClient, directory: str, record: PublishedVersion) -> bool:
+        await server.update_weights(directory, record.version)
+        return True

@@ -1,0 +1,177 @@
+"""The ``ipc`` weight transport: trainer and engines on one host share one buffer.
+
+The trainer's exporting rank packs the version's tensors into an anonymous shared-memory file
+(`os.memfd_create`: it has no name in ``/dev/shm``, so a killed process leaves nothing behind,
+and another user cannot open it) and publishes its handle in the record (`IpcDelivery`: the
+trainer's pid, the descriptor, the buffer's name and the tensors' offsets). Each engine worker
+opens ``/proc/<pid>/fd/<fd>`` after checking that it is that buffer, maps it copy-on-write and
+loads the tensors straight from the mapping: no socket, no file, no copy besides the load. The
+record travels as JSON, never a pickle.
+
+The trainer keeps a version's buffer until the orchestrator has delivered it to every server
+(`handoff.mark_delivered`) and its next version is published, so a server that rejoins in
+between loads the same buffer; waiting for that acknowledgement is bounded by the transport's
+timeout. On a GPU host the buffer is host memory, which the workers copy to their devices as
+they load (CUDA IPC handles between a trainer and an engine sharing one GPU are not built).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from rlkit.protocol import handoff
+from rlkit.protocol.weights import Named, PublishedVersion, packed_offsets
+from rlkit.weights import TRANSPORTS, ModelFiles, Outcome, TransportSettings
+from rlkit.weights.filesystem import outcome_of
+
+if TYPE_CHECKING:
+    from rlkit.inference.admin import AdminClient
+
+
+class IpcError(RuntimeError):
+    """A worker could not map a version's buffer (the trainer let it go, or it is not the one
+    the record names)."""
+
+
+class IpcDelivery(BaseModel):
+    """An ipc version's handle: where its buffer is and where each tensor starts in it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pid: int
+    fd: int
+    name: str  # the memfd's name, with a random part: a reused descriptor number is refused
+    size: int
+    offsets: list[int]
+
+    @classmethod
+    def of(cls, record: PublishedVersion) -> IpcDelivery:
+        return cls.model_validate(record.delivery)
+
+
+class SharedBuffer:
+    """One version's packed tensors in a memfd owned by this process."""
+
+    def __init__(self, version: int, size: int) -> None:
+        self.name = f"rlkit-weights-{version}-{secrets.token_hex(8)}"
+        self.fd = os.memfd_create(self.name, os.MFD_CLOEXEC)
+        self.size = max(size, 1)
+        os.ftruncate(self.fd, self.size)
+        self.map = mmap.mmap(self.fd, self.size)
+
+    def fill(self, tensors: list[Named], offsets: list[int]) -> None:
+        buffer = torch.frombuffer(self.map, dtype=torch.uint8)
+        for (_, tensor), offset in zip(tensors, offsets, strict=True):
+            raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+            buffer[offset : offset + raw.numel()].copy_(raw)
+        del buffer  # the mapping can close only once no tensor views it
+
+    def close(self) -> None:
+        self.map.close()
+        os.close(self.fd)
+
+
+def open_shared(record: PublishedVersion) -> list[Named]:
+    """A worker's side: the record's tensors as views of the trainer's buffer, mapped
+    copy-on-write (the trainer's bytes cannot be changed from here). IpcError when the buffer
+    is gone or the descriptor is not the buffer the record names."""
+    d = IpcDelivery.of(record)
+    path = f"/proc/{d.pid}/fd/{d.fd}"
+    trainer = f"the trainer (pid {d.pid})"
+    try:
+        target = os.readlink(path)
+    except OSError:
+        raise IpcError(
+            f"version {record.version}: {trainer} no longer holds its buffer (exited, or it "
+            "moved on to the next version)"
+        ) from None
+    if target != f"/memfd:{d.name} (deleted)":
+        raise IpcError(f"version {record.version}: {path} is not the buffer {d.name} published")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        mapped = mmap.mmap(fd, d.size, access=mmap.ACCESS_COPY)
+    finally:
+        os.close(fd)
+    buffer = torch.frombuffer(mapped, dtype=torch.uint8)  # keeps the mapping alive
+    return [
+        (e.name, buffer[o : o + e.nbytes].view(getattr(torch, e.dtype)).view(e.shape))
+        for e, o in zip(record.tensors, d.offsets, strict=True)
+    ]
+
+
+@TRANSPORTS.register("ipc")
+class Ipc:
+    """The transport's three sides (module doc)."""
+
+    name: ClassVar[str] = "ipc"
+
+    def __init__(self, settings: TransportSettings, model_files: ModelFiles | None = None) -> None:
+        self.settings = settings
+        self.live: list[tuple[Path | None, SharedBuffer]] = []  # (published dir, its buffer)
+
+    def publish(
+        self, tmp: Path, record: PublishedVersion, tensors: list[Named]
+    ) -> PublishedVersion:
+        self.settle()
+        offsets, size = packed_offsets(record.tensors)
+        shared = SharedBuffer(record.version, size)
+        shared.fill(tensors, offsets)
+        self.live.append((None, shared))
+        delivery = IpcDelivery(
+            pid=os.getpid(), fd=shared.fd, name=shared.name, size=shared.size, offsets=offsets
+        )
+        return record.model_copy(update={"delivery": delivery.model_dump()})
+
+    def published(self, out: Path, record: PublishedVersion, tensors: list[Named]) -> None:
+        self.live[-1] = (out, self.live[-1][1])
+
+    def settle(self) -> None:
+        """Wait (bounded) until the orchestrator delivered the newest buffer, then free every
+        buffer: the next version replaces them, or the trainer exits."""
+        deadline = time.monotonic() + self.settings.timeout_s
+        for out, _ in self.live[-1:]:
+            while out is not None and not handoff.is_delivered(out):
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+        for _, shared in self.live:
+            shared.close()
+        self.live.clear()
+
+    @classmethod
+    def receive(cls, record: PublishedVersion, directory: Path, rank: int) -> list[Named]:
+        return open_shared(record)
+
+    @classmethod
+    async def deliver(
+        cls, servers: list[AdminClient], directory: str, record: PublishedVersion
+    ) -> list[Outcome]:
+        results = await asyncio.gather(
+            *(s.update_weights(directory, record.version) for s in servers),
+            return_exceptions=True,
+        )
+        handoff.mark_delivered(Path(directory))
+        return [outcome_of(r) for r in results]
+
+    @classmethod
+    async def catch_up(cls, server: AdminClient, directory: str, record: PublishedVersion) -> bool:
+        """The same buffer while the trainer holds it; False once it moved on (the server
+        then joins the next update)."""
+        from rlkit.inference.client import InferenceError
+
+        try:
+            await server.update_weights(directory, record.version)
+        except InferenceError as exc:
+            if exc.status is None:
+                raise
+            return False
+        return True
