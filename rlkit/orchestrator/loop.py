@@ -27,7 +27,7 @@ from rich.console import Console
 
 from rlkit.errors import RunStopped, UsageError
 from rlkit.inference import ClientPool
-from rlkit.inference.canary import CanaryMismatch, pool_canary_kl
+from rlkit.inference.canary import pool_canary_kl
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.orchestrator.batching import GroupProcessor, make_batch
 from rlkit.orchestrator.config import RolloutJobConfig
@@ -39,12 +39,11 @@ from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import Group, scheduler_class
 from rlkit.orchestrator.source import (
     EnvRolloutSource,
-    ServersLost,
     load_environments,
     max_rollout_tokens,
 )
 from rlkit.orchestrator.state import save_state
-from rlkit.orchestrator.watchdog import NoSignalError, NoSignalWatchdog, watchdog_limits
+from rlkit.orchestrator.watchdog import NoSignalWatchdog, watchdog_limits
 from rlkit.protocol import handoff
 from rlkit.protocol.batch import write_batch
 from rlkit.protocol.layout import RunLayout
@@ -301,7 +300,7 @@ async def run_orchestrator(
         if o.eval.at_end:
             await scheduler.close()
             await run_eval(o.max_steps)
-    except (NoSignalError, CanaryMismatch, ServersLost) as exc:
+    except RunStopped as exc:  # no signal, a canary mismatch, servers or the trainer lost
         console.print(f"[bold red]stopping:[/] {exc}")
         await stop_with_checkpoint(run_dir, done, str(exc), trainer_exit, console)
         raise  # step `done`'s state was saved with its batch (step 0's at the start)

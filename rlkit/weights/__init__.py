@@ -29,6 +29,7 @@ an update happens and checks it afterwards with the logprob canary (`rlkit.infer
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,16 @@ class WeightTransport(Protocol):
         """On the orchestrator: bring one server that rejoins to the version; False when it
         must wait for the next update instead."""
         ...
+
+
+EXIT_MID_UPDATE_ENV = "RLKIT_TEST_EXIT_MID_UPDATE"  # "RANK:VERSION": a worker dies mid-update
+
+
+def exit_mid_update(rank: int, version: int) -> None:
+    """Test hook: the worker of `rank` exits while it receives `version` (a server killed
+    mid-update), when `EXIT_MID_UPDATE_ENV` says so."""
+    if os.environ.get(EXIT_MID_UPDATE_ENV) == f"{rank}:{version}":
+        os._exit(1)
 
 
 TRANSPORTS: Registry[type[WeightTransport]] = Registry(

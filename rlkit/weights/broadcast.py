@@ -44,7 +44,7 @@ from rich.markup import escape
 
 from rlkit.inference.client import InferenceError
 from rlkit.protocol.weights import Named, PublishedVersion, TensorEntry, aligned
-from rlkit.weights import TRANSPORTS, ModelFiles, Outcome, TransportSettings
+from rlkit.weights import TRANSPORTS, ModelFiles, Outcome, TransportSettings, exit_mid_update
 from rlkit.weights.filesystem import load_files, outcome_of, write_files
 
 if TYPE_CHECKING:
@@ -511,7 +511,7 @@ class Broadcast:
         tensors: list[Named] = []
         for bucket in receive(record, rank):
             tensors += bucket
-            exit_after_bucket(rank, record.version)
+            exit_mid_update(rank, record.version)
         return tensors
 
     @classmethod
@@ -569,14 +569,3 @@ class Broadcast:
             return False
         await server.update_weights(files, record.version)
         return True
-
-
-EXIT_IN_BROADCAST_ENV = "RLKIT_TEST_EXIT_IN_BROADCAST"  # "RANK:VERSION": die after one bucket
-
-
-def exit_after_bucket(rank: int, version: int) -> None:
-    """Test hook: a server killed mid-broadcast (its worker exits after its first bucket)."""
-    import os
-
-    if os.environ.get(EXIT_IN_BROADCAST_ENV) == f"{rank}:{version}":
-        os._exit(1)

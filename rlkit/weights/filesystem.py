@@ -86,7 +86,14 @@ class Filesystem:
 
     @classmethod
     def receive(cls, record: PublishedVersion, directory: Path, rank: int) -> list[Named]:
-        return list(iter_safetensors(directory))
+        """The files' tensors; OSError for an unreadable file (safetensors raises its own error
+        type, which the worker would not catch: the update would fail instead of refusing)."""
+        from safetensors import SafetensorError
+
+        try:
+            return list(iter_safetensors(directory))
+        except SafetensorError as exc:
+            raise OSError(f"unreadable safetensors in {directory}: {exc}") from exc
 
     @classmethod
     async def deliver(

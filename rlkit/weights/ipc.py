@@ -28,13 +28,28 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from rlkit.errors import RunStopped
 from rlkit.protocol import handoff
 from rlkit.protocol.weights import Named, PublishedVersion, packed_offsets
-from rlkit.weights import TRANSPORTS, ModelFiles, Outcome, TransportSettings
+from rlkit.weights import TRANSPORTS, ModelFiles, Outcome, TransportSettings, exit_mid_update
 from rlkit.weights.filesystem import outcome_of
 
 if TYPE_CHECKING:
     from rlkit.inference.admin import AdminClient
+
+
+class TrainerGone(RunStopped):
+    """The trainer that holds a version's buffer exited before the servers loaded it."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process now has that pid: not our trainer
+        return False
+    return True
 
 
 class IpcError(RuntimeError):
@@ -90,12 +105,12 @@ def open_shared(record: PublishedVersion) -> list[Named]:
     try:
         target = os.readlink(path)
     except OSError:
+        target = None
+    if target != f"/memfd:{d.name} (deleted)":  # a reused descriptor number is another file
         raise IpcError(
-            f"version {record.version}: {trainer} no longer holds its buffer (exited, or it "
-            "moved on to the next version)"
-        ) from None
-    if target != f"/memfd:{d.name} (deleted)":
-        raise IpcError(f"version {record.version}: {path} is not the buffer {d.name} published")
+            f"version {record.version}: {trainer} no longer holds its buffer {d.name} (it "
+            "exited or moved on to the next version, or the record names another descriptor)"
+        )
     fd = os.open(path, os.O_RDONLY)
     try:
         mapped = mmap.mmap(fd, d.size, access=mmap.ACCESS_COPY)
@@ -149,12 +164,22 @@ class Ipc:
 
     @classmethod
     def receive(cls, record: PublishedVersion, directory: Path, rank: int) -> list[Named]:
-        return open_shared(record)
+        tensors = open_shared(record)
+        exit_mid_update(rank, record.version)
+        return tensors
 
     @classmethod
     async def deliver(
         cls, servers: list[AdminClient], directory: str, record: PublishedVersion
     ) -> list[Outcome]:
+        """Every server maps the buffer. When the trainer is gone (one host: its pid tells)
+        the run stops resumably instead: no server can load the version."""
+        pid = IpcDelivery.of(record).pid
+        if not _alive(pid):
+            raise TrainerGone(
+                f"the trainer (pid {pid}) exited before policy version {record.version} reached "
+                "the servers; its latest checkpoint stays: continue with --resume"
+            )
         results = await asyncio.gather(
             *(s.update_weights(directory, record.version) for s in servers),
             return_exceptions=True,

@@ -1,17 +1,17 @@
 """How far apart the logprob canary puts right and wrong weight updates, on a trained policy.
 
 The canary (`rlkit.inference.canary`) compares the trainer's logprobs of a fixed token sequence,
-written beside each published version, with the engine's after the update, as a k3 KL; the run
-stops above `inference.canary_max_kl`. The threshold must sit above the engine's numeric floor
-(bf16 kernels against the fp32 trainer) and below what a wrong update scores. This script reads
-a run's published versions (by default the CPU demo's: run `bash scripts/demo.sh` first) and
+written into each published version's record, with the engine's after the update, as a k3 KL;
+the run stops above `inference.canary_max_kl`. The threshold must sit above the engine's numeric
+floor (bf16 kernels against the fp32 trainer) and below what a wrong update scores. This script
+reads a run's published versions (by default the CPU demo's: run `bash scripts/demo.sh` first) and
 prints, side by side:
 
 - the engine's floor: `weights_canary_kl` over the run's steps (its metrics.jsonl),
 - the same weights through transformers in fp32 and in bf16 (no engine),
 - wrong updates of the last version through transformers in fp32: the last layer a stale copy
   of the one before, and the first two layers swapped (the same bytes under each other's
-  names: what the fingerprint cannot see),
+  names: what the tensor table cannot see),
 
 and each one's ratio to the threshold.
 
@@ -27,9 +27,10 @@ from pathlib import Path
 
 import torch
 
-from rlkit.inference.canary import canary_kl, read_canary
+from rlkit.inference.canary import canary_kl
 from rlkit.orchestrator.config import InferenceConfig
 from rlkit.protocol.layout import RunLayout
+from rlkit.protocol.weights import Canary, PublishedVersion
 
 
 def canary_logprobs(model: torch.nn.Module, token_ids: list[int]) -> list[float]:
@@ -37,6 +38,12 @@ def canary_logprobs(model: torch.nn.Module, token_ids: list[int]) -> list[float]
     with torch.no_grad():
         logits = model(ids).logits.float()
     return torch.log_softmax(logits[0, :-1], -1).gather(-1, ids[0, 1:, None])[:, 0].tolist()
+
+
+def canary_of(directory: Path) -> Canary | None:
+    """The trainer's canary in a published version's record (None: no record, or no canary)."""
+    record = PublishedVersion.read(directory)
+    return None if record is None else record.canary
 
 
 def swap_layers(layers: torch.nn.ModuleList, a: int, b: int) -> None:
@@ -52,12 +59,13 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     layout = RunLayout(args.run)
-    versions = sorted(p for p in layout.weights.glob("step_*") if read_canary(p) is not None)
+    versions = sorted(p for p in layout.weights.glob("step_*") if canary_of(p) is not None)
     if not versions:
         raise SystemExit(f"{args.run}: no published version with a canary (run the demo first)")
     last = versions[-1]
-    canary = read_canary(last)
-    ids, trainer = canary["token_ids"], canary["logprobs"]
+    canary = canary_of(last)
+    assert canary is not None
+    ids, trainer = canary.token_ids, canary.logprobs
     limit = InferenceConfig.model_fields["canary_max_kl"].default
 
     engine = [

@@ -11,7 +11,8 @@ Engines (`--engine`):
   running sequence by one token and takes `tick_base + tick_per_seq * running` seconds, at most
   `max_num_seqs` sequences run at once; weight updates pause it for `update_s`.
 - `vllm`: the real vLLM CPU server with a tiny model (`ignore_eos`, `max_tokens` drawn from the
-  same distribution), weight updates through `/rlkit/update_weights` with the served checkpoint.
+  same distribution), weight updates through `/rlkit/update_weights` with the served checkpoint
+  (published as a version by files).
 
     python tests/benchmarks/bench_scheduler.py [--engine sim|vllm] [--steps 8]
 
@@ -126,13 +127,15 @@ class VLLMEngine:
 
     def __init__(self, model_dir: Path, server: Any) -> None:
         from rlkit.inference import InferenceClient
+        from rlkit.inference.admin import AdminClient
 
         self.model = str(model_dir)
         self.client = InferenceClient(server.url)
+        self.admin = AdminClient(self.client)
         self.server = server
 
     async def start(self) -> None:
-        await self.client.status()
+        await self.admin.status()
 
     async def stop(self) -> None:
         await self.client.aclose()
@@ -146,7 +149,7 @@ class VLLMEngine:
         return int(gen.policy_version_start or 0), int(gen.policy_version_end or 0)
 
     async def update_weights(self) -> None:
-        await self.client.update_weights(self.model)
+        await self.admin.update_weights(self.model)
 
     @property
     def version(self) -> int:
@@ -246,9 +249,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if args.engine == "vllm":
         from rlkit.inference import start_server
         from rlkit.models import init_tiny
+        from tests.helpers.published import publish_files
 
         tmp = Path(tempfile.mkdtemp(prefix="bench-scheduler-"))
-        model_dir = init_tiny(tmp / "model", arch="qwen3", size="tiny", seed=0)
+        model_dir = publish_files(init_tiny(tmp / "model", arch="qwen3", size="tiny", seed=0))
         seqs = max(args.capacity_factor * args.batch_groups * args.group_size, 64)
         server = start_server(  # room for every rollout C3PO++ keeps in flight
             str(model_dir), log_path=tmp / "vllm.log", extra_args=["--max-num-seqs", str(seqs)]

@@ -5,17 +5,29 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rlkit.inference.broadcast import Named, Sender
-
-from rlkit.inference import broadcast
+from rlkit.protocol.weights import Named, PublishedVersion, tensor_table
+from rlkit.weights import broadcast
+from rlkit.weights.broadcast import Sender
 
 STALLED = "stalled"
+
+
+def broadcast_record(
+    sender: Sender, version: int, tensors: list[Named], bucket_bytes: int
+) -> PublishedVersion:
+    """The record the trainer publishes for a broadcast of `tensors` from `sender`."""
+    return PublishedVersion(
+        version=version,
+        transport=broadcast.Broadcast.name,
+        tensors=tensor_table(tensors),
+        delivery=sender.delivery(tensors, bucket_bytes).model_dump(mode="json"),
+    )
 
 
 def sender_stalled_after_first_bucket(
     tensors: list[Named], version: int, bucket_bytes: int, timeout_s: float, out: Any, go: Any
 ) -> None:
-    """A spawn target playing the trainer: hosts a `Sender`, puts the manifest of update
+    """A spawn target playing the trainer: hosts a `Sender`, puts the record of update
     `version` on `out`, waits for `go`, sends the first bucket, then puts `STALLED` on `out`
     and waits for the test to SIGKILL it mid-broadcast (store and group die with it)."""
     sender = Sender("127.0.0.1", timeout_s)
@@ -30,7 +42,7 @@ def sender_stalled_after_first_bucket(
         sent.append(1)
 
     broadcast._broadcast = first_bucket_only
-    manifest = sender.manifest(version, tensors, bucket_bytes)
-    out.put(manifest)
+    record = broadcast_record(sender, version, tensors, bucket_bytes)
+    out.put(record)
     go.wait()
-    sender.send(manifest, tensors)
+    sender.send(record, tensors)

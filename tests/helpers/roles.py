@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from rlkit.inference import InferenceClient
+from rlkit.inference.admin import AdminClient
 from tests.helpers.cli import tiny_train_cmd
 
 STEPS = 3
@@ -103,7 +104,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, seen: set[int], timeout: floa
 def status(url: str) -> dict:
     async def get() -> dict:
         async with InferenceClient(url, max_retries=0) as client:
-            return await client.status()
+            return await AdminClient(client).status()
 
     return asyncio.run(get())
 

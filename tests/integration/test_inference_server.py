@@ -1,5 +1,5 @@
 """The real vLLM CPU server: logprobs and token ids, in-place weight updates (verified against the
-trainer's fingerprint, checked by the logprob canary), bad input."""
+tensor table of the version's record, checked by the logprob canary), bad input."""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from rlkit.inference.broadcast import Sender, announce_peers, read_manifest, write_manifest
-from rlkit.inference.fingerprint import write_fingerprint
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlkit.errors import UsageError
@@ -28,12 +26,20 @@ from rlkit.inference import (
     ServerProcess,
     start_server,
 )
-from rlkit.inference.canary import CanaryMismatch, canary_token_ids, pool_canary_kl, write_canary
+from rlkit.inference.admin import AdminClient
+from rlkit.inference.canary import CanaryMismatch, canary_token_ids, pool_canary_kl
 from rlkit.inference.lifecycle import has_cuda
 from rlkit.inference.weights import iter_safetensors
 from rlkit.models import init_tiny
-from tests.helpers.broadcast_trainer import STALLED, sender_stalled_after_first_bucket
+from rlkit.protocol.weights import VERSION_FILE, Canary, PublishedVersion
+from rlkit.weights.broadcast import BroadcastDelivery, Sender, announce_peers
+from tests.helpers.broadcast_trainer import (
+    STALLED,
+    broadcast_record,
+    sender_stalled_after_first_bucket,
+)
 from tests.helpers.cli import TEST_SERVER_ARGS
+from tests.helpers.published import publish_files
 
 pytestmark = pytest.mark.slow
 PROMPT_IDS = [5, 6, 7, 8, 9, 10, 11, 12]
@@ -72,11 +78,12 @@ async def test_chat_returns_token_ids_and_one_logprob_per_token(
 
 @pytest.fixture(scope="module")
 def tied_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    """Served weights, replacement weights (other seed) and an incompatible (MoE) checkpoint."""
+    """Served weights, replacement weights (other seed) and an incompatible (MoE) checkpoint,
+    each published as a version by files (a server loads nothing else)."""
     root = tmp_path_factory.mktemp("tied")
-    served = init_tiny(root / "served", seed=0, tie_embeddings=True)
-    new = init_tiny(root / "new", seed=7, tie_embeddings=True)
-    moe = init_tiny(root / "moe", arch="qwen3-moe", seed=0, tie_embeddings=True)
+    served = publish_files(init_tiny(root / "served", seed=0, tie_embeddings=True))
+    new = publish_files(init_tiny(root / "new", seed=7, tie_embeddings=True))
+    moe = publish_files(init_tiny(root / "moe", arch="qwen3-moe", seed=0, tie_embeddings=True))
     return served, new, moe
 
 
@@ -101,20 +108,44 @@ async def greedy(client: InferenceClient, model: str, max_tokens: int = 12) -> t
 async def test_bad_updates_are_refused_and_old_weights_kept(
     own_server: ServerProcess, tied_models: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
+    """Refused by the server before any worker acts (400): no directory, no record (a plain
+    HF directory is not a published version), a record that is not one, an incompatible
+    checkpoint's record. Refused by the workers (422): files that do not match their record
+    (a corrupt file, a missing one). Each time the old weights and version stay."""
     served, _, moe = tied_models
+    record = (served / VERSION_FILE).read_text()
     empty = tmp_path / "empty"
     empty.mkdir()
+    unpublished = tmp_path / "unpublished"  # the served weights, without a record
+    unpublished.mkdir()
+    (unpublished / "model.safetensors").symlink_to(served / "model.safetensors")
+    garbled = tmp_path / "garbled"
+    garbled.mkdir()
+    (garbled / VERSION_FILE).write_text(record[: len(record) // 2])
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     (corrupt / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    (corrupt / VERSION_FILE).write_text(record)
+    missing = tmp_path / "missing"  # a record whose files are gone
+    missing.mkdir()
+    (missing / VERSION_FILE).write_text(record)
     async with InferenceClient(own_server.url, max_retries=0) as client:
+        admin = AdminClient(client)
         before = await greedy(client, str(served))
-        version = (await client.status())["policy_version"]
-        for bad in (tmp_path / "absent", empty, corrupt, moe):
+        version = (await admin.status())["policy_version"]
+        for bad in (tmp_path / "absent", empty, unpublished, garbled, moe):
             with pytest.raises(InferenceError) as info:
-                await client.update_weights(str(bad))
+                await admin.update_weights(str(bad))
             assert info.value.status == 400, str(info.value)
-        assert (await client.status())["policy_version"] == version
+        for bad, why in (
+            (corrupt, "unreadable safetensors"),
+            (missing, "published but not received"),
+        ):
+            with pytest.raises(InferenceError) as info:
+                await admin.update_weights(str(bad))
+            assert info.value.status == 422 and why in str(info.value), str(info.value)
+            assert f"keeps policy version {version}" in str(info.value)
+        assert (await admin.status())["policy_version"] == version
         assert await greedy(client, str(served)) == before
 
 
@@ -129,15 +160,16 @@ async def test_update_in_flight_matches_transformers(
     # whether one did is read from each reply's policy versions
     long = {"max_tokens": 2000, "temperature": 1.0, "ignore_eos": True}
     async with InferenceClient(own_server.url) as client:
+        admin = AdminClient(client)
         for _ in range(3):
-            version = (await client.status())["policy_version"]
+            version = (await admin.status())["policy_version"]
             in_flight = [
                 asyncio.create_task(client.completion(PROMPT_IDS, model=model, sampling=long))
                 for _ in range(8)
             ]
             await asyncio.sleep(0.3)
             assert not all(t.done() for t in in_flight), "requests finished before the update"
-            new_version = await client.update_weights(str(new))
+            new_version = await admin.update_weights(str(new))
             results = await asyncio.gather(*in_flight)
             assert new_version == version + 1
             assert all(len(r.completion_token_ids) == 2000 for r in results), "request cut"
@@ -168,9 +200,10 @@ async def test_update_drops_prefixes_cached_under_old_weights(
     prompt = [5 + (7 * i) % 200 for i in range(400)]  # three full KV blocks of 128 tokens
     sampling = {"max_tokens": 4, "temperature": 0.0}
     async with InferenceClient(own_server.url) as client:
-        await client.update_weights(str(served))
+        admin = AdminClient(client)
+        await admin.update_weights(str(served))
         await client.completion(prompt, str(served), sampling)  # cached under the old weights
-        await client.update_weights(str(new))
+        await admin.update_weights(str(new))
         after = await client.completion(prompt, str(served), sampling)
         fresh = await client.completion(prompt, str(served), {**sampling, "cache_salt": "fresh"})
     assert after.completion_token_ids == fresh.completion_token_ids
@@ -179,9 +212,10 @@ async def test_update_drops_prefixes_cached_under_old_weights(
 
 def publish_like_the_trainer(src: Path, out: Path, swap_layers: bool = False) -> Path:
     """`src` with sharpened weights (x3: peaked logits, unlike a fresh init) saved as the
-    trainer publishes: bf16 safetensors, fingerprint of the files, canary logprobs of the
-    fp32 model. `swap_layers`: layers 0 and 1 are written under each other's names (a loading
-    bug the fingerprint cannot see: it describes the files as written)."""
+    trainer publishes: bf16 safetensors and the version's record (the tensor table of the
+    files, canary logprobs of the fp32 model). `swap_layers`: layers 0 and 1 are written under
+    each other's names (a loading bug the tensor table cannot see: it describes the files as
+    written)."""
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     with torch.no_grad():
         for param in model.parameters():
@@ -195,9 +229,7 @@ def publish_like_the_trainer(src: Path, out: Path, swap_layers: bool = False) ->
         layers[0], layers[1] = layers[1], layers[0]
     model.to(torch.bfloat16).save_pretrained(out)
     tokenizer.save_pretrained(out)
-    write_fingerprint(out, iter_safetensors(out))
-    write_canary(out, ids, logprobs)
-    return out
+    return publish_files(out, canary=Canary(token_ids=ids, logprobs=logprobs))
 
 
 def hf_logprobs_of(model: torch.nn.Module, ids: list[int]) -> list[float]:
@@ -214,16 +246,17 @@ async def test_tensor_corrupted_in_flight_is_refused_and_old_weights_kept(
     published = publish_like_the_trainer(new, tmp_path / "published")
     name = "model.layers.1.mlp.down_proj.weight"
     async with InferenceClient(own_server.url, max_retries=0) as client:
-        await client.update_weights(str(served))
+        admin = AdminClient(client)
+        await admin.update_weights(str(served))
         before = await greedy(client, str(served))
-        version = (await client.status())["policy_version"]
+        version = (await admin.status())["policy_version"]
         body = {"path": str(published), "corrupt_tensor": name}
         with pytest.raises(InferenceError) as info:
             await client.request("POST", "/rlkit/update_weights", json=body)
         assert info.value.status == 422
         assert f"tensor {name!r}: checksum differs" in str(info.value)
         assert f"keeps policy version {version}" in str(info.value)
-        assert (await client.status())["policy_version"] == version
+        assert (await admin.status())["policy_version"] == version
         assert await greedy(client, str(served)) == before
         resp = await client.request("POST", "/rlkit/update_weights", json={"path": str(published)})
         assert resp.json() == {"policy_version": version + 1, "verified": True}
@@ -234,7 +267,7 @@ async def test_canary_catches_two_layers_swapped(
     own_server: ServerProcess, tied_models: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
     """The right weights score the canary as the trainer does; the same bytes with two layers
-    under each other's names pass the fingerprint and fail the canary, naming the server."""
+    under each other's names pass the tensor table and fail the canary, naming the server."""
     served, new, _ = tied_models
     right = publish_like_the_trainer(new, tmp_path / "right")
     wrong = publish_like_the_trainer(new, tmp_path / "wrong", swap_layers=True)
@@ -244,7 +277,7 @@ async def test_canary_catches_two_layers_swapped(
         kl = await pool_canary_kl(pool, str(served), right, max_kl=0.01)
         assert kl is not None and kl < 1e-3, kl
         await pool.update_weights(str(wrong), 12)
-        assert pool.healthy == [True]  # the fingerprint passed: the files are as published
+        assert pool.healthy == [True]  # the tensor table passed: the files are as published
         with pytest.raises(CanaryMismatch, match=f"server {own_server.url} scores the canary"):
             await pool_canary_kl(pool, str(served), wrong, max_kl=0.01)
     finally:
@@ -254,9 +287,10 @@ async def test_canary_catches_two_layers_swapped(
 async def refusal_from_killed_trainer(
     client: InferenceClient, published: Path, tensors: list, version: int
 ) -> InferenceError:
-    """The error of ``/rlkit/receive_weights`` from a trainer process that sends the first of
-    several buckets and is SIGKILLed (its store and group die with it): it must come within
-    the manifest's timeout of the kill (plus slack for the worker to report), never a hang."""
+    """The error of a broadcast ``/rlkit/update_weights`` from a trainer process that sends the
+    first of several buckets and is SIGKILLed (its store and group die with it): it must come
+    within the record's timeout of the kill (plus slack for the worker to report), never a
+    hang."""
     timeout_s = 8.0  # as the test's own Sender: room for the server to join the group
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), ctx.Event()
@@ -265,15 +299,15 @@ async def refusal_from_killed_trainer(
     trainer = ctx.Process(target=sender_stalled_after_first_bucket, args=args, daemon=True)
     trainer.start()
     try:
-        manifest = await asyncio.to_thread(out.get, timeout=60)
-        assert len(manifest["buckets"]) > 2
-        write_manifest(published, manifest)
-        workers = (await client.status())["workers"]
-        announce_peers(manifest, [f"{client.base_url} worker {w}" for w in range(workers)])
+        record = await asyncio.to_thread(out.get, timeout=60)
+        assert len(BroadcastDelivery.of(record).buckets) > 2
+        record.write(published)
+        workers = (await AdminClient(client).status())["workers"]
+        announce_peers(record, [f"{client.base_url} worker {w}" for w in range(workers)])
         body = {"path": str(published), "rank": 1, "version": version}
         receiving = asyncio.create_task(
             client.request(
-                "POST", "/rlkit/receive_weights", retries=0, timeout=timeout_s + 30, json=body
+                "POST", "/rlkit/update_weights", retries=0, timeout=timeout_s + 30, json=body
             )
         )
         assert await asyncio.to_thread(out.get, timeout=60) == STALLED
@@ -291,57 +325,61 @@ async def refusal_from_killed_trainer(
 async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
     own_server: ServerProcess, tied_models: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
-    """The test plays the trainer (`Sender`) for ``/rlkit/receive_weights``: a tensor corrupted
-    in flight is refused and the old weights kept; a trainer that never sends gives a 422
-    naming it within the timeout (no hang), and so does a trainer process SIGKILLed after its
-    first bucket; a good update then loads and scores the canary as the trainer."""
+    """The test plays the trainer (`Sender`) for a broadcast ``/rlkit/update_weights``: a
+    tensor corrupted in flight is refused and the old weights kept; a trainer that never sends
+    gives a 422 naming it within the timeout (no hang), and so does a trainer process
+    SIGKILLed after its first bucket; a good update then loads and scores the canary as the
+    trainer."""
     served, new, _ = tied_models
     published = publish_like_the_trainer(new, tmp_path / "published")
+    canary = PublishedVersion.read(published).canary
     tensors = list(iter_safetensors(published))
     sender = Sender("127.0.0.1", timeout_s=8.0)
     name = "model.layers.1.mlp.down_proj.weight"
 
     async def update(client: InferenceClient, version: int, corrupt: str | None):
-        manifest = sender.manifest(version, tensors, bucket_bytes=64 * 1024)  # several buckets
-        write_manifest(published, manifest)
-        workers = (await client.status())["workers"]
-        announce_peers(manifest, [f"{client.base_url} worker {w}" for w in range(workers)])
-        sending = asyncio.create_task(asyncio.to_thread(sender.send, manifest, tensors))
+        record = broadcast_record(sender, version, tensors, 64 * 1024)  # several buckets
+        record.model_copy(update={"canary": canary}).write(published)
+        workers = (await AdminClient(client).status())["workers"]
+        announce_peers(record, [f"{client.base_url} worker {w}" for w in range(workers)])
+        sending = asyncio.create_task(asyncio.to_thread(sender.send, record, tensors))
         body = {"path": str(published), "rank": 1, "version": version, "corrupt_tensor": corrupt}
         try:
-            return await client.request("POST", "/rlkit/receive_weights", retries=0, json=body)
+            return await client.request("POST", "/rlkit/update_weights", retries=0, json=body)
         finally:
             await sending
 
     async with InferenceClient(own_server.url, max_retries=0) as client:
-        await client.update_weights(str(served))
+        admin = AdminClient(client)
+        await admin.update_weights(str(served))
         before = await greedy(client, str(served))
-        version = (await client.status())["policy_version"]
+        version = (await admin.status())["policy_version"]
         with pytest.raises(InferenceError) as info:
             await update(client, 101, name)
-        assert len(read_manifest(published)["buckets"]) > 1
+        record = PublishedVersion.read(published)
+        assert record.transport == "broadcast" and len(BroadcastDelivery.of(record).buckets) > 1
         assert info.value.status == 422
         assert f"tensor {name!r}: checksum differs" in str(info.value)
         assert f"keeps policy version {version}" in str(info.value)
         assert await greedy(client, str(served)) == before
 
         silent = Sender("127.0.0.1", timeout_s=5.0)  # a trainer that announces, never sends
-        manifest = silent.manifest(102, tensors, bucket_bytes=64 * 1024)
-        write_manifest(published, manifest)
-        announce_peers(manifest, [f"{client.base_url} worker 0"])
+        record = broadcast_record(silent, 102, tensors, 64 * 1024)
+        record.write(published)
+        announce_peers(record, [f"{client.base_url} worker 0"])
         start = time.monotonic()
         body = {"path": str(published), "rank": 1, "version": 102}
         with pytest.raises(InferenceError) as info:
-            await client.request("POST", "/rlkit/receive_weights", retries=0, json=body)
+            await client.request("POST", "/rlkit/update_weights", retries=0, json=body)
         assert time.monotonic() - start < 5.0 + 10
         assert info.value.status == 422 and "the trainer (rank 0" in str(info.value)
-        assert (await client.status())["policy_version"] == version
+        assert (await admin.status())["policy_version"] == version
 
         error = await refusal_from_killed_trainer(client, published, tensors, 103)
         assert error.status == 422, str(error)
         assert re.search(r"bucket \d+ of \d+ never arrived from the trainer \(rank 0", str(error))
         assert f"keeps policy version {version}" in str(error)
-        assert (await client.status())["policy_version"] == version
+        assert (await admin.status())["policy_version"] == version
         assert await greedy(client, str(served)) == before
 
         resp = await update(client, 104, None)
@@ -359,16 +397,17 @@ async def test_pause_keep_holds_requests_until_resume(
     own_server: ServerProcess, tied_models: tuple[Path, Path, Path]
 ) -> None:
     async with InferenceClient(own_server.url) as client:
-        await client.pause(mode="keep")
+        admin = AdminClient(client)
+        await admin.pause(mode="keep")
         try:
             task = asyncio.create_task(
                 client.completion(PROMPT_IDS, str(tied_models[0]), {"max_tokens": 8})
             )
             await asyncio.sleep(1.0)
             assert not task.done()
-            assert (await client.status())["paused"] is True
+            assert (await admin.status())["paused"] is True
         finally:
-            await client.resume()
+            await admin.resume()
         gen = await asyncio.wait_for(task, timeout=60)
         assert len(gen.completion_token_ids) == 8
 

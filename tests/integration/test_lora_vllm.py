@@ -16,15 +16,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlkit.inference.admin import AdminClient
 from rlkit.inference.client import InferenceError
 from rlkit.inference.lifecycle import lora_server_args
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.model import LoraConfig
+from rlkit.protocol.weights import published_bytes
 from rlkit.trainer.config import ModelConfig, OptimConfig, TrainerConfig
-from rlkit.trainer.export import published_bytes
 from rlkit.trainer.trainer import Trainer
 from tests.helpers.cli import RLKIT, TEST_SERVER_ARGS
 from tests.helpers.eval_results import check_engine_results
+from tests.helpers.published import publish_files
 from tests.helpers.trainer_logprobs import train_a_little, trainer_logprobs
 
 SAMPLING = {"max_tokens": 24, "temperature": 1.0, "seed": 0, "ignore_eos": True}
@@ -80,15 +82,16 @@ async def test_adapter_served_by_name_matches_trainer_and_merge(
         server.wait_ready(timeout=600)
         prompt = trainer.tokenizer("<|im_start|>user\nreverse abc<|im_end|>\n")["input_ids"]
         async with (
-            InferenceClient(server.url, adapter="run-a") as a,
-            InferenceClient(server.url, adapter="run-b") as b,
+            InferenceClient(server.url, adapter="run-a") as client_a,
+            InferenceClient(server.url, adapter="run-b") as client_b,
         ):
+            a, b = AdminClient(client_a), AdminClient(client_b)
             assert await a.load_adapter(str(initial), 0) == 0
             assert await b.load_adapter(str(initial), 0) == 0
-            base_gen = await a.completion(prompt, "run-a", SAMPLING)
+            base_gen = await client_a.completion(prompt, "run-a", SAMPLING)
             assert await a.load_adapter(str(trained), 3) == 3  # in place, same name
-            gen = await a.completion(prompt, "run-a", SAMPLING)
-            other = await b.completion(prompt, "run-b", SAMPLING)
+            gen = await client_a.completion(prompt, "run-a", SAMPLING)
+            other = await client_b.completion(prompt, "run-b", SAMPLING)
             assert gen.policy_version_end == 3 and other.policy_version_end == 0
             assert (await a.status())["adapters"] == {"run-a": 3, "run-b": 0}
             ours = trainer_logprobs(trainer, prompt, gen.completion_token_ids)
@@ -114,8 +117,9 @@ async def test_adapter_served_by_name_matches_trainer_and_merge(
                 hf_logprobs(merged, prompt, gen.completion_token_ids),
                 "adapter v3 served vs merged in transformers",
             )
+            publish_files(merged, version=3)  # published as a version by files
             async with InferenceClient(server.url) as plain:
-                await plain.update_weights(str(merged), version=3)  # the base := merged model
+                await AdminClient(plain).update_weights(str(merged), version=3)  # base := merged
                 merged_gen = await plain.completion(prompt, model, SAMPLING)
             ours = trainer_logprobs(trainer, prompt, merged_gen.completion_token_ids)
             close(merged_gen.completion_logprobs, ours, "merged in vLLM vs trainer")
@@ -123,7 +127,7 @@ async def test_adapter_served_by_name_matches_trainer_and_merge(
             await a.unload_adapter()
             assert (await b.status())["adapters"] == {"run-b": 0}
             with pytest.raises(InferenceError):
-                await a.completion(prompt, "run-a", SAMPLING)
+                await client_a.completion(prompt, "run-a", SAMPLING)
     finally:
         trainer.close()
         server.stop()

@@ -13,6 +13,7 @@ import pytest
 
 from rlkit import sandbox
 from rlkit.protocol.batch import read_batch
+from rlkit.protocol.weights import PublishedVersion
 from rlkit.sandbox.backends import Bwrap
 from rlkit.sandbox.session import PythonSession
 from tests.helpers.cli import DEMO_CONFIG, run_cli, run_train, tiny_train_cmd
@@ -58,6 +59,9 @@ async def test_sandboxed_program_runs_with_a_backend_from_a_user_module() -> Non
         ("--orchestrator.scheduler=my_plugins:RECORD", "orchestrator.scheduler"),
         ("--sandbox.backend=firecracker", "sandbox.backend"),
         ("--sandbox.backend=my_plugins:OneGroupScheduler", "sandbox.backend"),
+        ("--inference.weight_transfer=my_plugins:NoSuchTransport", "inference.weight_transfer"),
+        ("--inference.weight_transfer=my_plugins:OneGroupScheduler", "inference.weight_transfer"),
+        ("--inference.weight_transfer=pigeon", "inference.weight_transfer"),
     ],
 )
 def test_unknown_plugins_are_usage_errors_naming_the_field(
@@ -89,3 +93,28 @@ def test_rlkit_train_steps_with_a_scheduler_from_a_user_module(
         batch = read_batch(run_dir / "batches" / f"step_{step:06d}.pt")
         assert batch.meta["group_uids"] == uids
         assert {s.env_id for s in batch.samples} == {"reverse-text"}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("plugins_importable")
+def test_rlkit_train_steps_with_a_weight_transport_from_a_user_module(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Every version goes through the user's transport (a checkpoint step's as files), reaches
+    the real vLLM CPU server, and passes the worker's table check and the canary."""
+    run_dir = tmp_path / "run"
+    cmd = tiny_train_cmd(
+        tiny_model_dir,
+        run_dir,
+        *SHORT,
+        "--orchestrator.max_steps=3",
+        "--ckpt.interval=2",
+        "--inference.weight_transfer=my_plugins:FilePerTensor",
+    )
+    records = run_train(cmd, run_dir, tmp_path / "run.log")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["weights_canary_kl"] < 1e-2 for r in records), records
+    for step, transport in ((1, "my_plugins:FilePerTensor"), (2, "filesystem")):
+        record = PublishedVersion.read(run_dir / "weights" / f"step_{step:06d}")
+        assert record is not None and record.transport == transport
+    assert list((run_dir / "weights" / "step_000003" / "tensors").glob("*.safetensors"))

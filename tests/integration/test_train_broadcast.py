@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.inference.worker_ext import EXIT_IN_BROADCAST_ENV
+from rlkit.weights import EXIT_MID_UPDATE_ENV
 from tests.helpers.cli import tiny_train_cmd
 from tests.helpers.train_runs import SHORT, records, run, run_killing_the_server
 
@@ -38,7 +38,7 @@ def test_broadcast_to_two_servers_survives_one_killed_mid_update(
         f"--inference.broadcast_timeout_s={TIMEOUT_S}",
         "--inference.broadcast_bucket_mb=1",  # several buckets even for the tiny model
     )
-    monkeypatch.setenv(EXIT_IN_BROADCAST_ENV, "2:2")  # rank 2 (second server) at version 2
+    monkeypatch.setenv(EXIT_MID_UPDATE_ENV, "2:2")  # rank 2 (second server) at version 2
     log = tmp_path / "run.log"
     assert run(cmd, log) == 0, log.read_text()[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -21,7 +21,7 @@ import torch
 
 from rlkit.protocol.batch import read_batch
 from rlkit.protocol.layout import RunLayout
-from rlkit.trainer.export import published_bytes
+from rlkit.protocol.weights import published_bytes
 from tests.helpers.cli import RLKIT, TEST_SERVER_ARGS, tiny_train_cmd
 from tests.helpers.train_runs import records, start, wait_for_step
 
@@ -87,6 +87,7 @@ def mean_gap(base: Path, adapter: Path, samples: list) -> float:
 
 def test_two_runs_share_one_lora_server(tiny_model_dir: Path, tmp_path: Path) -> None:
     from rlkit.inference import InferenceClient, ServerProcess
+    from rlkit.inference.admin import AdminClient
     from rlkit.inference.lifecycle import free_port
 
     port = free_port()
@@ -125,7 +126,7 @@ def test_two_runs_share_one_lora_server(tiny_model_dir: Path, tmp_path: Path) ->
 
         async def adapters() -> dict:
             async with InferenceClient(server.url) as client:
-                return (await client.status())["adapters"]
+                return (await AdminClient(client).status())["adapters"]
 
         assert asyncio.run(adapters()) == {}  # each run unloaded its adapter on ending
     finally:

@@ -161,30 +161,36 @@ def test_export_keeps_checkpoint_tensor_names(tmp_path: Path) -> None:
         assert all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())
 
 
-def test_export_publishes_fingerprint_and_canary(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Beside the weights: the fingerprint of the files as written and the trainer's canary
-    logprobs, which transformers reproduces from the exported (bf16) weights."""
-    from rlkit.inference.fingerprint import mismatches, read_fingerprint
+def test_export_publishes_the_record_with_tensor_table_and_canary(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Beside the weights: the version's record, whose tensor table matches the files as
+    written and whose canary logprobs (the trainer's) transformers reproduces from the
+    exported (bf16) weights."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlkit.inference.canary import canary_token_ids, read_canary
+    from rlkit.inference.canary import canary_token_ids
     from rlkit.inference.weights import iter_safetensors
+    from rlkit.protocol.weights import PublishedVersion, mismatches
 
     trainer = Trainer(config(tiny_model_dir, tmp_path / "run"), total_steps=1)
     try:
-        out = trainer.export(tmp_path / "run" / "weights" / "step_000001")
+        out = trainer.export(tmp_path / "run" / "weights" / "step_000001", version=1)
     finally:
         trainer.close()
-    assert mismatches(iter_safetensors(out), read_fingerprint(out)) == []
-    canary = read_canary(out)
-    assert canary["token_ids"] == canary_token_ids(AutoTokenizer.from_pretrained(out))
-    ids = torch.tensor([canary["token_ids"]])
+    record = PublishedVersion.read(out)
+    assert record is not None and (record.version, record.transport) == (1, "filesystem")
+    assert mismatches(iter_safetensors(out), record.tensors) == []
+    canary = record.canary
+    assert canary is not None
+    assert canary.token_ids == canary_token_ids(AutoTokenizer.from_pretrained(out))
+    ids = torch.tensor([canary.token_ids])
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     with torch.no_grad():
         logits = model(ids).logits[0, :-1]
     expected = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
-    assert len(canary["logprobs"]) == len(canary["token_ids"]) - 1 > 10
-    assert canary["logprobs"] == pytest.approx(expected.tolist(), abs=0.05)
+    assert len(canary.logprobs) == len(canary.token_ids) - 1 > 10
+    assert canary.logprobs == pytest.approx(expected.tolist(), abs=0.05)
 
 
 def rl_trainer_config(tmp: Path, model: Path, run_dir: Path) -> Path:

@@ -12,6 +12,7 @@ from rlkit.trainer.config import ModelConfig, OptimConfig, TrainerConfig
 from rlkit.trainer.packing import TokenSequence, make_micro_batches
 from rlkit.trainer.trainer import Trainer
 from tests.helpers.cli import TEST_SERVER_ARGS
+from tests.helpers.published import published_link
 from tests.helpers.trainer_logprobs import train_a_little, trainer_logprobs
 
 
@@ -20,6 +21,7 @@ async def test_exported_weights_served_with_trainer_logprobs(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     from rlkit.inference import InferenceClient, start_server
+    from rlkit.inference.admin import AdminClient
 
     model = str(tiny_model_dir)
     # our own server: its weights change
@@ -34,14 +36,14 @@ async def test_exported_weights_served_with_trainer_logprobs(
     )
     try:
         train_a_little(trainer)
-        exported = trainer.export(RunLayout(tmp_path / "run").weights_version(4))
+        exported = trainer.export(RunLayout(tmp_path / "run").weights_version(4), version=4)
         assert exported is not None and (exported / "STABLE").exists()
         server.wait_ready(timeout=600)
         async with InferenceClient(server.url) as client:
             prompt = trainer.tokenizer("<|im_start|>user\nreverse abc<|im_end|>\n")["input_ids"]
             sampling = {"max_tokens": 24, "temperature": 1.0, "seed": 0, "ignore_eos": True}
             before = await client.completion(prompt, model, sampling)
-            version = await client.update_weights(str(exported), version=4)
+            version = await AdminClient(client).update_weights(str(exported), version=4)
             assert version == 4
             gen = await client.completion(prompt, model, sampling)
         assert gen.policy_version_end == 4 and len(gen.completion_token_ids) == 24
@@ -79,8 +81,11 @@ async def test_trainer_scores_tokens_at_the_sampling_temperature(
 ) -> None:
     """k3 between trainer and vLLM at temperature 0.7 stays at its temperature-1 level."""
     from rlkit.inference import InferenceClient
+    from rlkit.inference.admin import AdminClient
 
     model = str(tiny_model_dir)
+    # the session server's own weights as a version by files, to serve them again at the end
+    original = published_link(tiny_model_dir, tmp_path / "original")
     trainer = Trainer(
         TrainerConfig(
             run_dir=str(tmp_path / "run"), model=ModelConfig(path=model), optim=OptimConfig(lr=1e-2)
@@ -89,11 +94,12 @@ async def test_trainer_scores_tokens_at_the_sampling_temperature(
     )
     try:
         train_a_little(trainer)  # a peaked policy: temperature changes its distribution a lot
-        exported = trainer.export(RunLayout(tmp_path / "run").weights_version(4))
+        exported = trainer.export(RunLayout(tmp_path / "run").weights_version(4), version=4)
         prompt = trainer.tokenizer("<|im_start|>user\nreverse abc<|im_end|>\n")["input_ids"]
         gens: dict[float, list] = {}
         async with InferenceClient(vllm_server.url) as client:
-            await client.update_weights(str(exported), version=4)
+            admin = AdminClient(client)
+            await admin.update_weights(str(exported), version=4)
             try:
                 for temperature in (1.0, 0.7):
                     gens[temperature] = [
@@ -105,7 +111,7 @@ async def test_trainer_scores_tokens_at_the_sampling_temperature(
                         for seed in range(6)
                     ]
             finally:  # the session server is shared: serve the original weights again
-                await client.update_weights(model, version=0)
+                await admin.update_weights(str(original), version=0)
         at_1 = k3(trainer, prompt, gens[1.0], 1.0)
         at_07 = k3(trainer, prompt, gens[0.7], 0.7)
         unscaled = k3(trainer, prompt, gens[0.7], 1.0)  # what the trainer computed before

@@ -1,7 +1,7 @@
-"""The broadcast transport (rlkit.inference.broadcast) between a sender and two receiver
+"""The broadcast transport (rlkit.weights.broadcast) between a sender and two receiver
 processes on gloo: bounded buckets, identical tensors, a named error within the timeout when
 either side dies mid-way, and the trainer's filesystem copy of its last update for a server that
-restarts before the next one (rlkit.trainer.broadcaster)."""
+restarts before the next one (the `Broadcast` transport's trainer side)."""
 
 from __future__ import annotations
 
@@ -14,22 +14,28 @@ from pathlib import Path
 
 import pytest
 import torch
-from rlkit.inference.broadcast import (
+from safetensors.torch import load_file
+
+from rlkit.inference.weights import iter_safetensors
+from rlkit.protocol import handoff
+from rlkit.protocol.weights import PublishedVersion, mismatches, tensor_table
+from rlkit.weights import TransportSettings, broadcast
+from rlkit.weights.broadcast import (
+    FILES_DIR,
+    Broadcast,
+    BroadcastDelivery,
     BroadcastError,
     Sender,
     announce_peers,
     finish_update,
-    read_manifest,
     receive,
     request_files,
-    write_manifest,
 )
-from rlkit.trainer.broadcaster import FILES_DIR, Broadcaster
-from safetensors.torch import load_file
-
-from rlkit.inference import broadcast
-from rlkit.protocol import handoff
-from tests.helpers.broadcast_trainer import STALLED, sender_stalled_after_first_bucket
+from tests.helpers.broadcast_trainer import (
+    STALLED,
+    broadcast_record,
+    sender_stalled_after_first_bucket,
+)
 
 TIMEOUT_S = 5.0
 BUCKET = 4096
@@ -46,12 +52,12 @@ def model_tensors() -> list[tuple[str, torch.Tensor]]:
     ]
 
 
-def receiver(manifest: dict, rank: int, die_after: int | None, out: mp.Queue, go) -> None:
+def receiver(record: PublishedVersion, rank: int, die_after: int | None, out: mp.Queue, go) -> None:
     out.put("ready")  # spawned and imported: the timeouts below are the transport's own
     go.wait()
     got, sizes = [], []
     try:
-        for b, bucket in enumerate(receive(manifest, rank)):
+        for b, bucket in enumerate(receive(record, rank)):
             sizes.append(sum(t.numel() * t.element_size() for _, t in bucket))
             got += [(n, t.clone()) for n, t in bucket]
             if die_after is not None and b + 1 == die_after:
@@ -64,14 +70,14 @@ def receiver(manifest: dict, rank: int, die_after: int | None, out: mp.Queue, go
 
 
 def start_receivers(
-    manifest: dict, die_after: dict[int, int], go=None, ranks: tuple[int, ...] = (1, 2)
+    record: PublishedVersion, die_after: dict[int, int], go=None, ranks: tuple[int, ...] = (1, 2)
 ) -> tuple[list, mp.Queue]:
     """Receiver processes (by default two: ranks 1, 2), started once `go` is set (by default:
     now)."""
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), go or ctx.Event()
     procs = [
-        ctx.Process(target=receiver, args=(manifest, rank, die_after.get(rank), out, go))
+        ctx.Process(target=receiver, args=(record, rank, die_after.get(rank), out, go))
         for rank in ranks
     ]
     for p in procs:
@@ -84,18 +90,21 @@ def start_receivers(
 def test_buckets_are_bounded_and_a_big_tensor_goes_alone() -> None:
     tensors = model_tensors()
     buckets = broadcast.plan_buckets(tensors, BUCKET)
-    assert buckets == [[0, 3], [3, 4], [4, 5]]
-    manifest = broadcast.make_manifest(1, tensors, BUCKET, ("127.0.0.1", 1), TIMEOUT_S)
-    assert [broadcast.bucket_size(manifest, b) <= BUCKET for b in buckets] == [True, False, True]
+    assert buckets == [(0, 3), (3, 4), (4, 5)]
+    delivery = BroadcastDelivery(
+        address=("127.0.0.1", 1), backend="gloo", timeout_s=TIMEOUT_S, buckets=buckets
+    )
+    table = tensor_table(tensors)
+    assert [delivery.bucket_size(table, b) <= BUCKET for b in buckets] == [True, False, True]
 
 
 def test_two_receivers_get_identical_tensors() -> None:
     tensors = model_tensors()
     sender = Sender("127.0.0.1", TIMEOUT_S)
-    manifest = sender.manifest(7, tensors, BUCKET)
-    procs, out = start_receivers(manifest, {})
-    announce_peers(manifest, ["server-a worker 0", "server-b worker 0"])
-    assert sender.send(manifest, tensors) == ["server-a worker 0", "server-b worker 0"]
+    record = broadcast_record(sender, 7, tensors, BUCKET)
+    procs, out = start_receivers(record, {})
+    announce_peers(record, ["server-a worker 0", "server-b worker 0"])
+    assert sender.send(record, tensors) == ["server-a worker 0", "server-b worker 0"]
     for _ in procs:
         rank, status, got, sizes = out.get(timeout=60)
         assert status == "ok", got
@@ -112,12 +121,12 @@ def test_two_receivers_get_identical_tensors() -> None:
 def test_a_receiver_killed_mid_way_is_named_by_the_sender() -> None:
     tensors = model_tensors()
     sender = Sender("127.0.0.1", TIMEOUT_S)
-    manifest = sender.manifest(3, tensors, BUCKET)
-    procs, out = start_receivers(manifest, {2: 1})
-    announce_peers(manifest, ["server-a worker 0", "server-b worker 0"])
+    record = broadcast_record(sender, 3, tensors, BUCKET)
+    procs, out = start_receivers(record, {2: 1})
+    announce_peers(record, ["server-a worker 0", "server-b worker 0"])
     start = time.monotonic()
     with pytest.raises(BroadcastError, match=r"rank 2 \(server-b worker 0\)") as caught:
-        sender.send(manifest, tensors)
+        sender.send(record, tensors)
     assert "rank 1" not in str(caught.value)
     assert time.monotonic() - start < TIMEOUT_S + 5
     for p in procs:
@@ -133,9 +142,9 @@ def test_receivers_name_the_trainer_when_it_is_killed_mid_way() -> None:
     trainer = ctx.Process(target=sender_stalled_after_first_bucket, args=args, daemon=True)
     trainer.start()
     try:
-        manifest = queue.get(timeout=60)
-        procs, out = start_receivers(manifest, {}, go)
-        announce_peers(manifest, ["a", "b"])
+        record = queue.get(timeout=60)
+        procs, out = start_receivers(record, {}, go)
+        announce_peers(record, ["a", "b"])
         assert queue.get(timeout=60) == STALLED
         os.kill(trainer.pid, signal.SIGKILL)
         start = time.monotonic()
@@ -150,28 +159,34 @@ def test_receivers_name_the_trainer_when_it_is_killed_mid_way() -> None:
         p.join(10)
 
 
-class ExportingTrainer:
-    """The one `Trainer` call a `Broadcaster` makes (`export_broadcast`): publish the manifest
-    of `model_tensors()` in `out` and return them."""
+def publish(transport: Broadcast, out: Path, version: int) -> PublishedVersion:
+    """What `Trainer.export` does with the exporting rank's transport (`export_version`):
+    publish `version` of `model_tensors()` in `out` (its record, no tensor files), then start
+    sending."""
+    tensors = model_tensors()
+    record = PublishedVersion(
+        version=version, transport=Broadcast.name, tensors=tensor_table(tensors)
+    )
+    out.mkdir(parents=True)
+    record = transport.publish(out, record, tensors)
+    record.write(out)
+    handoff.mark_published(out)
+    transport.published(out, record, tensors)
+    return record
 
-    def export_broadcast(self, out: Path, manifest, extra: dict | None = None) -> list:
-        tensors = model_tensors()
-        out.mkdir(parents=True)
-        write_manifest(out, manifest(tensors))
-        return tensors
 
-
-def broadcast_to_one_receiver(broadcaster: Broadcaster, out: Path, version: int) -> dict:
+def broadcast_to_one_receiver(transport: Broadcast, out: Path, version: int) -> PublishedVersion:
     """Publish `version` into `out` and send it to one receiver process; the orchestrator's
-    verdict: every server got it. Returns the manifest."""
-    broadcaster.publish(ExportingTrainer(), out, version)
-    manifest = read_manifest(out)
-    procs, results = start_receivers(manifest, {}, ranks=(1,))
-    announce_peers(manifest, ["server-a worker 0"])
+    verdict: every server got it. Returns the record as published."""
+    publish(transport, out, version)
+    record = PublishedVersion.read(out)
+    assert record is not None and not list(out.glob("*.safetensors"))
+    procs, results = start_receivers(record, {}, ranks=(1,))
+    announce_peers(record, ["server-a worker 0"])
     assert results.get(timeout=60)[1] == "ok"
-    assert finish_update(manifest, files_needed=False) is None
+    assert finish_update(record, files_needed=False) is None
     procs[0].join(30)
-    return manifest
+    return record
 
 
 @pytest.mark.slow  # two updates to a spawned receiver, 5-8 s
@@ -180,17 +195,21 @@ def test_a_server_restarting_between_updates_gets_the_last_version_as_files(
 ) -> None:
     """Without this, a one-server broadcast run whose server restarts waits for an update that
     can never come (no server, no rollouts, no next batch)."""
-    broadcaster = Broadcaster(TIMEOUT_S, bucket_mb=1)
-    first = broadcast_to_one_receiver(broadcaster, tmp_path / "step_1", 1)
+    transport = Broadcast(TransportSettings(timeout_s=TIMEOUT_S, bucket_mb=1))
+    first = broadcast_to_one_receiver(transport, tmp_path / "step_1", 1)
     assert not (tmp_path / "step_1" / FILES_DIR).exists()  # nobody asked: nothing written
     path = request_files(first)  # the server restarted: the trainer writes version 1
     assert path == str(tmp_path / "step_1" / FILES_DIR) and handoff.is_published(Path(path))
     written = load_file(str(Path(path) / "model.safetensors"))
     for name, tensor in model_tensors():
         assert torch.equal(written[name], tensor)
+    files = PublishedVersion.read(path)  # the same version, published as files
+    assert files is not None and (files.transport, files.delivery) == ("filesystem", {})
+    assert (files.version, files.tensors) == (first.version, first.tensors)
+    assert mismatches(iter_safetensors(path), files.tensors) == []
 
-    second = broadcast_to_one_receiver(broadcaster, tmp_path / "step_2", 2)
-    broadcaster.wait()  # the trainer's next update (or its end) closes version 2
+    second = broadcast_to_one_receiver(transport, tmp_path / "step_2", 2)
+    transport.settle()  # the trainer's next update (or its end) closes version 2
     start = time.monotonic()
     assert request_files(second) is None  # too late: the server joins the next broadcast
     assert time.monotonic() - start < 1

@@ -14,9 +14,9 @@ from rlkit.errors import UsageError
 from rlkit.inference.client import Response, _response_version, _with_parent
 from rlkit.inference.lifecycle import lora_server_args
 from rlkit.protocol.model import LoraConfig
+from rlkit.protocol.weights import published_bytes
 from rlkit.trainer import dist
 from rlkit.trainer.config import ModelConfig, OptimConfig, TrainerConfig
-from rlkit.trainer.export import published_bytes
 from rlkit.trainer.lora import to_peft_state
 from rlkit.trainer.packing import TokenSequence, make_micro_batches
 from rlkit.trainer.sft import sft_loss

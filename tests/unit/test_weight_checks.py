@@ -1,4 +1,5 @@
-"""Weight-update checks without an engine: fingerprints, the canary's KL, the transport choice."""
+"""Weight-update checks without an engine: the version record's tensor table, the canary's KL,
+the transport choice."""
 
 from __future__ import annotations
 
@@ -7,13 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from rlkit.inference.fingerprint import (
-    fingerprint,
-    mismatches,
-    read_fingerprint,
-    tensor_checksum,
-    write_fingerprint,
-)
 from safetensors.torch import save_file
 
 from rlkit.config import load_config
@@ -21,6 +15,14 @@ from rlkit.errors import UsageError
 from rlkit.inference.canary import canary_kl
 from rlkit.inference.weights import iter_safetensors
 from rlkit.orchestrator.config import InferenceConfig
+from rlkit.protocol.weights import (
+    Canary,
+    PublishedVersion,
+    mismatches,
+    published_bytes,
+    tensor_checksum,
+    tensor_table,
+)
 
 
 def tensors() -> dict[str, torch.Tensor]:
@@ -51,7 +53,7 @@ def test_checksum_is_exact_across_thread_counts_and_sees_one_element() -> None:
 
 def test_mismatches_name_every_kind_of_difference() -> None:
     sent = tensors()
-    published = fingerprint(sent.items())
+    published = tensor_table(sent.items())
     assert mismatches(sent.items(), published) == []
     corrupt = {**sent, "a.weight": sent["a.weight"].clone()}
     corrupt["a.weight"][5, 5] += 1
@@ -66,11 +68,39 @@ def test_mismatches_name_every_kind_of_difference() -> None:
     ]
 
 
-def test_fingerprint_file_round_trip(tmp_path: Path) -> None:
+def test_record_round_trips_and_its_table_matches_the_files(tmp_path: Path) -> None:
     save_file(tensors(), tmp_path / "model.safetensors")
-    assert read_fingerprint(tmp_path) is None
-    write_fingerprint(tmp_path, iter_safetensors(tmp_path))
-    assert mismatches(iter_safetensors(tmp_path), read_fingerprint(tmp_path)) == []
+    assert PublishedVersion.read(tmp_path) is None
+    canary = Canary(token_ids=[1, 2, 3], logprobs=[-0.5, -1.5])
+    record = PublishedVersion(
+        version=4,
+        transport="filesystem",
+        tensors=tensor_table(iter_safetensors(tmp_path)),
+        canary=canary,
+    )
+    record.write(tmp_path)
+    read = PublishedVersion.read(tmp_path)
+    assert read == record and read.canary == canary
+    assert mismatches(iter_safetensors(tmp_path), read.tensors) == []
+    assert (
+        read.nbytes
+        == published_bytes(tmp_path)
+        == sum(t.numel() * t.element_size() for t in tensors().values())
+    )
+    assert read.shapes()["a.weight"] == ("bfloat16", (64, 33))
+
+
+def test_a_tampered_record_is_refused(tmp_path: Path) -> None:
+    """Fields a record does not define, or a negative version, are errors, not ignored."""
+    record = PublishedVersion(version=1, transport="filesystem", tensors=tensor_table([]))
+    record.write(tmp_path)
+    path = tmp_path / "rlkit_version.json"
+    path.write_text(path.read_text().replace('"version":1', '"version":-1'))
+    with pytest.raises(ValueError, match="version"):
+        PublishedVersion.read(tmp_path)
+    path.write_text(record.model_dump_json().replace('"version":1', '"version":1,"extra":0'))
+    with pytest.raises(ValueError, match="extra"):
+        PublishedVersion.read(tmp_path)
 
 
 def test_canary_kl_is_the_mean_k3() -> None:
@@ -85,18 +115,24 @@ def test_weight_transfer_choice() -> None:
     assert InferenceConfig().weight_transfer == "auto"
     assert InferenceConfig(weight_transfer="filesystem").weight_transfer == "filesystem"
     assert InferenceConfig(weight_transfer="broadcast").weight_transfer == "broadcast"
+    assert InferenceConfig(weight_transfer="ipc").weight_transfer == "ipc"
 
 
-def test_ipc_is_refused_naming_the_field(tmp_path: Path) -> None:
+def test_an_unknown_transport_is_refused_naming_the_field(tmp_path: Path) -> None:
     from rlkit.launch.config import RLJobConfig
 
     toml = tmp_path / "train.toml"
-    toml.write_text('[inference]\nweight_transfer = "ipc"\n')
-    with pytest.raises(UsageError, match=r"inference\.weight_transfer.*one CUDA GPU"):
+    toml.write_text('[inference]\nweight_transfer = "carrier-pigeon"\n')
+    with pytest.raises(UsageError, match=r"inference\.weight_transfer.*carrier-pigeon"):
+        load_config(RLJobConfig, toml)
+    toml.write_text('[inference]\nweight_transfer = "json:dumps"\n')  # a callable, no class
+    with pytest.raises(UsageError, match=r"inference\.weight_transfer.*not a WeightTransport"):
         load_config(RLJobConfig, toml)
 
 
-def test_broadcast_reaches_the_trainer_config_and_is_refused_for_lora(tmp_path: Path) -> None:
+def test_transport_reaches_the_trainer_and_full_weights_are_refused_for_lora(
+    tmp_path: Path,
+) -> None:
     from rlkit.launch.config import RLJobConfig
 
     base = '[model]\npath = "m"\n[[env]]\nid = "reverse-text"\n'
@@ -115,4 +151,9 @@ def test_broadcast_reaches_the_trainer_config_and_is_refused_for_lora(tmp_path: 
     assert load_config(RLJobConfig, toml).trainer_config().weights.transfer == "filesystem"
     toml.write_text(base + '[model.lora]\nrank = 4\n[inference]\nweight_transfer = "broadcast"\n')
     with pytest.raises(UsageError, match="broadcast.*LoRA"):
+        load_config(RLJobConfig, toml)
+    toml.write_text(base + '[inference]\nweight_transfer = "ipc"\n')
+    assert load_config(RLJobConfig, toml).trainer_config().weights.transfer == "ipc"
+    toml.write_text(base + '[model.lora]\nrank = 4\n[inference]\nweight_transfer = "ipc"\n')
+    with pytest.raises(UsageError, match="ipc.*LoRA"):
         load_config(RLJobConfig, toml)

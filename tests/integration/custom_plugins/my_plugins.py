@@ -1,8 +1,9 @@
-"""A user's own rollout scheduler and sandbox backends, outside rlkit, one class each.
+"""A user's own rollout scheduler, sandbox backends and weight transport, outside rlkit, one
+class each.
 
 With this folder on PYTHONPATH, `rlkit train` takes `[orchestrator] scheduler =
-"my_plugins:OneGroupScheduler"` and `[sandbox] backend = "my_plugins:TaggedBwrap"`; nothing in
-rlkit names them.
+"my_plugins:OneGroupScheduler"`, `[sandbox] backend = "my_plugins:TaggedBwrap"` and
+`[inference] weight_transfer = "my_plugins:FilePerTensor"`; nothing in rlkit names them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rlkit.orchestrator.scheduler import SCHEDULERS, Counters, Group
+from rlkit.protocol.weights import PublishedVersion
 from rlkit.sandbox.backends import BACKENDS, Bwrap
 from rlkit.sandbox.launch import Launch
 
@@ -103,3 +105,50 @@ class MissingTool(TaggedBwrap):
 
     def problem(self) -> str | None:
         return "the missing-tool runtime is not installed"
+
+
+class FilePerTensor:
+    """A weight transport written against `rlkit.weights.WeightTransport` alone: one
+    safetensors file per tensor under `tensors/`, listed in the record's delivery (the engine
+    worker imports this module by the name the record carries)."""
+
+    name: ClassVar[str] = "my_plugins:FilePerTensor"
+
+    def __init__(self, settings: Any, model_files: Any = None) -> None:
+        self.published_versions: list[int] = []
+
+    def publish(self, tmp: Path, record: PublishedVersion, tensors: list) -> PublishedVersion:
+        from safetensors.torch import save_file
+
+        (tmp / "tensors").mkdir()
+        files = []
+        for i, (name, tensor) in enumerate(tensors):
+            files.append(f"tensors/{i:05d}.safetensors")
+            save_file({name: tensor}, str(tmp / files[-1]))
+        return record.model_copy(update={"delivery": {"files": files}})
+
+    def published(self, out: Path, record: PublishedVersion, tensors: list) -> None:
+        self.published_versions.append(record.version)
+
+    def settle(self) -> None:
+        return None
+
+    @classmethod
+    def receive(cls, record: PublishedVersion, directory: Path, rank: int) -> list:
+        from safetensors.torch import load_file
+
+        out = []
+        for file in record.delivery["files"]:
+            out += list(load_file(str(Path(directory) / file)).items())
+        return out
+
+    @classmethod
+    async def deliver(cls, servers: list, directory: str, record: PublishedVersion) -> list:
+        from rlkit.weights.filesystem import load_files
+
+        return await load_files(servers, directory, record.version)
+
+    @classmethod
+    async def catch_up(cls, server: Any, directory: str, record: PublishedVersion) -> bool:
+        await server.update_weights(directory, record.version)
+        return True

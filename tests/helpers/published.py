@@ -1,0 +1,31 @@
+"""A model directory made into a policy version as the trainer publishes one by files: its record
+(`rlkit.protocol.weights.PublishedVersion`, ``filesystem``) with the tensor table of its
+safetensors. A server loads only published versions (`/rlkit/update_weights` refuses a
+directory without a record), so a test that loads a plain HF directory publishes it first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlkit.inference.weights import iter_safetensors
+from rlkit.protocol.weights import Canary, PublishedVersion, tensor_table
+
+
+def publish_files(directory: Path | str, version: int = 0, canary: Canary | None = None) -> Path:
+    """Write `directory`'s record (its files as they are) and return `directory`."""
+    directory = Path(directory)
+    tensors = tensor_table(iter_safetensors(directory))
+    record = PublishedVersion(
+        version=version, transport="filesystem", tensors=tensors, canary=canary
+    )
+    record.write(directory)
+    return directory
+
+
+def published_link(source: Path | str, out: Path, version: int = 0) -> Path:
+    """`source`'s weights (symlinked, never copied: a shared fixture stays untouched) published
+    in `out` by files."""
+    out.mkdir(parents=True)
+    for file in Path(source).glob("*.safetensors"):
+        (out / file.name).symlink_to(file.resolve())
+    return publish_files(out, version)

@@ -1,0 +1,163 @@
+"""The ``ipc`` weight transport without an engine: the trainer's side packs a version into an
+anonymous shared-memory buffer, another process (a worker's side) maps it from the handle in
+the record and gets exactly the published tensors; a buffer the trainer let go, or a
+descriptor that is not the named buffer, is refused; a trainer or worker SIGKILLed mid-update
+leaves no hang and nothing in /dev/shm."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlkit.protocol import handoff
+from rlkit.protocol.weights import PublishedVersion, mismatches, tensor_table
+from rlkit.weights import TransportSettings, transport_class
+from rlkit.weights.ipc import Ipc, IpcDelivery, IpcError, open_shared
+
+TENSORS = [
+    ("embed.weight", torch.randn(37, 16).to(torch.bfloat16)),
+    ("norm.weight", torch.ones(16)),
+    ("odd.bytes", torch.arange(7, dtype=torch.uint8)),
+]
+
+
+def shm_entries() -> set[str]:
+    """/dev/shm's files that a weight buffer could leave: rlkit's own names and torch's
+    shared-memory files (other processes' semaphores and torch managers on a shared machine
+    come and go and are not ours)."""
+    names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
+    return {n for n in names if "rlkit" in n or n.startswith("torch_")}
+
+
+def publish(tmp: Path, version: int = 1, timeout_s: float = 5.0) -> tuple[Ipc, PublishedVersion]:
+    ipc = Ipc(TransportSettings(timeout_s=timeout_s))
+    record = PublishedVersion(version=version, transport="ipc", tensors=tensor_table(TENSORS))
+    record = ipc.publish(tmp, record, TENSORS)
+    ipc.published(tmp, record, TENSORS)
+    return ipc, record
+
+
+def worker_check(record_json: str, queue: mp.Queue) -> None:
+    """A worker's side in another process: map, check against the table."""
+    record = PublishedVersion.model_validate_json(record_json)
+    try:
+        tensors = Ipc.receive(record, Path("."), 0)
+        queue.put(mismatches(tensors, record.tensors))
+    except IpcError as exc:
+        queue.put(f"IpcError: {exc}")
+
+
+def in_worker(record: PublishedVersion) -> object:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=worker_check, args=(record.model_dump_json(), queue))
+    proc.start()
+    try:
+        return queue.get(timeout=60)
+    finally:
+        proc.join(30)
+
+
+def test_ipc_is_a_registered_transport() -> None:
+    assert transport_class("ipc") is Ipc
+
+
+@pytest.mark.slow  # spawns processes that import torch
+def test_another_process_maps_exactly_the_published_tensors(tmp_path: Path) -> None:
+    before = shm_entries()
+    ipc, record = publish(tmp_path)
+    delivery = IpcDelivery.of(PublishedVersion.model_validate_json(record.model_dump_json()))
+    assert delivery.pid == os.getpid() and delivery.size >= record.nbytes
+    assert in_worker(record) == []  # every tensor arrived, checksums equal
+    assert shm_entries() == before  # a memfd has no name in /dev/shm
+    handoff.mark_delivered(tmp_path)
+    ipc.settle()  # delivered: the buffer is let go at once
+    result = in_worker(record)
+    assert isinstance(result, str) and "no longer holds its buffer" in result
+
+
+def test_the_copy_on_write_mapping_cannot_change_the_trainers_bytes(tmp_path: Path) -> None:
+    ipc, record = publish(tmp_path)
+    try:
+        mapped = open_shared(record)
+        mapped[0][1].zero_()  # a worker scribbling on its view
+        assert mismatches(open_shared(record), record.tensors) == []
+    finally:
+        handoff.mark_delivered(tmp_path)
+        ipc.settle()
+
+
+def test_a_record_naming_another_descriptor_is_refused(tmp_path: Path) -> None:
+    ipc, record = publish(tmp_path)
+    try:
+        other = os.open(tmp_path, os.O_RDONLY)  # a descriptor of the trainer that is no buffer
+        forged = record.model_copy(update={"delivery": {**record.delivery, "fd": other}})
+        with pytest.raises(IpcError, match="no longer holds its buffer"):
+            open_shared(forged)
+        os.close(other)
+    finally:
+        handoff.mark_delivered(tmp_path)
+        ipc.settle()
+
+
+def test_settle_waits_for_delivery_but_not_forever(tmp_path: Path) -> None:
+    ipc, record = publish(tmp_path, timeout_s=0.5)
+    start = time.monotonic()
+    ipc.settle()  # nobody marks it delivered: bounded by the transport's timeout
+    assert 0.4 < time.monotonic() - start < 5
+    assert ipc.live == []
+
+
+def trainer_publishes_then_hangs(tmp: str, queue: mp.Queue) -> None:
+    _, record = publish(Path(tmp))
+    queue.put(record.model_dump_json())
+    time.sleep(600)
+
+
+@pytest.mark.slow  # spawns processes that import torch
+def test_a_trainer_killed_mid_update_leaves_no_hang_and_nothing_in_dev_shm(
+    tmp_path: Path,
+) -> None:
+    before = shm_entries()
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    trainer = ctx.Process(target=trainer_publishes_then_hangs, args=(str(tmp_path), queue))
+    trainer.start()
+    record = PublishedVersion.model_validate_json(queue.get(timeout=60))
+    assert in_worker(record) == []  # while the trainer holds it
+    os.kill(trainer.pid, signal.SIGKILL)
+    trainer.join(30)
+    start = time.monotonic()
+    result = in_worker(record)
+    assert isinstance(result, str) and f"the trainer (pid {trainer.pid})" in result
+    assert time.monotonic() - start < 30  # refused at once, no wait
+    assert shm_entries() == before
+
+
+def worker_maps_then_dies(record_json: str) -> None:
+    record = PublishedVersion.model_validate_json(record_json)
+    open_shared(record)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.slow  # spawns processes that import torch
+def test_a_worker_killed_mid_update_leaves_no_hang_and_nothing_in_dev_shm(
+    tmp_path: Path,
+) -> None:
+    before = shm_entries()
+    ipc, record = publish(tmp_path, timeout_s=1.0)
+    ctx = mp.get_context("spawn")
+    worker = ctx.Process(target=worker_maps_then_dies, args=(record.model_dump_json(),))
+    worker.start()
+    worker.join(60)
+    assert worker.exitcode == -signal.SIGKILL
+    start = time.monotonic()
+    ipc.settle()  # never delivered: the trainer lets the buffer go after its timeout
+    assert time.monotonic() - start < 5
+    assert shm_entries() == before
