@@ -18,3 +18,12 @@ class SystemRequirementError(Exception):
 class RunStopped(RuntimeError):
     """A run stopped itself for a reason it can explain (no learning signal, ...) after writing
     a resumable checkpoint; the CLI prints the message and exits with code 1."""
+
+
+class InferenceError(RuntimeError):
+    """A request to an inference server failed for good (after retries, or a non-retryable
+    status); `status` is the HTTP status, None when the server did not answer."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status

@@ -27,6 +27,8 @@ from typing import Any
 import aiohttp
 from multidict import CIMultiDictProxy
 
+from rlkit.errors import InferenceError
+
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
@@ -57,14 +59,6 @@ class Response:
 
     def json(self) -> Any:
         return json.loads(self.content)
-
-
-class InferenceError(RuntimeError):
-    """A request failed for good (after retries, or a non-retryable status)."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass

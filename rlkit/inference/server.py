@@ -215,7 +215,10 @@ async def load_on_workers(
                     log.error("not resumed: the engine died during the update")
             state.updating = False
     verified = all(r["verified"] for r in results)
-    return JSONResponse({"policy_version": state.version, "verified": verified})
+    seconds = results[0].get("seconds")  # worker 0's receive / verify / load split
+    return JSONResponse(
+        {"policy_version": state.version, "verified": verified, "worker_seconds": seconds}
+    )
 
 
 def build_router() -> APIRouter:

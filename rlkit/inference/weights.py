@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
 from pathlib import Path
-
-import torch
 
 from rlkit.errors import UsageError
 
@@ -100,13 +97,3 @@ def check_signature(
             raise UsageError(
                 f"{new_dir}: tensor {name!r} has shape {new[name][1]}, expected {shape}"
             )
-
-
-def iter_safetensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) from every ``*.safetensors`` file in a directory, in name order."""
-    from safetensors import safe_open
-
-    for file in sorted(Path(path).glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)

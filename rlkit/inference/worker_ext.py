@@ -13,6 +13,7 @@ gone (`rlkit.lifetime.follow_process`), so a killed server leaves no engine proc
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -67,7 +68,8 @@ class WeightSyncExtension:
         The record comes from the API server, which verified its signature: the worker does not
         re-read it from `directory`, where it could have changed since. `corrupt_tensor` is a
         test hook: that tensor is altered after it arrives, as a fault in flight would. Returns
-        {"tensors", "verified"} or {"error"}, with the model untouched on an error.
+        {"tensors", "verified", "seconds": {receive, verify, load}} or {"error"}, with the model
+        untouched on an error.
         """
         from rlkit.protocol.weights import PublishedVersion, mismatches
         from rlkit.weights import transport_class
@@ -76,18 +78,22 @@ class WeightSyncExtension:
         rank = first_rank + getattr(self, "rank", 0)
         try:
             transport = transport_class(record.transport)
+            t0 = time.perf_counter()
             tensors = transport.receive(record, Path(directory), rank)
         except (RuntimeError, OSError, ValueError) as exc:
             return {"error": str(exc)}
         if corrupt_tensor is not None:
             tensors = [(n, corrupted(t) if n == corrupt_tensor else t) for n, t in tensors]
+        t1 = time.perf_counter()
         if problems := mismatches(tensors, record.tensors):
             return {"error": "; ".join(problems)}
+        t2 = time.perf_counter()
         self.reload_weights(weights_iterator=iter(tensors))  # type: ignore[attr-defined]
         self._refresh_tied_lm_head()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        return {"tensors": len(tensors), "verified": True}
+        seconds = {"receive": t1 - t0, "verify": t2 - t1, "load": time.perf_counter() - t2}
+        return {"tensors": len(tensors), "verified": True, "seconds": seconds}
 
     def _refresh_tied_lm_head(self) -> None:
         """Re-run the LM head's post-load processing when it shares the embedding weight.

@@ -19,7 +19,7 @@ weights, a partial file, a tensor corrupted in flight or sent under the wrong na
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +171,16 @@ def mismatches(received: Iterable[Named], expected: list[TensorEntry], limit: in
             problems.append(f"tensor {name!r}: {'/'.join(what)} differs from the published one")
     problems += [f"tensor {name!r} published but not received" for name in want.keys() - seen]
     return problems[:limit]
+
+
+def iter_safetensors(path: str | Path) -> Iterator[Named]:
+    """Yield (name, tensor) from every ``*.safetensors`` file in a directory, in name order."""
+    from safetensors import safe_open
+
+    for file in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
 
 
 def published_bytes(directory: str | Path) -> int:

@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -42,13 +42,17 @@ from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 from rich.markup import escape
 
-from rlkit.inference.client import InferenceError
+from rlkit.errors import InferenceError
 from rlkit.protocol.weights import Named, PublishedVersion, TensorEntry, aligned
-from rlkit.weights import TRANSPORTS, ModelFiles, Outcome, TransportSettings, exit_mid_update
 from rlkit.weights.filesystem import load_files, outcome_of, write_files
-
-if TYPE_CHECKING:
-    from rlkit.inference.admin import AdminClient
+from rlkit.weights.transport import (
+    TRANSPORTS,
+    ModelFiles,
+    Outcome,
+    ServerAdmin,
+    TransportSettings,
+    exit_mid_update,
+)
 
 HEARTBEAT_S = 0.2  # receivers' heartbeat period; a peer silent for several of them is dead
 FILES_DIR = "files"  # the filesystem copy of a broadcast version, inside its directory
@@ -516,7 +520,7 @@ class Broadcast:
 
     @classmethod
     async def deliver(
-        cls, servers: list[AdminClient], directory: str, record: PublishedVersion
+        cls, servers: list[ServerAdmin], directory: str, record: PublishedVersion
     ) -> list[Outcome]:
         """Every server's workers join the group; one that answers but did not get a complete
         verified update keeps its old version and then loads the trainer's filesystem copy."""
@@ -556,7 +560,7 @@ class Broadcast:
         return [o for o in outcomes if o is not None]
 
     @classmethod
-    async def catch_up(cls, server: AdminClient, directory: str, record: PublishedVersion) -> bool:
+    async def catch_up(cls, server: ServerAdmin, directory: str, record: PublishedVersion) -> bool:
         """The trainer's filesystem copy of the version, written on request; False when the
         trainer has moved on (the server joins its next update) or cannot be reached."""
         try:

@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from rlkit.atomic import atomic_dir
-from rlkit.inference.client import InferenceError
-from rlkit.inference.weights import iter_safetensors
+from rlkit.errors import InferenceError
 from rlkit.protocol import handoff
-from rlkit.protocol.weights import Named, PublishedVersion
-from rlkit.weights import TRANSPORTS, ModelFiles, Outcome, TransportSettings
-
-if TYPE_CHECKING:
-    from rlkit.inference.admin import AdminClient
+from rlkit.protocol.weights import Named, PublishedVersion, iter_safetensors
+from rlkit.weights.transport import TRANSPORTS, ModelFiles, Outcome, ServerAdmin, TransportSettings
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -46,7 +42,7 @@ def write_files(
     return out
 
 
-async def load_files(servers: list[AdminClient], directory: str, version: int) -> list[Outcome]:
+async def load_files(servers: list[ServerAdmin], directory: str, version: int) -> list[Outcome]:
     """Every server in `servers` loads the files in `directory` as `version`."""
     results = await asyncio.gather(
         *(s.update_weights(directory, version) for s in servers), return_exceptions=True
@@ -97,11 +93,11 @@ class Filesystem:
 
     @classmethod
     async def deliver(
-        cls, servers: list[AdminClient], directory: str, record: PublishedVersion
+        cls, servers: list[ServerAdmin], directory: str, record: PublishedVersion
     ) -> list[Outcome]:
         return await load_files(servers, directory, record.version)
 
     @classmethod
-    async def catch_up(cls, server: AdminClient, directory: str, record: PublishedVersion) -> bool:
+    async def catch_up(cls, server: ServerAdmin, directory: str, record: PublishedVersion) -> bool:
         await server.update_weights(directory, record.version)
         return True

@@ -23,7 +23,7 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -31,11 +31,15 @@ from pydantic import BaseModel, ConfigDict
 from rlkit.errors import RunStopped
 from rlkit.protocol import handoff
 from rlkit.protocol.weights import Named, PublishedVersion, packed_offsets
-from rlkit.weights import TRANSPORTS, ModelFiles, Outcome, TransportSettings, exit_mid_update
 from rlkit.weights.filesystem import outcome_of
-
-if TYPE_CHECKING:
-    from rlkit.inference.admin import AdminClient
+from rlkit.weights.transport import (
+    TRANSPORTS,
+    ModelFiles,
+    Outcome,
+    ServerAdmin,
+    TransportSettings,
+    exit_mid_update,
+)
 
 
 class TrainerGone(RunStopped):
@@ -170,7 +174,7 @@ class Ipc:
 
     @classmethod
     async def deliver(
-        cls, servers: list[AdminClient], directory: str, record: PublishedVersion
+        cls, servers: list[ServerAdmin], directory: str, record: PublishedVersion
     ) -> list[Outcome]:
         """Every server maps the buffer. When the trainer is gone (one host: its pid tells)
         the run stops resumably instead: no server can load the version."""
@@ -188,10 +192,10 @@ class Ipc:
         return [outcome_of(r) for r in results]
 
     @classmethod
-    async def catch_up(cls, server: AdminClient, directory: str, record: PublishedVersion) -> bool:
+    async def catch_up(cls, server: ServerAdmin, directory: str, record: PublishedVersion) -> bool:
         """The same buffer while the trainer holds it; False once it moved on (the server
         then joins the next update)."""
-        from rlkit.inference.client import InferenceError
+        from rlkit.errors import InferenceError
 
         try:
             await server.update_weights(directory, record.version)

@@ -1,135 +1,149 @@
-"""Weight updates by filesystem and by broadcast against a raw copy of the same bytes, tiny and
-small models, side by side.
+"""Weight updates by every built-in transport (filesystem, broadcast, ipc) against a raw copy of
+the same bytes, tiny and small models, side by side in one run.
 
     python tests/benchmarks/bench_weight_update.py [--repeats 5] [--sizes tiny,small]
 
-Per model size: two weight directories (the model and a perturbed copy, with their fingerprints,
-as the trainer exports them) are loaded alternately into one running vLLM CPU server, by
-``filesystem`` (`/rlkit/update_weights`: validation, pause, read + verify + in-place reload on
-the worker, version bump, resume) and by ``broadcast`` (this process plays the trainer: a
-`Sender` thread sends the same tensors over gloo while `/rlkit/receive_weights` joins, receives,
-verifies and reloads). The broadcast's transfer share is the sender's time (group set-up, every
-bucket, the peers' confirmation); the rest of the update is pause, verification and vLLM's
-reload. The raw baseline reads the same safetensors files and copies every tensor into a
-preallocated tensor of the same shape and dtype. All reads come from the page cache.
-The raw copies run before the server starts: timed right after an update, with vLLM's processes
-still busy, they took 12 ms (tiny) and 459 ms (small) instead of 0.6 and 7 ms, which made the
-update look cheaper than a copy. Prints one JSON line with the median seconds of each and the
-ratios broadcast / filesystem, filesystem / raw and broadcast / raw, and the broadcast's
-transfer share.
+Per model size, this process plays the trainer's exporting rank and the orchestrator against
+one running vLLM CPU server: two versions (the model's tensors and a perturbed copy) are
+published alternately through each transport's trainer side (`publish`: files written, a
+broadcast planned, a shared buffer filled; then `published`: a broadcast starts sending) and
+delivered through its orchestrator side (`deliver`: the server pauses, receives, checks the
+tensor table, reloads in place, bumps its version, resumes). The update's time is publish +
+deliver; the server reports its worker's split (receive / verify / vLLM's reload), from which
+the reload share is given. The raw baseline copies every tensor of the same version into a
+preallocated tensor of the same shape and dtype (before the server starts: timed right after
+an update, with vLLM's processes busy, the copies took 20-60x longer). Prints one JSON line:
+per size and transport the median seconds, the worker's split, and the ratios to filesystem
+and to the raw copy.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import shutil
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import httpx
 import torch
-from rlkit.inference.broadcast import Sender, announce_peers, write_manifest
-from rlkit.inference.fingerprint import FINGERPRINT_FILE, write_fingerprint
-from safetensors.torch import load_file, save_file
 
 from rlkit.inference import start_server
-from rlkit.inference.weights import iter_safetensors
+from rlkit.inference.admin import AdminClient
+from rlkit.inference.client import InferenceClient
+from rlkit.protocol.weights import iter_safetensors
 from rlkit.models import init_tiny
+from rlkit.protocol import handoff
+from rlkit.protocol.weights import PublishedVersion, tensor_table
+from rlkit.weights import TransportSettings, transport_class
 
-BUCKET_BYTES = 1024 * 2**20
-
-
-def perturbed_copy(model: Path, out: Path) -> Path:
-    shutil.copytree(model, out)
-    for file in out.glob("*.safetensors"):
-        tensors = load_file(file)
-        save_file({k: v + 1e-3 * torch.randn_like(v) for k, v in tensors.items()}, file)
-    return out
+TRANSPORTS = ("filesystem", "broadcast", "ipc")
 
 
-def raw_copy_s(directory: Path, targets: dict[str, torch.Tensor]) -> float:
+def versions(model: Path) -> list[list[tuple[str, torch.Tensor]]]:
+    tensors = list(iter_safetensors(model))
+    perturbed = [(n, t + 1e-3 * torch.randn_like(t)) for n, t in tensors]
+    return [tensors, perturbed]
+
+
+def raw_copy_s(tensors: list[tuple[str, torch.Tensor]], targets: dict[str, torch.Tensor]) -> float:
     t0 = time.perf_counter()
-    for file in sorted(directory.glob("*.safetensors")):
-        for name, tensor in load_file(file).items():
-            targets[name].copy_(tensor)
+    for name, tensor in tensors:
+        targets[name].copy_(tensor)
     return time.perf_counter() - t0
 
 
-def broadcast_update(
-    client: httpx.Client, sender: Sender, directory: Path, version: int
-) -> tuple[float, float]:
-    """(whole update s, sender's transfer s) of `directory`'s tensors sent as `version`."""
-    tensors = list(iter_safetensors(directory))
-    manifest = sender.manifest(version, tensors, BUCKET_BYTES)
-    published = directory.with_name(directory.name + "-manifest")
-    published.mkdir(exist_ok=True)
-    shutil.copy(directory / FINGERPRINT_FILE, published / FINGERPRINT_FILE)
-    write_manifest(published, manifest)
-    announce_peers(manifest, [f"{client.base_url} worker 0"])
-    sent: list[float] = []
-
-    def send() -> None:
-        t = time.perf_counter()
-        sender.send(manifest, tensors)
-        sent.append(time.perf_counter() - t)
-
-    thread = threading.Thread(target=send)
+async def one_update(
+    name: str, transport, admin: AdminClient, root: Path, version: int, tensors
+) -> tuple[float, dict]:
+    """(publish + deliver seconds, the worker's split) of one version through `transport`."""
+    out = root / f"{name}-{version}"
+    out.mkdir()
     t0 = time.perf_counter()
-    thread.start()
-    body = {"path": str(published), "rank": 1, "version": version}
-    client.post("/rlkit/receive_weights", json=body).raise_for_status()
-    total = time.perf_counter() - t0
-    thread.join()
-    return total, sent[0]
+    record = PublishedVersion(version=version, transport=name, tensors=tensor_table(tensors))
+    record = transport.publish(out, record, tensors)
+    record.write(out)
+    handoff.mark_published(out)
+    transport.published(out, record, tensors)
+    split: dict = {}
+    original = admin.update_weights
+
+    async def keep_split(*args, **kwargs) -> int:  # the worker's split from the response
+        resp = await admin.client.request(
+            "POST",
+            "/rlkit/update_weights",
+            retries=0,
+            json={"path": args[0], "version": args[1], "rank": kwargs.get("rank", 0)},
+        )
+        split.update(resp.json().get("worker_seconds") or {})
+        return int(resp.json()["policy_version"])
+
+    admin.update_weights = keep_split  # type: ignore[method-assign]
+    try:
+        outcomes = await type(transport).deliver([admin], str(out), record)
+    finally:
+        admin.update_weights = original  # type: ignore[method-assign]
+    assert all(o.loaded for o in outcomes), outcomes
+    transport.settle()
+    return time.perf_counter() - t0, split
 
 
-def measure(size: str, root: Path, repeats: int) -> dict[str, float]:
+async def measure_server(url: str, root: Path, pair, repeats: int) -> dict[str, dict]:
+    settings = TransportSettings(timeout_s=300)
+    transports = {name: transport_class(name)(settings, None) for name in TRANSPORTS}
+    times: dict[str, list[float]] = {name: [] for name in TRANSPORTS}
+    splits: dict[str, list[dict]] = {name: [] for name in TRANSPORTS}
+    async with InferenceClient(url, timeout=600) as client:
+        admin = AdminClient(client)
+        version = 0
+        for i in range(repeats + 1):  # the first round warms caches
+            for name, transport in transports.items():  # interleaved: same conditions
+                version += 1
+                s, split = await one_update(
+                    name, transport, admin, root, version, pair[version % 2]
+                )
+                if i:
+                    times[name].append(s)
+                    splits[name].append(split)
+    out = {}
+    for name in TRANSPORTS:
+        load = statistics.median(s["load"] for s in splits[name])
+        out[name] = {
+            "update_s": statistics.median(times[name]),
+            "worker_receive_s": statistics.median(s["receive"] for s in splits[name]),
+            "worker_verify_s": statistics.median(s["verify"] for s in splits[name]),
+            "worker_reload_s": load,
+        }
+        out[name]["reload_share"] = load / out[name]["update_s"]
+    return out
+
+
+def measure(size: str, root: Path, repeats: int) -> dict[str, object]:
     model = init_tiny(root / size, size=size)  # type: ignore[arg-type]
-    dirs = [model, perturbed_copy(model, root / f"{size}-b")]
-    for directory in dirs:
-        write_fingerprint(directory, iter_safetensors(directory))
-    targets = {
-        k: torch.empty_like(v) for f in model.glob("*.safetensors") for k, v in load_file(f).items()
-    }
+    pair = versions(model)
+    targets = {n: torch.empty_like(t) for n, t in pair[0]}
     nbytes = sum(t.numel() * t.element_size() for t in targets.values())
-    # the first round of each warms caches
-    raw = [raw_copy_s(dirs[(i + 1) % 2], targets) for i in range(repeats + 1)][1:]
+    raw = statistics.median([raw_copy_s(pair[i % 2], targets) for i in range(repeats + 1)][1:])
     server = start_server(str(model), log_path=root / f"{size}.log")
-    update, bcast, transfer = [], [], []
     try:
         server.wait_ready(timeout=900)
-        sender = Sender("127.0.0.1", timeout_s=300)
-        with httpx.Client(base_url=server.url, timeout=600) as client:
-            for i in range(repeats + 1):  # the two transports alternate, same directories
-                t0 = time.perf_counter()
-                r = client.post("/rlkit/update_weights", json={"path": str(dirs[(i + 1) % 2])})
-                r.raise_for_status()
-                fs_s = time.perf_counter() - t0
-                total, sent = broadcast_update(client, sender, dirs[i % 2], 1000 + i)
-                if i:
-                    update.append(fs_s)
-                    bcast.append(total)
-                    transfer.append(sent)
+        work = root / f"{size}-versions"
+        work.mkdir()
+        result = asyncio.run(measure_server(server.url, work, pair, repeats))
     finally:
         server.stop()
-    u, b, c = statistics.median(update), statistics.median(bcast), statistics.median(raw)
-    t = statistics.median(transfer)
-    return {
-        "mbytes": round(nbytes / 2**20, 1),
-        "filesystem_s": u,
-        "broadcast_s": b,
-        "broadcast_transfer_s": t,
-        "broadcast_reload_s": b - t,
-        "raw_copy_s": c,
-        "broadcast_over_filesystem": b / u,
-        "filesystem_over_raw": u / c,
-        "broadcast_over_raw": b / c,
-        "broadcast_transfer_share": t / b,
-    }
+    fs = result["filesystem"]["update_s"]
+    for r in result.values():
+        r["over_filesystem"] = r["update_s"] / fs
+        r["over_raw_copy"] = r["update_s"] / raw
+    return {"mbytes": round(nbytes / 2**20, 1), "raw_copy_s": raw, **result}
+
+
+def rounded(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    return round(value, 4) if isinstance(value, float) else value
 
 
 def main() -> None:
@@ -140,8 +154,7 @@ def main() -> None:
     out: dict[str, object] = {"bench": "weight_update", "repeats": args.repeats}
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes.split(","):
-            r = measure(size, Path(tmp), args.repeats)
-            out[size] = {k: round(v, 4) for k, v in r.items()}
+            out[size] = rounded(measure(size, Path(tmp), args.repeats))
     print(json.dumps(out))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlkit.inference.weights import iter_safetensors
+from rlkit.protocol.weights import iter_safetensors
 from rlkit.protocol.weights import Canary, PublishedVersion, tensor_table
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlkit.inference.weights import iter_safetensors
+from rlkit.protocol.weights import iter_safetensors
 from rlkit.protocol import handoff
 from rlkit.protocol.weights import PublishedVersion, mismatches, tensor_table
 from rlkit.weights import TransportSettings, broadcast

@@ -103,6 +103,21 @@ def test_the_layering_is_the_documented_one() -> None:
     # the orchestrator-trainer contract sits below both: data flows one way through it
     assert "protocol" in graph["orchestrator"] and "protocol" in graph["trainer"]
     assert not {"orchestrator", "trainer", "launch"} & graph["protocol"]
+    # the orchestrator learns everything about a version from the protocol's record, and the
+    # weight transports serve both sides without importing either
+    assert "trainer" not in transitive(graph, "orchestrator")
+    assert not {"orchestrator", "trainer", "launch"} & transitive(graph, "weights")
+
+
+def transitive(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every node `start` reaches through imports."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for node in graph.get(todo.pop(), set()) - seen:
+            seen.add(node)
+            todo.append(node)
+    return seen
 
 
 def test_imports_inside_functions_and_relative_imports_count() -> None:
