@@ -32,10 +32,9 @@ import torch
 from rlkit.inference import start_server
 from rlkit.inference.admin import AdminClient
 from rlkit.inference.client import InferenceClient
-from rlkit.protocol.weights import iter_safetensors
 from rlkit.models import init_tiny
 from rlkit.protocol import handoff
-from rlkit.protocol.weights import PublishedVersion, tensor_table
+from rlkit.protocol.weights import PublishedVersion, iter_safetensors, tensor_table
 from rlkit.weights import TransportSettings, transport_class
 
 TRANSPORTS = ("filesystem", "broadcast", "ipc")

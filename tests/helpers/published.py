@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlkit.protocol.weights import iter_safetensors
-from rlkit.protocol.weights import Canary, PublishedVersion, tensor_table
+from rlkit.protocol.weights import Canary, PublishedVersion, iter_safetensors, tensor_table
 
 
 def publish_files(directory: Path | str, version: int = 0, canary: Canary | None = None) -> Path:

@@ -29,9 +29,8 @@ from rlkit.inference import (
 from rlkit.inference.admin import AdminClient
 from rlkit.inference.canary import CanaryMismatch, canary_token_ids, pool_canary_kl
 from rlkit.inference.lifecycle import has_cuda
-from rlkit.protocol.weights import iter_safetensors
 from rlkit.models import init_tiny
-from rlkit.protocol.weights import VERSION_FILE, Canary, PublishedVersion
+from rlkit.protocol.weights import VERSION_FILE, Canary, PublishedVersion, iter_safetensors
 from rlkit.weights.broadcast import BroadcastDelivery, Sender, announce_peers
 from tests.helpers.broadcast_trainer import (
     STALLED,

@@ -170,8 +170,7 @@ def test_export_publishes_the_record_with_tensor_table_and_canary(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlkit.inference.canary import canary_token_ids
-    from rlkit.protocol.weights import iter_safetensors
-    from rlkit.protocol.weights import PublishedVersion, mismatches
+    from rlkit.protocol.weights import PublishedVersion, iter_safetensors, mismatches
 
     trainer = Trainer(config(tiny_model_dir, tmp_path / "run"), total_steps=1)
     try:

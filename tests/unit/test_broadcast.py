@@ -16,9 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlkit.protocol.weights import iter_safetensors
 from rlkit.protocol import handoff
-from rlkit.protocol.weights import PublishedVersion, mismatches, tensor_table
+from rlkit.protocol.weights import PublishedVersion, iter_safetensors, mismatches, tensor_table
 from rlkit.weights import TransportSettings, broadcast
 from rlkit.weights.broadcast import (
     FILES_DIR,

@@ -13,11 +13,11 @@ from safetensors.torch import save_file
 from rlkit.config import load_config
 from rlkit.errors import UsageError
 from rlkit.inference.canary import canary_kl
-from rlkit.protocol.weights import iter_safetensors
 from rlkit.orchestrator.config import InferenceConfig
 from rlkit.protocol.weights import (
     Canary,
     PublishedVersion,
+    iter_safetensors,
     mismatches,
     published_bytes,
     tensor_checksum,
