@@ -1,19 +1,23 @@
-"""The ``broadcast`` weight transport: the trainer sends each version over a process group that
-it opens for that update with every engine worker of every participating server.
+"""The ``broadcast`` weight transport: the trainer sends each version over a process group with
+every engine worker of every participating server.
 
-Why a group of its own per update: the trainer's ranks already share FSDP's default group and
-each vLLM server its own, and the set of servers changes (one dies, one rejoins). So the
-trainer's exporting rank hosts a `TCPStore`, and each update N is a standalone group under its
-own store prefix: rank 0 is the trainer, ranks 1.. the engine workers. gloo on CPU, NCCL on
-CUDA (`new_group`): the same code path, so CI exercises it.
+Why a group of its own: the trainer's ranks already share FSDP's default group and each vLLM
+server its own, and the set of servers changes (one dies, one rejoins). So the trainer's
+exporting rank hosts a `TCPStore` and opens a standalone group under its own store prefix: rank
+0 is the trainer, ranks 1.. the engine workers. gloo on CPU, NCCL on CUDA (`new_group`): the
+same code path, so CI exercises it. The group is kept across updates while the same worker
+processes join (each reports the group it holds when it joins an update), and opened anew when
+the membership changes or an update failed: its set-up, a rendezvous of every rank through the
+store, is then paid once, not per update (`Sender.setup_s` / `transfer_s`).
 
 The handshake, as typed messages on the store (`Channel`): the trainer publishes the version's
 record with a `BroadcastDelivery` (its store's address, backend, timeout, bucket layout) and no
 tensor files; the orchestrator, which decides who joins, announces the peers' labels
-(`Peers`); the sender opens the group for 1 + len(peers) ranks and each worker joins with its
-rank. Afterwards the orchestrator gives its verdict (`Verdict`): when a live server did not get a
-complete verified update, the trainer writes the filesystem copy of the same version
-(`FilesReady`) and that server loads it. Until its next update the trainer also writes that copy
+(`Peers`); each worker says which group it holds, the sender names the group of this update
+(`GroupInfo`: the kept one, or a new one for 1 + len(peers) ranks) and sends. Afterwards the
+orchestrator gives its verdict (`Verdict`): when a live server did not get a complete verified
+update, the trainer writes the filesystem copy of the same version (`FilesReady`) and that
+server loads it. Until its next update the trainer also writes that copy
 on request (`Rejoin`) for a server that restarts in between: with one server, waiting for the
 next update would never end, since no rollout, hence no next batch, can be made without a
 server. After its next update starts, the trainer marks the version `Closed` and such a server
@@ -89,6 +93,14 @@ class Peers(BaseModel):
     """Orchestrator -> trainer: who joins; rank i + 1 is labels[i] (a server URL and worker)."""
 
     labels: list[str]
+
+
+class GroupInfo(BaseModel):
+    """Trainer -> workers: the process group this update uses (`id`, kept across updates while
+    the same worker processes join) and its size."""
+
+    id: int
+    size: int
 
 
 class Verdict(BaseModel):
@@ -262,6 +274,11 @@ class Sender:
         )
         self.address = (host, self.store.port)
         self.device = device
+        self.group: dist.ProcessGroup | None = None  # kept while the same peers join
+        self.group_peers: list[str] = []
+        self.group_id = 0
+        self.setup_s = 0.0  # the last update's group set-up (0 when its group was kept)
+        self.transfer_s = 0.0  # ... and its buckets, up to every peer's confirmation
 
     def delivery(self, tensors: list[Named], bucket_bytes: int) -> BroadcastDelivery:
         return BroadcastDelivery(
@@ -289,8 +306,9 @@ class Sender:
         if not peers:
             return []
         prefix = channel.group_prefix()
+        t0 = time.perf_counter()
         try:
-            group = new_group(self.store, prefix, 0, 1 + len(peers), self.timeout, delivery.backend)
+            group = self._group_for(channel, peers, delivery.backend)
         except RuntimeError as exc:
             missing = [
                 f"rank {r} ({peers[r - 1]})"
@@ -301,6 +319,7 @@ class Sender:
                 f"update {version}: peers never joined within {wait_s:.0f}s: "
                 f"{', '.join(missing) or 'unknown'}: {exc}"
             ) from exc
+        self.setup_s = time.perf_counter() - t0
         try:
             for b, bucket in enumerate(delivery.buckets):
                 try:
@@ -312,9 +331,31 @@ class Sender:
                         f"peer(s) not responding: {', '.join(dead) or 'none found'}: {exc}"
                     ) from exc
             self._confirm(prefix, peers, version)
-        finally:
-            del group  # closes its connections now, not at the next collection
+        except BroadcastError:
+            self.group = None  # broken: the next update opens a new one
+            raise
+        self.transfer_s = time.perf_counter() - t0 - self.setup_s
         return peers
+
+    def _group_for(self, channel: Channel, peers: list[str], backend: str) -> dist.ProcessGroup:
+        """The group of this update: the previous one when the same worker processes join
+        (each reports the group it holds), else a new one (its set-up is a rendezvous of every
+        rank through the store: what reusing saves)."""
+        prefix = channel.group_prefix()
+        keys = [f"{prefix}joined/{r}" for r in range(1, len(peers) + 1)]
+        self.store.wait(keys, self.timeout)
+        held = {int(self.store.get(key)) for key in keys}
+        if self.group is not None and peers == self.group_peers and held == {self.group_id}:
+            channel.put(GroupInfo(id=self.group_id, size=1 + len(peers)))
+            return self.group
+        self.group = None  # closes the old group's connections
+        self.group_id += 1
+        channel.put(GroupInfo(id=self.group_id, size=1 + len(peers)))
+        group = new_group(
+            self.store, f"group-{self.group_id}/", 0, 1 + len(peers), self.timeout, backend
+        )
+        self.group, self.group_peers = group, peers
+        return group
 
     def _confirm(self, prefix: str, peers: list[str], version: int) -> None:
         """Wait for every peer to confirm the last bucket (a send can complete into a dead
@@ -384,6 +425,9 @@ class _Heartbeat:
         self.thread.join()
 
 
+_GROUPS: dict[tuple, tuple[int, dist.ProcessGroup]] = {}  # this worker's group per trainer store
+
+
 def receive(record: PublishedVersion, rank: int) -> Iterator[list[Named]]:
     """A worker's side: join the update as `rank` and yield each bucket's (name, tensor) pairs
     as it arrives (views into the bucket's buffer: on this process's current CUDA device with
@@ -393,16 +437,24 @@ def receive(record: PublishedVersion, rank: int) -> Iterator[list[Named]]:
     device = f"cuda:{torch.cuda.current_device()}" if delivery.backend == "nccl" else "cpu"
     timeout = timedelta(seconds=delivery.timeout_s)
     trainer = f"the trainer (rank 0, store {delivery.address[0]}:{delivery.address[1]})"
+    key = tuple(delivery.address)
+    held = _GROUPS.get(key)
     try:
         channel = Channel(_connect(delivery), version)
         prefix = channel.group_prefix()
-        peers = channel.get(Peers).labels
-        channel.store.set(f"{prefix}joined/{rank}", "1")
+        channel.store.set(f"{prefix}joined/{rank}", str(held[0] if held else 0))
         heartbeat = _Heartbeat(delivery, f"{prefix}beat/{rank}")
     except RuntimeError as exc:
         raise BroadcastError(f"update {version}: cannot reach {trainer}: {exc}") from exc
     try:
-        group = new_group(channel.store, prefix, rank, 1 + len(peers), timeout, delivery.backend)
+        info = channel.get(GroupInfo)
+        if held is None or held[0] != info.id:
+            _GROUPS.pop(key, None)
+            group = new_group(
+                channel.store, f"group-{info.id}/", rank, info.size, timeout, delivery.backend
+            )
+            _GROUPS[key] = (info.id, group)
+        group = _GROUPS[key][1]
         tensors = record.tensors
         for b, bucket in enumerate(delivery.buckets):
             size = delivery.bucket_size(tensors, bucket)
@@ -423,6 +475,7 @@ def receive(record: PublishedVersion, rank: int) -> Iterator[list[Named]]:
                 channel.store.set(f"{prefix}done/{rank}", "1")
             yield out
     except RuntimeError as exc:
+        _GROUPS.pop(key, None)  # broken: the next update opens a new one
         if isinstance(exc, BroadcastError):
             raise
         raise BroadcastError(f"update {version}: joining the group with {trainer}: {exc}") from exc
