@@ -230,10 +230,10 @@ class InferenceClient:
 
     async def pause(self, mode: str = "keep") -> None:
         """Pause generation; with `keep` in-flight requests freeze and continue on resume."""
-        await self.request("POST", "/pause", params={"mode": mode})
+        await self.request("POST", "/rlkit/pause", params={"mode": mode})
 
     async def resume(self) -> None:
-        await self.request("POST", "/resume")
+        await self.request("POST", "/rlkit/resume")
 
     async def update_weights(self, path: str, version: int | None = None) -> int:
         """Load HF safetensors from `path` in place; returns the new policy version."""
