@@ -8,6 +8,7 @@ extends it with the trainer's sections.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -15,6 +16,8 @@ from pydantic import Field, field_validator, model_validator
 from rlkit.config import Config
 from rlkit.envs.sampling import SamplingConfig
 from rlkit.inference.transfer import WeightTransfer, check_weight_transfer
+from rlkit.protocol.credentials import ensure_token_file, read_token
+from rlkit.protocol.layout import RunLayout
 from rlkit.sandbox.config import SandboxConfig
 from rlkit.trainer.config import ModelConfig
 
@@ -41,6 +44,12 @@ def check_gpu_list(field: str, gpus: list[int]) -> None:
 class InferenceConfig(Config):
     urls: list[str] = Field(
         default_factory=list, description="Use these running servers instead of launching any."
+    )
+    token_file: str | None = Field(
+        None,
+        description="Token file (mode 0600) of the servers in `urls` (their owner's, or this "
+        "run's tenant token on a shared `rlkit infer`); None = the run's own, created at "
+        "run_dir/token and handed to the servers the run launches.",
     )
     num_servers: int = Field(1, ge=1, description="Servers to launch when `urls` is empty.")
     host: str = Field("127.0.0.1", description="Address launched servers bind.")
@@ -273,3 +282,19 @@ class RolloutJobConfig(Config):
     sandbox: SandboxConfig = Field(
         default_factory=SandboxConfig, description="Sandbox for untrusted code the envs run."
     )
+
+
+def run_token_file(cfg: RolloutJobConfig) -> Path:
+    """The file holding the credential of this run's servers: `inference.token_file`, else the
+    run's own (`run_dir/token`)."""
+    if cfg.inference.token_file:
+        return Path(cfg.inference.token_file)
+    return RunLayout(cfg.log.run_dir).token
+
+
+def run_token(cfg: RolloutJobConfig) -> str:
+    """The run's credential: a given `inference.token_file` must exist, the run's own is
+    created on first use (every role of the run may be first)."""
+    if cfg.inference.token_file:
+        return read_token(cfg.inference.token_file)
+    return ensure_token_file(run_token_file(cfg))
