@@ -170,6 +170,12 @@ class RequireToken:
         await send({"type": "http.response.body", "body": body})
 
 
+PATH_REFUSED = (
+    "path refused: not inside a directory this server loads weights from "
+    "(rlkit infer --allowed-weights-root)"
+)
+
+
 class PathRefused(UsageError):
     """A path outside the server's weight roots (the same words whether it exists or not)."""
 
@@ -182,10 +188,7 @@ def confine(path: str | Path, roots: list[Path]) -> Path:
     except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop
         resolved = None
     if resolved is None or not any(resolved.is_relative_to(root) for root in roots):
-        raise PathRefused(
-            f"path refused: {str(path)!r} is not inside a directory this server loads weights "
-            "from (rlkit infer --allowed-weights-root)"
-        )
+        raise PathRefused(PATH_REFUSED)
     return resolved
 
 
