@@ -120,7 +120,7 @@ class ServerFleet:
             extra_args=extra_args,
             env=env,
             token_file=run_token_file(self.cfg),
-            weights_roots=[RunLayout(self.run_dir).weights],
+            weights_roots=[RunLayout(self.run_dir).weights, *inf.weights_roots],
         )
 
     def start(self) -> None:

@@ -52,6 +52,11 @@ class InferenceConfig(Config):
         "run_dir/token and handed to the servers the run launches.",
     )
     num_servers: int = Field(1, ge=1, description="Servers to launch when `urls` is empty.")
+    weights_roots: list[str] = Field(
+        default_factory=list,
+        description="Directories launched servers may load weights from besides this run's "
+        "run_dir/weights (another run directory's, when a server serves another role's run).",
+    )
     host: str = Field("127.0.0.1", description="Address launched servers bind.")
     base_port: int = Field(
         0, ge=0, lt=65536, description="First port for launched servers (0 = any free port)."
