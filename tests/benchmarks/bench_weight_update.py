@@ -98,12 +98,12 @@ def measure(size: str, root: Path, repeats: int) -> dict[str, float]:
     nbytes = sum(t.numel() * t.element_size() for t in targets.values())
     # the first round of each warms caches
     raw = [raw_copy_s(dirs[(i + 1) % 2], targets) for i in range(repeats + 1)][1:]
-    server = start_server(str(model), log_path=root / f"{size}.log")
+    server = start_server(str(model), log_path=root / f"{size}.log", weights_roots=[root])
     update, bcast, transfer = [], [], []
     try:
         server.wait_ready(timeout=900)
         sender = Sender("127.0.0.1", timeout_s=300)
-        with httpx.Client(base_url=server.url, timeout=600) as client:
+        with httpx.Client(base_url=server.url, headers=server.headers, timeout=600) as client:
             for i in range(repeats + 1):  # the two transports alternate, same directories
                 t0 = time.perf_counter()
                 r = client.post("/rlkit/update_weights", json={"path": str(dirs[(i + 1) % 2])})
