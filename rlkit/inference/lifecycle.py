@@ -151,16 +151,15 @@ class ServerCredentials:
 def infer_credentials(
     port: int, token_file: str | Path | None = None, tenants: list[str] | tuple = ()
 ) -> ServerCredentials:
-    """The owner's token file (`token_file`, else `$RLKIT_HOME/infer/PORT/token`, created 0600
-    on first use and kept across restarts) and a `NAME.token` per tenant in `tenants/` beside
-    it, each created when missing."""
+    """The owner's token file (`token_file`, else `$RLKIT_HOME/infer/PORT/token`; created 0600
+    when missing, kept across restarts) and a `NAME.token` per tenant in `tenants/` beside it,
+    each created when missing."""
     if token_file is None:
         home = Path(os.environ.get("RLKIT_HOME") or "~/.rlkit").expanduser()
         token_file = home / "infer" / str(port) / "token"
-        token_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        ensure_token_file(token_file)
     token_file = Path(token_file).resolve()
-    read_token(token_file)  # a given file must exist and be private
+    token_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    ensure_token_file(token_file)  # an existing file must be private
     tenants_dir = token_file.parent / "tenants" if tenants else None
     files = {}
     for name in tenants:
