@@ -463,6 +463,7 @@ def main(argv: list[str] | None = None) -> None:
     # runtime LoRA loading but rlkit's tenant-aware /rlkit/load_adapter
     os.environ["VLLM_SERVER_DEV_MODE"] = "0"
     os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "0"
+    os.environ.pop("VLLM_API_KEY", None)  # vLLM's own key (OpenAI routes only): the token rules
     import uvloop
     import vllm.logger
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup

@@ -9,6 +9,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
+from rlkit.errors import UsageError
 from rlkit.inference.auth import (
     PATH_REFUSED,
     PathRefused,
@@ -131,3 +132,48 @@ def test_adapters_belong_to_the_run_that_loaded_them(security: ServerSecurity) -
     assert security.visible(bob, adapters) == {"run-b": 2}
     assert security.visible(owner, adapters) == adapters
     assert security.visible(None, adapters) == {}
+
+
+def test_a_server_never_starts_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlkit.inference.server import server_security
+    from rlkit.protocol.credentials import TOKEN_FILE_ENV, write_token_file
+
+    monkeypatch.delenv(TOKEN_FILE_ENV, raising=False)
+    with pytest.raises(UsageError, match="no token file"):
+        server_security(["--model", "m"])
+    token = write_token_file(tmp_path / "token")
+    args = ["--model", "m", "--rlkit-token-file", str(tmp_path / "token")]
+    with pytest.raises(UsageError, match="--api-key"):
+        server_security([*args, "--api-key", "k"])
+    (tmp_path / "tenants").mkdir()
+    write_token_file(tmp_path / "tenants" / "alice.token", ALICE)
+    security, rest = server_security(
+        [*args, "--rlkit-tenants-dir", str(tmp_path / "tenants"), "--rlkit-max-update-s", "7",
+         "--rlkit-allowed-weights-root", str(tmp_path), "--port", "1"]
+    )  # fmt: skip
+    assert rest == ["--model", "m", "--port", "1"]
+    assert security.owner_token == token and security.tenants == {"alice": ALICE}
+    assert security.max_update_s == 7 and security.roots == [tmp_path.resolve()]
+    (tmp_path / "tenants" / "alice.token").chmod(0o644)
+    with pytest.raises(UsageError, match="other users"):
+        server_security([*args, "--rlkit-tenants-dir", str(tmp_path / "tenants")])
+
+
+def test_rlkit_infer_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlkit.inference.lifecycle import infer_credentials, security_args
+
+    monkeypatch.setenv("RLKIT_HOME", str(tmp_path / "home"))
+    first = infer_credentials(8000, tenants=["a", "b"])
+    assert first.token_file == (tmp_path / "home" / "infer" / "8000" / "token").resolve()
+    assert first.tenants_dir == first.token_file.parent / "tenants"
+    assert sorted(first.tenant_files) == ["a", "b"]
+    files = [first.token_file, *first.tenant_files.values()]
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in files)
+    again = infer_credentials(8000, tenants=["a"])  # a restart keeps every token
+    assert again.token_file.read_text() == first.token_file.read_text()
+    assert again.tenant_files["a"].read_text() == first.tenant_files["a"].read_text()
+    for bad in ("owner", "../x", ".hidden", ""):
+        with pytest.raises(UsageError, match="--tenant"):
+            infer_credentials(8000, tenants=[bad])
+    args = security_args([tmp_path], first.tenants_dir, 5.0)
+    assert first.token_file.read_text().strip() not in " ".join(args)  # paths, never the token
