@@ -235,8 +235,8 @@ def test_rlkit_eval_sends_the_token_file(
     code, out = run_cli(monkeypatch, capsys, *base)
     assert code == 2 and "HTTP 401" in out and "--token-file" in out
     code, out = run_cli(monkeypatch, capsys, *base, "--token-file", str(secured.server.token_file))
-    assert code == 0, out
+    assert code in (0, None), out
     assert os.listdir(tmp_path)
     # a tenant's file works too (the OpenAI routes take any of the server's tokens)
     code, out = run_cli(monkeypatch, capsys, *base, "--token-file", str(secured.alice_file))
-    assert code == 0, out
+    assert code in (0, None), out
