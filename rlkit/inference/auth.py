@@ -36,6 +36,10 @@ OWNER_PATHS = frozenset(
     {"/rlkit/update_weights", "/rlkit/receive_weights", "/rlkit/pause", "/rlkit/resume"}
 )
 OWNER = "owner"
+WRONG_TOKEN = (
+    "wrong credential: not a token of this server (`rlkit infer` prints its token file; a "
+    "run gives it as inference.token_file, `rlkit eval` as --token-file)"
+)
 TOKEN_SUFFIX = ".token"
 DEFAULT_MAX_UPDATE_S = 300.0
 
@@ -149,7 +153,7 @@ class RequireToken:
             return
         found = self.security.identify(token)
         if found is None:
-            await self._refuse(scope, send, 403, "wrong credential")
+            await self._refuse(scope, send, 403, WRONG_TOKEN)
             return
         if path in OWNER_PATHS and not found.owner:
             await self._refuse(scope, send, 403, "only the server's owner may do this")
