@@ -39,12 +39,18 @@ def tiny_moe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     """A real vLLM server (CPU, or GPU where there is one) on 127.0.0.1 serving `tiny_model_dir`;
-    model name is its path."""
+    model name is its path. Clients need its token: `vllm_server.client()`, `.headers`,
+    `.token_file` (`rlkit eval --token-file`); weights load from the tests' temporary folders."""
     from rlkit.inference import start_server
     from tests.helpers.cli import TEST_SERVER_ARGS
 
     log = tmp_path_factory.mktemp("logs") / "vllm-session.log"
-    server = start_server(str(tiny_model_dir), log_path=log, extra_args=TEST_SERVER_ARGS)
+    server = start_server(
+        str(tiny_model_dir),
+        log_path=log,
+        extra_args=TEST_SERVER_ARGS,
+        weights_roots=[tmp_path_factory.getbasetemp()],  # any test's tmp_path
+    )
     try:
         server.wait_ready(timeout=600)
         yield server

@@ -276,7 +276,7 @@ def engine_figures(model: str, out: Path, prompts: int = 64, max_tokens: int = 2
     once; writes {"engine start s", "generation tokens/s"} to `out`."""
     import asyncio
 
-    from rlkit.inference import InferenceClient, start_server
+    from rlkit.inference import start_server
 
     t0 = time.monotonic()
     server = start_server(model, log_path=out.with_suffix(".server.log"))
@@ -286,7 +286,7 @@ def engine_figures(model: str, out: Path, prompts: int = 64, max_tokens: int = 2
 
         async def generate() -> float:
             sampling = {"max_tokens": max_tokens, "min_tokens": max_tokens, "temperature": 1.0}
-            async with InferenceClient(server.url) as client:
+            async with server.client() as client:
                 await client.completion("warm up", model, sampling)
                 t1 = time.monotonic()
                 outs = await asyncio.gather(

@@ -75,6 +75,9 @@ def run_cmd(
     api_key_var: str | None = typer.Option(
         None, "--api-key-var", "-k", help="Env variable holding the API key [OPENAI_API_KEY]."
     ),
+    token_file: str | None = typer.Option(
+        None, "--token-file", help="An `rlkit infer` server's token file (sent as the API key)."
+    ),
     num_examples: int | None = typer.Option(
         None, "--num-examples", "-n", min=1, help="Dataset rows to evaluate [5]."
     ),
@@ -154,6 +157,7 @@ def run_cmd(
         "model": model,
         "base_url": base_url,
         "api_key_var": api_key_var,
+        "token_file": token_file,
         "num_examples": num_examples,
         "rollouts_per_example": rollouts_per_example,
         "max_concurrent": max_concurrent,

@@ -101,12 +101,12 @@ def max_model_len(extra_args: Sequence[str], model_path: str) -> int | None:
     return None
 
 
-def served_context(urls: Sequence[str], model: str) -> int | None:
+def served_context(urls: Sequence[str], model: str, api_key: str | None = None) -> int | None:
     """The `max_model_len` that the first answering server reports for `model` (vLLM's model
     card): what running servers (`--role orchestrator`) really use, whatever the config says."""
 
     async def ask(url: str) -> Any:
-        async with InferenceClient(url, timeout=5.0, max_retries=0) as client:
+        async with InferenceClient(url, api_key=api_key, timeout=5.0, max_retries=0) as client:
             return ((await client.model_card(model)) or {}).get("max_model_len")
 
     for url in urls:

@@ -55,6 +55,11 @@ class EvalConfig(Config):
     api_key_var: str = Field(
         "OPENAI_API_KEY", description="Environment variable holding the API key (unset: no key)."
     )
+    token_file: str | None = Field(
+        None,
+        description="Token file of an `rlkit infer` server (mode 0600); its token is sent as "
+        "the API key instead of api_key_var's.",
+    )
     num_examples: int = Field(5, ge=1, description="Number of dataset rows to evaluate.")
     rollouts_per_example: int = Field(3, ge=1, description="Rollouts per row (k of avg@k).")
     max_concurrent: int = Field(32, ge=1, description="Maximum rollouts in flight.")

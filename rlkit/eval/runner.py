@@ -44,6 +44,7 @@ from rlkit.eval.store import EvalResult, RunMetadata, RunStore, pending_keys
 from rlkit.inference import InferenceClient, InferenceError
 from rlkit.inference.client import RETRY_STATUS
 from rlkit.progress import print_line
+from rlkit.protocol.credentials import read_token
 
 
 class EvalInterrupted(Exception):
@@ -89,7 +90,8 @@ async def check_endpoint(config: EvalConfig, api_key: str | None) -> None:
             if exc.status in (401, 403):
                 raise UsageError(
                     f"{config.base_url} refused the API key (HTTP {exc.status}); put the key in "
-                    f"${config.api_key_var} or name another variable with -k"
+                    f"${config.api_key_var} or name another variable with -k (an `rlkit infer` "
+                    "server: --token-file FILE, the file it printed)"
                 ) from exc
             if exc.status == 404 or exc.status in RETRY_STATUS:
                 return
@@ -230,6 +232,8 @@ async def run_eval_async(
     if metadata is not None:
         check_resumable(config, metadata, plan)
     api_key = os.environ.get(config.api_key_var) if config.api_key_var else None
+    if config.token_file:
+        api_key = read_token(config.token_file)
     await check_endpoint(config, api_key)
 
     if metadata is None:

@@ -43,10 +43,10 @@ class AdminClient:
 
     async def pause(self, mode: str = "keep") -> None:
         """Pause generation; with `keep` in-flight requests freeze and continue on resume."""
-        await self.client.request("POST", "/pause", params={"mode": mode})
+        await self.client.request("POST", "/rlkit/pause", params={"mode": mode})
 
     async def resume(self) -> None:
-        await self.client.request("POST", "/resume")
+        await self.client.request("POST", "/rlkit/resume")
 
     async def update_weights(
         self,

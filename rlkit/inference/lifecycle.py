@@ -18,7 +18,9 @@ from pathlib import Path
 import httpx
 
 from rlkit.errors import UsageError
+from rlkit.inference.client import InferenceClient
 from rlkit.lifetime import die_with_parent_preexec
+from rlkit.protocol.credentials import TOKEN_FILE_ENV, ensure_token_file, read_token
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -113,12 +115,60 @@ def server_env() -> dict[str, str]:
     if not has_cuda():
         env.setdefault("VLLM_USE_AOT_COMPILE", "0")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of RAM reserved for the KV cache
-    env.setdefault("VLLM_SERVER_DEV_MODE", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
     env.setdefault("HF_HUB_OFFLINE", "1")
     return env
+
+
+def security_args(
+    weights_roots: list[str | Path] | tuple = (),
+    tenants_dir: str | Path | None = None,
+    max_update_s: float | None = None,
+) -> list[str]:
+    """rlkit's server flags: where weights may load from, the tenants, the update limit (the
+    token itself travels in the file named by `RLKIT_TOKEN_FILE`, never in argv)."""
+    args: list[str] = []
+    for root in weights_roots:
+        args += ["--rlkit-allowed-weights-root", str(root)]
+    if tenants_dir is not None:
+        args += ["--rlkit-tenants-dir", str(tenants_dir)]
+    if max_update_s is not None:
+        args += ["--rlkit-max-update-s", str(max_update_s)]
+    return args
+
+
+@dataclass
+class ServerCredentials:
+    """The token files of one `rlkit infer` server: its owner's and one per tenant."""
+
+    token_file: Path
+    tenants_dir: Path | None
+    tenant_files: dict[str, Path]
+
+
+def infer_credentials(
+    port: int, token_file: str | Path | None = None, tenants: list[str] | tuple = ()
+) -> ServerCredentials:
+    """The owner's token file (`token_file`, else `$RLKIT_HOME/infer/PORT/token`; created 0600
+    when missing, kept across restarts) and a `NAME.token` per tenant in `tenants/` beside it,
+    each created when missing."""
+    if token_file is None:
+        home = Path(os.environ.get("RLKIT_HOME") or "~/.rlkit").expanduser()
+        token_file = home / "infer" / str(port) / "token"
+    token_file = Path(token_file).resolve()
+    token_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    ensure_token_file(token_file)  # an existing file must be private
+    tenants_dir = token_file.parent / "tenants" if tenants else None
+    files = {}
+    for name in tenants:
+        if not name or "/" in name or name.startswith(".") or name == "owner":
+            raise UsageError(f"--tenant {name!r}: a plain name other than 'owner'")
+        files[name] = token_file.parent / "tenants" / f"{name}.token"
+        files[name].parent.mkdir(exist_ok=True, mode=0o700)
+        ensure_token_file(files[name])
+    return ServerCredentials(token_file, tenants_dir, files)
 
 
 def server_command(model: str, host: str, port: int, extra_args: list[str]) -> list[str]:
@@ -145,7 +195,21 @@ class ServerProcess:
     process: subprocess.Popen
     url: str
     log_path: Path
+    token_file: Path
     _log_file: object = field(default=None, repr=False)
+
+    @property
+    def token(self) -> str:
+        """The owner's token of this server (what every client of it sends)."""
+        return read_token(self.token_file)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def client(self, **kwargs: object) -> InferenceClient:
+        """An `InferenceClient` of this server holding its owner's token."""
+        return InferenceClient(self.url, api_key=self.token, **kwargs)  # type: ignore[arg-type]
 
     @property
     def pid(self) -> int:
@@ -210,8 +274,14 @@ def start_server(
     log_path: str | Path | None = None,
     extra_args: list[str] | None = None,
     env: dict[str, str] | None = None,
+    token_file: str | Path | None = None,
+    weights_roots: list[str | Path] | tuple = (),
+    tenants_dir: str | Path | None = None,
+    max_update_s: float | None = None,
 ) -> ServerProcess:
-    """Launch a server in its own process group; call `.wait_ready()` then use `.url`."""
+    """Launch a server in its own process group; call `.wait_ready()` then use `.url` with the
+    token in `token_file` (created, 0600, beside the log when not given: `.token_file`).
+    Weights and adapters load from `weights_roots` only."""
     check_model_dir(model)
     if port is None:
         port = free_port(host)
@@ -219,15 +289,22 @@ def start_server(
         check_port_free(host, port)
     log_path = Path(log_path) if log_path else Path(f"vllm-{port}.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    token_file = Path(token_file or log_path.with_suffix(".token"))
+    ensure_token_file(token_file)
     log_file = open(log_path, "ab")
+    security = security_args(weights_roots, tenants_dir, max_update_s)
     proc = subprocess.Popen(
-        server_command(model, host, port, extra_args or []),
+        server_command(model, host, port, [*security, *(extra_args or [])]),
         stdout=log_file,
         stderr=subprocess.STDOUT,
-        env={**server_env(), **(env or {})},
+        env={**server_env(), **(env or {}), TOKEN_FILE_ENV: str(token_file.resolve())},
         start_new_session=True,
         preexec_fn=die_with_parent_preexec(),
     )
     return ServerProcess(
-        process=proc, url=f"http://{host}:{port}", log_path=log_path, _log_file=log_file
+        process=proc,
+        url=f"http://{host}:{port}",
+        log_path=log_path,
+        token_file=token_file,
+        _log_file=log_file,
     )

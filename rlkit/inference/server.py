@@ -1,8 +1,12 @@
 """The rlkit inference server: vLLM's OpenAI-compatible server plus rlkit's weight-sync routes.
 
-Run as ``python -m rlkit.inference.server --model DIR [vLLM serve args]`` (what ``rlkit infer``
-launches). On top of vLLM's API (chat, completions, ``/pause?mode=keep``, ``/resume``) it adds:
+Run as ``python -m rlkit.inference.server --model DIR --rlkit-token-file FILE [vLLM serve args]``
+(what ``rlkit infer`` launches). Every route but ``/health`` needs the owner's or a tenant's
+token (`rlkit.inference.auth`); vLLM's development routes are off. On top of vLLM's API (chat,
+completions) it adds:
 
+- ``POST /rlkit/pause?mode=keep`` and ``POST /rlkit/resume`` (owner only): vLLM's
+  development-mode pause (``keep`` freezes in-flight requests instead of aborting them);
 - ``GET  /rlkit/status``          -> {"policy_version", "model", "paused", "updating",
   "workers", ...} (workers: how many ranks this server brings to a broadcast update)
 - ``POST /rlkit/update_weights``  {"path": DIR, "version": N?, "rank": R?} ->
@@ -32,6 +36,7 @@ launches). On top of vLLM's API (chat, completions, ``/pause?mode=keep``, ``/res
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import json
@@ -46,9 +51,22 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from rlkit.errors import UsageError
+from rlkit.inference.auth import (
+    DEFAULT_MAX_UPDATE_S,
+    ServerSecurity,
+    check_adapter_owner,
+    check_path,
+    claim_adapter,
+    install_auth,
+    load_tenants,
+    release_adapter,
+    scope_caller,
+    visible_adapters,
+)
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.inference.weights import check_adapter_dir, check_signature, weight_signature
 from rlkit.lifetime import SERVER_PID_ENV
+from rlkit.protocol.credentials import TOKEN_FILE_ENV, read_token
 from rlkit.protocol.weights import VERSION_FILE, PublishedVersion
 
 log = logging.getLogger("rlkit.inference.server")
@@ -145,8 +163,11 @@ class PolicyVersionHeader:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 headers.append((b"x-policy-version", str(self.state.version).encode()))
-                if self.state.adapters:
-                    versions = json.dumps(self.state.adapters, separators=(",", ":"))
+                seen = self.root.state.rlkit_security.visible(
+                    scope_caller(scope), self.state.adapters
+                )
+                if seen:
+                    versions = json.dumps(seen, separators=(",", ":"))
                     headers.append((b"x-adapter-versions", versions.encode()))
                 message = {**message, "headers": headers}
             await send(message)
@@ -234,7 +255,7 @@ def build_router() -> APIRouter:
             "paused": await engine.is_paused(),
             "updating": state.updating,
             "routing": state.routing,
-            "adapters": dict(state.adapters),
+            "adapters": visible_adapters(request, state.adapters),
             "workers": engine.vllm_config.parallel_config.world_size,
         }
 
@@ -255,6 +276,7 @@ def build_router() -> APIRouter:
 
     @router.post("/update_weights")
     async def update_weights(body: UpdateWeightsRequest, request: Request) -> JSONResponse:
+        check_path(request, body.path)
         state: PolicyState = request.app.state.rlkit
         try:
             record = PublishedVersion.read(body.path)
@@ -275,6 +297,7 @@ def build_router() -> APIRouter:
 
     @router.post("/load_adapter")
     async def load_adapter(body: LoadAdapterRequest, request: Request) -> JSONResponse:
+        claim_adapter(request, body.name, body.path)
         state: PolicyState = request.app.state.rlkit
         models = getattr(request.app.state, "openai_serving_models", None)
         if models is None or request.app.state.engine_client.vllm_config.lora_config is None:
@@ -297,6 +320,7 @@ def build_router() -> APIRouter:
 
     @router.post("/unload_adapter")
     async def unload_adapter(body: UnloadAdapterRequest, request: Request) -> JSONResponse:
+        check_adapter_owner(request, body.name)
         state: PolicyState = request.app.state.rlkit
         models = getattr(request.app.state, "openai_serving_models", None)
         loaded = None if models is None else models.lora_requests.get(body.name)
@@ -309,13 +333,33 @@ def build_router() -> APIRouter:
         # evicted, so free it now for the next run's adapter
         await request.app.state.engine_client.remove_lora(loaded.lora_int_id)
         state.adapters.pop(body.name, None)
+        release_adapter(request, body.name)
         return JSONResponse({"name": body.name})
+
+    @router.post("/pause")
+    async def pause(request: Request, mode: str = "keep") -> JSONResponse:
+        """vLLM's development-mode `/pause`, behind the owner's token: `keep` freezes
+        in-flight requests (they go on after `/rlkit/resume`), `abort` and `wait` as vLLM's."""
+        engine = request.app.state.engine_client
+        if mode == "keep":
+            await pause_keeping_requests(engine)
+        elif mode in ("abort", "wait"):
+            await engine.pause_generation(mode=mode)
+        else:
+            return JSONResponse({"error": f"mode {mode!r}: keep, abort or wait"}, status_code=400)
+        return JSONResponse({"paused": True})
+
+    @router.post("/resume")
+    async def resume(request: Request) -> JSONResponse:
+        await request.app.state.engine_client.resume_generation()
+        return JSONResponse({"paused": False})
 
     return router
 
 
-def install(app: FastAPI, model: str, routing: str | None = None) -> None:
-    """Attach rlkit's routes and the policy-version header to vLLM's FastAPI app."""
+def install(app: FastAPI, model: str, security: ServerSecurity, routing: str | None = None) -> None:
+    """Attach rlkit's routes, the policy-version header and the token check (outermost) to
+    vLLM's FastAPI app."""
     reference = None
     if Path(model).is_dir():
         reference = weight_signature(model)
@@ -324,6 +368,56 @@ def install(app: FastAPI, model: str, routing: str | None = None) -> None:
 
     app.middleware_stack = None  # vLLM built it already; Starlette rebuilds it on first call
     app.add_middleware(PolicyVersionHeader, state=app.state.rlkit, root=app)
+    install_auth(app, security)
+
+
+def rlkit_arg_parser() -> argparse.ArgumentParser:
+    """rlkit's own server flags (taken out of argv before vLLM parses the rest)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument(
+        "--rlkit-token-file",
+        default=os.environ.get(TOKEN_FILE_ENV),
+        help=f"the owner's token file (default ${TOKEN_FILE_ENV}); required",
+    )
+    parser.add_argument(
+        "--rlkit-tenants-dir", help="one NAME.token file per run sharing this server"
+    )
+    parser.add_argument(
+        "--rlkit-allowed-weights-root",
+        action="append",
+        default=[],
+        help="a directory weights and adapters may be loaded from (repeatable)",
+    )
+    parser.add_argument(
+        "--rlkit-max-update-s",
+        type=float,
+        default=DEFAULT_MAX_UPDATE_S,
+        help="the longest any weight update may keep generation paused",
+    )
+    return parser
+
+
+def server_security(argv: list[str]) -> tuple[ServerSecurity, list[str]]:
+    """The credentials and limits rlkit's flags in `argv` name, and the flags left for vLLM.
+    No token file is an error: this server never runs open."""
+    ours, rest = rlkit_arg_parser().parse_known_args(argv)
+    if not ours.rlkit_token_file:
+        raise UsageError(
+            f"no token file: pass --rlkit-token-file FILE or set {TOKEN_FILE_ENV} "
+            "(`rlkit infer` creates one)"
+        )
+    if any(a == "--api-key" or a.startswith("--api-key=") for a in rest):
+        raise UsageError(
+            "--api-key: rlkit's server token protects every route, OpenAI's included; "
+            "clients send it as their API key"
+        )
+    security = ServerSecurity(
+        owner_token=read_token(ours.rlkit_token_file),
+        tenants=load_tenants(ours.rlkit_tenants_dir),
+        roots=[Path(r) for r in ours.rlkit_allowed_weights_root],
+        max_update_s=ours.rlkit_max_update_s,
+    )
+    return security, rest
 
 
 def vllm_serve_modules() -> tuple[Any, Any]:
@@ -341,7 +435,11 @@ def vllm_serve_modules() -> tuple[Any, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     """Start vLLM's server with rlkit's extension and routes."""
-    os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # enables /pause, /resume, /is_paused
+    # no unauthenticated development routes (/collective_rpc, /pause, /sleep...), and no
+    # runtime LoRA loading but rlkit's tenant-aware /rlkit/load_adapter
+    os.environ["VLLM_SERVER_DEV_MODE"] = "0"
+    os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "0"
+    os.environ.pop("VLLM_API_KEY", None)  # vLLM's own key (OpenAI routes only): the token rules
     import uvloop
     import vllm.logger
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
@@ -351,6 +449,10 @@ def main(argv: list[str] | None = None) -> None:
 
     cli_env_setup()
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        security, argv = server_security(argv)
+    except UsageError as exc:
+        sys.exit(f"rlkit inference server: {exc}")
     capture = CAPTURE_ROUTING_FLAG in argv
     argv = [a for a in argv if a != CAPTURE_ROUTING_FLAG]
     parser = cli_args.make_arg_parser(FlexibleArgumentParser(description="rlkit inference server"))
@@ -374,7 +476,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def build_app(*a: Any, **kw: Any) -> FastAPI:
         app = original_build_app(*a, **kw)
-        install(app, args.model, routing)
+        install(app, args.model, security, routing)
         return app
 
     entry.build_app = build_app

@@ -20,11 +20,12 @@ from rlkit.config import dump_toml
 from rlkit.envs.fit import fit_training_sets, max_model_len, renderer_for, served_context
 from rlkit.launch.roles import Role
 from rlkit.launch.slurm_config import SlurmConfig
-from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list
+from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list, run_token_file
 from rlkit.orchestrator.loggers import check_sinks
 from rlkit.orchestrator.scheduler import scheduler_class
 from rlkit.orchestrator.source import load_environments, max_rollout_tokens
 from rlkit.progress import phase, print_line
+from rlkit.protocol.credentials import read_token
 from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig
 from rlkit.trainer.routing import RoutingReplay
 
@@ -176,7 +177,9 @@ def fit_prompts(config: RLJobConfig, envs: dict[str, Any], console: Console) -> 
     """`rlkit.envs.fit.fit_training_sets` with the servers' context (asked from running servers in
     `inference.urls`, else the launch flags or the model's) and the model's chat template."""
     urls, model = config.inference.urls, config.model.path
-    context = (urls and served_context(urls, model)) or max_model_len(
+    token_file = run_token_file(config)  # read, not created: nothing is written while checking
+    token = read_token(token_file) if token_file.exists() else None
+    context = (urls and served_context(urls, model, token)) or max_model_len(
         config.inference.extra_args, model
     )
     renderer = renderer_for(config.model.path)

@@ -37,10 +37,12 @@ from rlkit.launch import gpus
 from rlkit.launch.config import RLJobConfig, check_role
 from rlkit.launch.roles import Role
 from rlkit.lifetime import die_with_parent_preexec
+from rlkit.orchestrator.config import run_token, run_token_file
 from rlkit.orchestrator.loop import run_orchestrator
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
 from rlkit.progress import phase, print_line
 from rlkit.protocol import handoff
+from rlkit.protocol.credentials import TOKEN_FILE_ENV
 from rlkit.protocol.layout import RunLayout
 from rlkit.trainer.main import Launch, trainer_command
 
@@ -117,6 +119,8 @@ class ServerFleet:
             log_path=self.log_dir / f"inference-{i}.log",
             extra_args=extra_args,
             env=env,
+            token_file=run_token_file(self.cfg),
+            weights_roots=[RunLayout(self.run_dir).weights, *inf.weights_roots],
         )
 
     def start(self) -> None:
@@ -163,15 +167,18 @@ class ServerFleet:
                 server.stop()
 
 
-def trainer_env() -> dict[str, str]:
+def trainer_env(token_file: Path | None = None) -> dict[str, str]:
     """The trainer's environment; on CPU its OpenMP threads wait passively.
 
     On CPU the trainer shares the cores with the inference server and the orchestrator, and
     libgomp's default spin-wait between parallel regions then makes 2 threads slower than 1
     (one hand-timed run, not reproduced by a script in tests/benchmarks/: docs/benchmarks.md).
-    An OMP_WAIT_POLICY set by the user wins.
+    An OMP_WAIT_POLICY set by the user wins. The run's token reaches it through the file
+    `RLKIT_TOKEN_FILE` names (it signs what it publishes).
     """
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if token_file is not None:
+        env[TOKEN_FILE_ENV] = str(token_file.resolve())
     if not has_cuda():
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
@@ -211,7 +218,8 @@ class TrainerProcess:
             trainer_command(config_path, trainer_launch(cfg), resume=resume),
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env=trainer_env() | ({gpus.VISIBLE: devices} if devices is not None else {}),
+            env=trainer_env(run_token_file(cfg))
+            | ({gpus.VISIBLE: devices} if devices is not None else {}),
             start_new_session=True,
             preexec_fn=die_with_parent_preexec(),
         )
@@ -265,6 +273,8 @@ def run_train(
         # children: they run in their own sessions and would otherwise outlive the launcher.
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     devices = gpus.plan_gpus(cfg, role)  # a bad GPU list fails here, before anything starts
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_token(cfg)  # the run's credential (rlkit.protocol.credentials), created by the first role
     if role == "trainer":
         return _run_trainer_node(cfg, run_dir, resume, devices.trainer)
     if role == "inference":

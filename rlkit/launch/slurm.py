@@ -8,6 +8,11 @@ servers each, from `inference.base_port`, bound to all interfaces), and the orch
 their URLs. Every role reads the same resolved config from the run directory, which must be on a
 filesystem all nodes share (batches, weights and checkpoints go through it).
 
+The servers listen on the cluster network, so each refuses every request without the run's
+token: `launch` creates it (`run_dir/token`, mode 0600, or `inference.token_file`) before
+submitting, every role reads it from there, and neither the script nor any command line holds
+it.
+
 `render_sbatch` only builds text; `launch` writes the script and the config into
 `run_dir/slurm/` and calls `sbatch` (a clear error when it is not installed).
 """
@@ -22,7 +27,10 @@ from pathlib import Path
 from rlkit.errors import SystemRequirementError, UsageError
 from rlkit.launch.config import RLJobConfig
 from rlkit.launch.slurm_config import SlurmConfig
+from rlkit.orchestrator.config import run_token_file
 from rlkit.orchestrator.state import check_fresh_run_dir
+from rlkit.protocol.credentials import ensure_token_file, read_token
+from rlkit.protocol.layout import RunLayout
 
 DEFAULT_INFERENCE_PORT = 8000
 
@@ -107,10 +115,13 @@ def render_sbatch(
     trainer_srun = srun_prefix(slurm, "$TRAINER_NODES", slurm.trainer_nodes, gpus=True)
     inference_srun = srun_prefix(slurm, "$INFERENCE_NODES", slurm.inference_nodes, gpus=True)
     head_srun = srun_prefix(slurm, "$HEAD_NODE", 1, gpus=False)
+    token_file = run_token_file(cfg)
     body = f"""
 # rlkit train {run_dir} on {nodes} nodes: trainer on {slurm.trainer_nodes}, inference on \
 {slurm.inference_nodes}; the orchestrator beside the trainer on the head node.
 # Rendered by `rlkit train --slurm`; the config every role reads: {config_path}
+# The servers bind every interface and answer only holders of the run's token
+# ({token_file}, mode 0600, never in this script); every role reads it there.
 set -uo pipefail
 {chr(10).join(setup)}
 
@@ -182,6 +193,10 @@ def launch(cfg: RLJobConfig, *, resume: bool = False, dry_run: bool = False) -> 
         check_fresh_run_dir(run_dir)
     sbatch = sbatch_path(script)  # before writing: a machine without SLURM gets nothing written
     script.parent.mkdir(parents=True, exist_ok=True)
+    if cfg.inference.token_file:  # the roles' credential, before any of them starts
+        read_token(cfg.inference.token_file)
+    else:
+        ensure_token_file(RunLayout(run_dir).token)
     config_path.write_text(cfg.to_toml())
     script.write_text(text)
     return f"{submit(sbatch, script)} ({script})"

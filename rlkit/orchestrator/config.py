@@ -8,12 +8,15 @@ extends it with the trainer's sections.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from rlkit.config import Config
 from rlkit.envs.sampling import SamplingConfig
+from rlkit.protocol.credentials import ensure_token_file, read_token
+from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.model import ModelConfig
 from rlkit.sandbox.config import SandboxConfig
 from rlkit.weights import transport_class
@@ -42,7 +45,18 @@ class InferenceConfig(Config):
     urls: list[str] = Field(
         default_factory=list, description="Use these running servers instead of launching any."
     )
+    token_file: str | None = Field(
+        None,
+        description="Token file (mode 0600) of the servers in `urls` (their owner's, or this "
+        "run's tenant token on a shared `rlkit infer`); None = the run's own, created at "
+        "run_dir/token and handed to the servers the run launches.",
+    )
     num_servers: int = Field(1, ge=1, description="Servers to launch when `urls` is empty.")
+    weights_roots: list[str] = Field(
+        default_factory=list,
+        description="Directories launched servers may load weights from besides this run's "
+        "run_dir/weights (another run directory's, when a server serves another role's run).",
+    )
     host: str = Field("127.0.0.1", description="Address launched servers bind.")
     base_port: int = Field(
         0, ge=0, lt=65536, description="First port for launched servers (0 = any free port)."
@@ -276,3 +290,19 @@ class RolloutJobConfig(Config):
     sandbox: SandboxConfig = Field(
         default_factory=SandboxConfig, description="Sandbox for untrusted code the envs run."
     )
+
+
+def run_token_file(cfg: RolloutJobConfig) -> Path:
+    """The file holding the credential of this run's servers: `inference.token_file`, else the
+    run's own (`run_dir/token`)."""
+    if cfg.inference.token_file:
+        return Path(cfg.inference.token_file)
+    return RunLayout(cfg.log.run_dir).token
+
+
+def run_token(cfg: RolloutJobConfig) -> str:
+    """The run's credential: a given `inference.token_file` must exist, the run's own is
+    created on first use (every role of the run may be first)."""
+    if cfg.inference.token_file:
+        return read_token(cfg.inference.token_file)
+    return ensure_token_file(run_token_file(cfg))

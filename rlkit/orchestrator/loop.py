@@ -30,7 +30,7 @@ from rlkit.inference import ClientPool
 from rlkit.inference.canary import pool_canary_kl
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.orchestrator.batching import GroupProcessor, make_batch
-from rlkit.orchestrator.config import RolloutJobConfig
+from rlkit.orchestrator.config import RolloutJobConfig, run_token
 from rlkit.orchestrator.evaluation import evaluate
 from rlkit.orchestrator.loggers import open_sinks, sample_rows
 from rlkit.orchestrator.metrics import MetricsLogger, read_trainer_record, step_record
@@ -177,6 +177,7 @@ async def run_orchestrator(
         timeout=cfg.inference.request_timeout_s,
         max_retries=cfg.inference.max_retries,
         adapter=model if cfg.model.lora.enabled else None,
+        api_key=run_token(cfg),
     )
     if o.return_routing:
         await require_routing(pool)

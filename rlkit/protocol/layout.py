@@ -15,6 +15,7 @@ once. Per-step files are named `step_{N:06d}` (`step_name`), so they sort by ste
     STOP, TRAINER_FAILED        notes between the processes (`protocol.handoff`)
     .doorbells/                 wake-ups between the processes (`protocol.handoff`)
     logs/, pids.json            the launcher's per-process logs and process ids
+    token                       the run's credential for its servers, mode 0600
     final/, sft_metrics.jsonl   `rlkit sft`'s trained model and its per-step records
     trainer.toml                the trainer process's own config (`trainer-nodeR.toml`)
 """
@@ -61,6 +62,7 @@ class RunLayout:
         self.trainer_failed = root / "TRAINER_FAILED"
         self.logs = root / "logs"
         self.pids = root / "pids.json"
+        self.token = root / "token"  # the run's credential, mode 0600 (`protocol.credentials`)
         self.sft_metrics = root / "sft_metrics.jsonl"
         self.sft_model = root / "final"  # `rlkit sft`'s model, published like a weights version
 

@@ -3,7 +3,10 @@
 Layout (`rlkit.protocol.layout`): `checkpoints/step_N/` holds DCP shards of the model and the
 optimiser state (AdamW moments, Muon momentum: DTensors sharded like their parameters). Each rank
 writes its own shard, so saving scales and a run can resume on another world size; beside them
-go `extra_rank{r}.pt` with the scheduler, step, data position and every RNG state.
+go `extra_rank{r}.pt` with the scheduler, step, data position and every RNG state, written as
+tensors and plain values only and read with `weights_only=True`: a pickle planted in a
+checkpoint directory is refused, never run (DCP's own `.metadata` is still a pickle: a
+checkpoint directory must be trusted, README "Security").
 A checkpoint is written into `.tmp_step_N`, fsynced, renamed, and only then the `latest`
 pointer file is replaced atomically, so a crash at any moment leaves the previous checkpoint
 usable and never a half-written one.
@@ -39,10 +42,12 @@ TRAINABLE_LOAD = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 def rng_state() -> dict[str, Any]:
+    """Every RNG's state as tensors and plain values (numpy's key array as an int64 tensor)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
@@ -52,7 +57,8 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
 
@@ -135,7 +141,19 @@ def load_checkpoint(
     extra_file = path / f"extra_rank{dist.rank()}.pt"
     if not extra_file.is_file():
         extra_file = path / "extra_rank0.pt"  # resumed on more ranks than were saved
-    extra = torch.load(extra_file, weights_only=False)
+    extra = read_extra(extra_file)
     scheduler.load_state_dict(extra["scheduler"])
     set_rng_state(extra["rng"])
     return {"step": extra["step"], "data": extra["data"]}
+
+
+def read_extra(path: Path) -> dict[str, Any]:
+    """A checkpoint's `extra_rank{r}.pt`, read without running any pickled code; anything but
+    tensors and plain values (an old checkpoint's numpy arrays, a planted object) is refused."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as exc:  # torch's UnpicklingError names the global it refused
+        raise UsageError(
+            f"checkpoint file {path} holds more than tensors and plain values; refused "
+            f"unread (a file from an older rlkit or not written by rlkit): {exc}"
+        ) from None

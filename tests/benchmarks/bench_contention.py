@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from rlkit.inference import InferenceClient, ServerProcess, start_server
+from rlkit.inference import ServerProcess, start_server
 from rlkit.inference.polling import ENV_VAR
 from rlkit.models import init_tiny
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
@@ -69,9 +69,9 @@ class StepTimer:
         return time.perf_counter() - t0
 
 
-async def burst(url: str, model: str, n: int = 96) -> float:
+async def burst(server: ServerProcess, model: str, n: int = 96) -> float:
     sampling = {"max_tokens": 16, "temperature": 1.0, "ignore_eos": True}
-    async with InferenceClient(url) as client:
+    async with server.client() as client:
         t0 = time.perf_counter()
         await asyncio.gather(
             *(client.completion([5, 6, 7, i % 50 + 10], model, sampling) for i in range(n))
@@ -95,7 +95,7 @@ def group_cpu_s(pid: int) -> float:
 
 def run_round(name: str, server: ServerProcess, model: str, timer: StepTimer) -> dict[str, float]:
     """One `rlkit train`-like step: a burst of generations, then a timed trainer step."""
-    gen_s = asyncio.run(burst(server.url, model))
+    gen_s = asyncio.run(burst(server, model))
     cpu0 = group_cpu_s(server.pid)
     step_s = timer.step()
     return {"gen_s": gen_s, "step_s": step_s, "server_cpu_s": group_cpu_s(server.pid) - cpu0}
@@ -121,7 +121,7 @@ def main() -> None:
                 server.wait_ready(timeout=900)
                 if VARIANTS[name][1]:
                     os.setpriority(os.PRIO_PGRP, server.pid, VARIANTS[name][1])
-                asyncio.run(burst(server.url, model, 8))  # warm-up
+                asyncio.run(burst(server, model, 8))  # warm-up
             timer.step()
             for i in range(args.steps):  # interleaved rounds: every variant sees the same load
                 order = ["alone", *names]

@@ -14,13 +14,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlkit.inference import InferenceClient, start_server
+from rlkit.inference import ServerProcess, start_server
 from rlkit.models import init_tiny
 
 
-async def throughput(url: str, model: str, requests: int, max_tokens: int) -> float:
+async def throughput(server: ServerProcess, model: str, requests: int, max_tokens: int) -> float:
     sampling = {"max_tokens": max_tokens, "temperature": 1.0, "ignore_eos": True}
-    async with InferenceClient(url) as client:
+    async with server.client() as client:
         await client.completion([5, 6, 7], model, {"max_tokens": 8})  # warm-up
         t0 = time.perf_counter()
         gens = await asyncio.gather(
@@ -37,7 +37,7 @@ def measure(size: str, root: Path, requests: int, max_tokens: int) -> dict[str, 
     try:
         server.wait_ready(timeout=900)
         start_s = time.perf_counter() - t0
-        tps = asyncio.run(throughput(server.url, model, requests, max_tokens))
+        tps = asyncio.run(throughput(server, model, requests, max_tokens))
     finally:
         server.stop()
     return {"engine_start_s": round(start_s, 1), "gen_tokens_per_s": round(tps, 1)}

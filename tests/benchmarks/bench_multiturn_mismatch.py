@@ -27,7 +27,7 @@ import torch
 from datasets import Dataset
 
 from rlkit.envs import MultiTurnEnv, Rollout
-from rlkit.inference import InferenceClient, start_server
+from rlkit.inference import ServerProcess, start_server
 from rlkit.models import init_tiny
 from rlkit.trainer.config import ModelConfig, TrainerConfig
 from rlkit.trainer.packing import TokenSequence, make_micro_batches
@@ -41,11 +41,13 @@ class Again(MultiTurnEnv):
         return [{"role": "user", "content": f"again, turn {state['turn'] + 1}"}]
 
 
-async def rollouts(url: str, model: str, token_prompts: bool, n: int, turns: int) -> list[Rollout]:
+async def rollouts(
+    server: ServerProcess, model: str, token_prompts: bool, n: int, turns: int
+) -> list[Rollout]:
     data = Dataset.from_dict({"question": ["Reverse the text: hello world"], "answer": [""]})
     env = Again(dataset=data, max_turns=turns)
     row = env.get_dataset()[0]
-    async with InferenceClient(url, token_prompts=token_prompts) as client:
+    async with server.client(token_prompts=token_prompts) as client:
         return list(
             await asyncio.gather(
                 *(
@@ -104,7 +106,7 @@ def main() -> None:
             result: dict[str, Any] = {"rollouts": args.rollouts, "max_turns": args.turns}
             for name, token_prompts in (("messages", False), ("tokens", True)):
                 batch = asyncio.run(
-                    rollouts(server.url, model, token_prompts, args.rollouts, args.turns)
+                    rollouts(server, model, token_prompts, args.rollouts, args.turns)
                 )
                 assert all(r.prompt_mode == name for r in batch)
                 result[name] = mismatch(trainer, batch)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from rlkit.envs.rollout import decode_routed_experts
-from rlkit.inference import InferenceClient, start_server
+from rlkit.inference import ServerProcess, start_server
 from rlkit.launch.launcher import routing_server_options
 from rlkit.models import init_tiny
 from rlkit.trainer.config import LossConfig, ModelConfig, TrainerConfig
@@ -41,10 +41,12 @@ from rlkit.trainer.trainer import Trainer
 KEYS = ("mismatch_kl", "mismatch_extreme_frac", "router_disagreement")
 
 
-async def sample(url: str, model: str, n: int, max_tokens: int, vocab: int) -> list[TokenSequence]:
+async def sample(
+    server: ServerProcess, model: str, n: int, max_tokens: int, vocab: int
+) -> list[TokenSequence]:
     """`n` completions of random prompts with the engine's logprobs and routing."""
     g = torch.Generator().manual_seed(0)
-    async with InferenceClient(url) as client:
+    async with server.client() as client:
         client.routing = True
         prompts = [torch.randint(3, vocab, (12,), generator=g).tolist() for _ in range(n)]
         sampling = {"max_tokens": max_tokens, "temperature": 1.0, "ignore_eos": True}
@@ -114,7 +116,7 @@ def main() -> None:
         try:
             server.wait_ready(timeout=600)
             vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
-            seqs = asyncio.run(sample(server.url, model, args.completions, args.max_tokens, vocab))
+            seqs = asyncio.run(sample(server, model, args.completions, args.max_tokens, vocab))
         finally:
             server.stop()
         results = {

@@ -126,11 +126,10 @@ class VLLMEngine:
     """The real vLLM CPU server with a tiny model; weight updates reload the same checkpoint."""
 
     def __init__(self, model_dir: Path, server: Any) -> None:
-        from rlkit.inference import InferenceClient
         from rlkit.inference.admin import AdminClient
 
         self.model = str(model_dir)
-        self.client = InferenceClient(server.url)
+        self.client = server.client()
         self.admin = AdminClient(self.client)
         self.server = server
 
@@ -255,7 +254,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         model_dir = publish_files(init_tiny(tmp / "model", arch="qwen3", size="tiny", seed=0))
         seqs = max(args.capacity_factor * args.batch_groups * args.group_size, 64)
         server = start_server(  # room for every rollout C3PO++ keeps in flight
-            str(model_dir), log_path=tmp / "vllm.log", extra_args=["--max-num-seqs", str(seqs)]
+            str(model_dir),
+            log_path=tmp / "vllm.log",
+            extra_args=["--max-num-seqs", str(seqs)],
+            weights_roots=[tmp],
         )
         server.wait_ready(600)
         await warm_up(VLLMEngine(model_dir, server), args)

@@ -31,7 +31,6 @@ import torch
 
 from rlkit.inference import start_server
 from rlkit.inference.admin import AdminClient
-from rlkit.inference.client import InferenceClient
 from rlkit.models import init_tiny
 from rlkit.protocol import handoff
 from rlkit.protocol.weights import PublishedVersion, iter_safetensors, tensor_table
@@ -88,12 +87,12 @@ async def one_update(
     return time.perf_counter() - t0, split
 
 
-async def measure_server(url: str, root: Path, pair, repeats: int) -> dict[str, dict]:
+async def measure_server(server, root: Path, pair, repeats: int) -> dict[str, dict]:
     settings = TransportSettings(timeout_s=300)
     transports = {name: transport_class(name)(settings, None) for name in TRANSPORTS}
     times: dict[str, list[float]] = {name: [] for name in TRANSPORTS}
     splits: dict[str, list[dict]] = {name: [] for name in TRANSPORTS}
-    async with InferenceClient(url, timeout=600) as client:
+    async with server.client(timeout=600) as client:
         admin = AdminClient(client)
         version = 0
         for i in range(repeats + 1):  # the first round warms caches
@@ -124,12 +123,12 @@ def measure(size: str, root: Path, repeats: int) -> dict[str, object]:
     targets = {n: torch.empty_like(t) for n, t in pair[0]}
     nbytes = sum(t.numel() * t.element_size() for t in targets.values())
     raw = statistics.median([raw_copy_s(pair[i % 2], targets) for i in range(repeats + 1)][1:])
-    server = start_server(str(model), log_path=root / f"{size}.log")
+    work = root / f"{size}-versions"
+    work.mkdir()
+    server = start_server(str(model), log_path=root / f"{size}.log", weights_roots=[work])
     try:
         server.wait_ready(timeout=900)
-        work = root / f"{size}-versions"
-        work.mkdir()
-        result = asyncio.run(measure_server(server.url, work, pair, repeats))
+        result = asyncio.run(measure_server(server, work, pair, repeats))
     finally:
         server.stop()
     fs = result["filesystem"]["update_s"]

@@ -14,6 +14,7 @@ import httpx
 
 from rlkit.inference import InferenceClient
 from rlkit.inference.admin import AdminClient
+from rlkit.protocol.credentials import read_token
 from tests.helpers.cli import tiny_train_cmd
 
 STEPS = 3
@@ -101,9 +102,11 @@ def wait_healthy(url: str, proc: subprocess.Popen, seen: set[int], timeout: floa
         time.sleep(0.5)
 
 
-def status(url: str) -> dict:
+def status(url: str, token_file: Path) -> dict:
+    """The server's /rlkit/status, asked with the token in `token_file` (a run's `token`)."""
+
     async def get() -> dict:
-        async with InferenceClient(url, max_retries=0) as client:
+        async with InferenceClient(url, api_key=read_token(token_file), max_retries=0) as client:
             return await AdminClient(client).status()
 
     return asyncio.run(get())

@@ -87,6 +87,7 @@ def test_eval_code_against_the_real_tiny_model(
     code, output = run_cli(
         monkeypatch, capsys, "eval", "code", "-m", str(tiny_model_dir), "-b", vllm_server.url,
         "-n", "4", "-r", "2", "-t", "48", "-o", str(tmp_path / "out"),
+        "--token-file", str(vllm_server.token_file),
     )  # fmt: skip
     assert code == 0, output
     run = load_run(only_run_dir(tmp_path / "out"))

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from rlkit.envs import MultiTurnEnv, Rollout, load_environment
-from rlkit.inference import InferenceClient
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +34,7 @@ def _check_engine_record(rollout: Rollout) -> None:
 async def test_reverse_text_rollouts(vllm_server: Any, tiny_model_dir: Path) -> None:
     env = load_environment("reverse-text", num_train_examples=4, num_eval_examples=2)
     row = env.get_eval_dataset()[0]
-    async with InferenceClient(vllm_server.url) as client:
+    async with vllm_server.client() as client:
         rollouts = await env.run_group(row, client, str(tiny_model_dir), {"max_tokens": 12}, n=3)
     for rollout in rollouts:
         _check_engine_record(rollout)
@@ -47,7 +46,7 @@ async def test_math_rollouts(vllm_server: Any, tiny_model_dir: Path) -> None:
     env = load_environment("math", dataset="gsm8k", num_examples=2, verify_workers=1)
     row = env.get_eval_dataset()[0]
     try:
-        async with InferenceClient(vllm_server.url) as client:
+        async with vllm_server.client() as client:
             rollouts = await env.run_group(
                 row, client, str(tiny_model_dir), {"max_tokens": 16}, n=2
             )
@@ -73,7 +72,7 @@ async def test_multi_turn_rollout_concatenates_turns(
     env = Echo(dataset=base.get_dataset(), rubric=base.rubric, max_turns=3)
     # favour the end-of-turn token so the random model finishes its turns and the env replies
     sampling = {"max_tokens": 24, "logit_bias": {str(end): 6.0}}
-    async with InferenceClient(vllm_server.url) as client:
+    async with vllm_server.client() as client:
         rollouts = await env.run_group(
             env.get_dataset()[0], client, str(tiny_model_dir), sampling, 4
         )

@@ -22,6 +22,7 @@ def eval_cli(monkeypatch, capsys, *args: str) -> str:
 @pytest.mark.slow
 def test_reverse_text_and_math_on_vllm(vllm_server, tiny_model_dir, tmp_path, monkeypatch, capsys):
     base = ["-m", str(tiny_model_dir), "-b", f"{vllm_server.url}/v1", "-t", "16", "-T", "1.0"]
+    base += ["--token-file", str(vllm_server.token_file)]
     out = eval_cli(
         monkeypatch, capsys, "reverse-text", *base, "-n", "3", "-r", "2", "-o", str(tmp_path / "rt")
     )

@@ -57,7 +57,7 @@ def hf_logprobs(model_dir: Path, prompt: list[int], completion: list[int]) -> li
 async def test_chat_returns_token_ids_and_one_logprob_per_token(
     vllm_server: ServerProcess, tiny_model_dir: Path
 ) -> None:
-    async with InferenceClient(vllm_server.url) as client:
+    async with vllm_server.client() as client:
         gen = await client.chat(
             [{"role": "user", "content": "Reverse: hello"}],
             model=str(tiny_model_dir),
@@ -90,7 +90,12 @@ def tied_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, P
 def own_server(tied_models: tuple[Path, Path, Path], tmp_path_factory) -> Iterator[ServerProcess]:
     """A private server (its weights change), serving a tied-embedding model like small Qwen3s."""
     log = tmp_path_factory.mktemp("logs") / "vllm-update.log"
-    server = start_server(str(tied_models[0]), log_path=log, extra_args=TEST_SERVER_ARGS)
+    server = start_server(
+        str(tied_models[0]),
+        log_path=log,
+        extra_args=TEST_SERVER_ARGS,
+        weights_roots=[tmp_path_factory.getbasetemp()],
+    )
     try:
         server.wait_ready(timeout=600)
         yield server
@@ -128,7 +133,7 @@ async def test_bad_updates_are_refused_and_old_weights_kept(
     missing = tmp_path / "missing"  # a record whose files are gone
     missing.mkdir()
     (missing / VERSION_FILE).write_text(record)
-    async with InferenceClient(own_server.url, max_retries=0) as client:
+    async with own_server.client(max_retries=0) as client:
         admin = AdminClient(client)
         before = await greedy(client, str(served))
         version = (await admin.status())["policy_version"]
@@ -158,7 +163,7 @@ async def test_update_in_flight_matches_transformers(
     # tokens, a fresh-clone run once with 2,000), so a round where none spanned it runs again;
     # whether one did is read from each reply's policy versions
     long = {"max_tokens": 2000, "temperature": 1.0, "ignore_eos": True}
-    async with InferenceClient(own_server.url) as client:
+    async with own_server.client() as client:
         admin = AdminClient(client)
         for _ in range(3):
             version = (await admin.status())["policy_version"]
@@ -198,7 +203,7 @@ async def test_update_drops_prefixes_cached_under_old_weights(
     served, new, _ = tied_models
     prompt = [5 + (7 * i) % 200 for i in range(400)]  # three full KV blocks of 128 tokens
     sampling = {"max_tokens": 4, "temperature": 0.0}
-    async with InferenceClient(own_server.url) as client:
+    async with own_server.client() as client:
         admin = AdminClient(client)
         await admin.update_weights(str(served))
         await client.completion(prompt, str(served), sampling)  # cached under the old weights
@@ -244,7 +249,7 @@ async def test_tensor_corrupted_in_flight_is_refused_and_old_weights_kept(
     served, new, _ = tied_models
     published = publish_like_the_trainer(new, tmp_path / "published")
     name = "model.layers.1.mlp.down_proj.weight"
-    async with InferenceClient(own_server.url, max_retries=0) as client:
+    async with own_server.client(max_retries=0) as client:
         admin = AdminClient(client)
         await admin.update_weights(str(served))
         before = await greedy(client, str(served))
@@ -270,7 +275,7 @@ async def test_canary_catches_two_layers_swapped(
     served, new, _ = tied_models
     right = publish_like_the_trainer(new, tmp_path / "right")
     wrong = publish_like_the_trainer(new, tmp_path / "wrong", swap_layers=True)
-    pool = ClientPool([own_server.url])
+    pool = ClientPool([own_server.url], api_key=own_server.token)
     try:
         await pool.update_weights(str(right), 11)
         kl = await pool_canary_kl(pool, str(served), right, max_kl=0.01)
@@ -348,7 +353,7 @@ async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
         finally:
             await sending
 
-    async with InferenceClient(own_server.url, max_retries=0) as client:
+    async with own_server.client(max_retries=0) as client:
         admin = AdminClient(client)
         await admin.update_weights(str(served))
         before = await greedy(client, str(served))
@@ -384,7 +389,7 @@ async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
         resp = await update(client, 104, None)
         assert resp.json() == {"policy_version": 104, "verified": True}
         assert await greedy(client, str(served)) != before
-    pool = ClientPool([own_server.url])
+    pool = ClientPool([own_server.url], api_key=own_server.token)
     try:
         kl = await pool_canary_kl(pool, str(served), published, max_kl=0.01)
         assert kl is not None and kl < 1e-3, kl
@@ -395,7 +400,7 @@ async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
 async def test_pause_keep_holds_requests_until_resume(
     own_server: ServerProcess, tied_models: tuple[Path, Path, Path]
 ) -> None:
-    async with InferenceClient(own_server.url) as client:
+    async with own_server.client() as client:
         admin = AdminClient(client)
         await admin.pause(mode="keep")
         try:
@@ -420,9 +425,15 @@ def test_start_server_refuses_busy_port(tiny_model_dir: Path) -> None:
 
 
 def test_unknown_route_and_bad_body_are_4xx(vllm_server: ServerProcess) -> None:
-    resp = httpx.post(f"{vllm_server.url}/rlkit/update_weights", json={"nope": 1}, timeout=10)
+    resp = httpx.post(
+        f"{vllm_server.url}/rlkit/update_weights",
+        json={"nope": 1},
+        headers=vllm_server.headers,
+        timeout=10,
+    )
     assert resp.status_code == 400 and "path" in resp.text
-    assert httpx.get(f"{vllm_server.url}/rlkit/nothing", timeout=10).status_code == 404
+    nothing = httpx.get(f"{vllm_server.url}/rlkit/nothing", headers=vllm_server.headers, timeout=10)
+    assert nothing.status_code == 404
 
 
 def test_cpu_server_compiles_on_the_plain_path(vllm_server: ServerProcess) -> None:

@@ -54,11 +54,13 @@ def close(served: list[float], ours: torch.Tensor, what: str) -> float:
 async def test_adapter_served_by_name_matches_trainer_and_merge(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from rlkit.inference import InferenceClient, start_server
+    from rlkit.inference import start_server
 
     model = str(tiny_model_dir)
     args = [*lora_server_args(8, max_loras=2), "--enforce-eager", *TEST_SERVER_ARGS]
-    server = start_server(model, log_path=tmp_path / "vllm.log", extra_args=args)
+    server = start_server(
+        model, log_path=tmp_path / "vllm.log", extra_args=args, weights_roots=[tmp_path]
+    )
     run = tmp_path / "run"
     lora = LoraConfig(rank=8, alpha=16)
     trainer = Trainer(
@@ -82,8 +84,8 @@ async def test_adapter_served_by_name_matches_trainer_and_merge(
         server.wait_ready(timeout=600)
         prompt = trainer.tokenizer("<|im_start|>user\nreverse abc<|im_end|>\n")["input_ids"]
         async with (
-            InferenceClient(server.url, adapter="run-a") as client_a,
-            InferenceClient(server.url, adapter="run-b") as client_b,
+            server.client(adapter="run-a") as client_a,
+            server.client(adapter="run-b") as client_b,
         ):
             a, b = AdminClient(client_a), AdminClient(client_b)
             assert await a.load_adapter(str(initial), 0) == 0
@@ -105,6 +107,7 @@ async def test_adapter_served_by_name_matches_trainer_and_merge(
             # `rlkit eval` against the served adapter by name (its card completed from the base's)
             out = tmp_path / "eval"
             cmd = [RLKIT, "eval", "reverse-text", "-m", "run-a", "-b", f"{server.url}/v1"]
+            cmd += ["--token-file", str(server.token_file)]
             cmd += ["-t", "8", "-n", "2", "-r", "1", "-o", str(out)]
             subprocess.run(cmd, check=True, timeout=300)
             check_engine_results(out, n=2, r=1)
@@ -118,7 +121,7 @@ async def test_adapter_served_by_name_matches_trainer_and_merge(
                 "adapter v3 served vs merged in transformers",
             )
             publish_files(merged, version=3)  # published as a version by files
-            async with InferenceClient(server.url) as plain:
+            async with server.client() as plain:
                 await AdminClient(plain).update_weights(str(merged), version=3)  # base := merged
                 merged_gen = await plain.completion(prompt, model, SAMPLING)
             ours = trainer_logprobs(trainer, prompt, merged_gen.completion_token_ids)

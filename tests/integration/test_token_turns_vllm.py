@@ -17,7 +17,6 @@ from transformers import AutoTokenizer
 
 from rlkit.envs import ToolEnv
 from rlkit.envs.tools import ToolCall, parse_tool_calls
-from rlkit.inference import InferenceClient
 from rlkit.trainer.config import ModelConfig, TrainerConfig
 from rlkit.trainer.packing import TokenSequence, make_micro_batches
 from rlkit.trainer.trainer import Trainer
@@ -63,7 +62,7 @@ async def test_four_turn_tool_rollout_logprobs_match_the_trainer(
     # turns without touching the distribution (a logit bias would change the engine's logprobs)
     stops = list(range(300, 400))
     sampling = {"max_tokens": 48, "temperature": 0.8, "seed": 3, "stop_token_ids": stops}
-    async with InferenceClient(vllm_server.url) as client:
+    async with vllm_server.client() as client:
         rollout = await env.rollout(env.get_dataset()[0], client, model, sampling)
     assert rollout.error is None, rollout.error
     assert rollout.prompt_mode == "tokens" and rollout.exact_continuation

@@ -51,7 +51,7 @@ def test_rlkit_train_tiny_moe_with_r3(tiny_moe_model_dir: Path, tmp_path: Path) 
 
 def test_r3_refused_when_the_engine_cannot_return_routing(vllm_server) -> None:
     async def check() -> None:
-        pool = ClientPool([vllm_server.url])
+        pool = ClientPool([vllm_server.url], api_key=vllm_server.token)
         try:
             await require_routing(pool)
         finally:

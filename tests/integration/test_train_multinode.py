@@ -148,7 +148,7 @@ def test_two_trainer_nodes_kill_resume_and_match_one_node(
         for proc in (orch, *nodes):
             assert proc.returncode == 0, logs[procs.index(proc)].read_text()[-3000:]
         assert steps_logged(run_dir) == list(range(1, STEPS + 1))
-        assert status(url)["policy_version"] == STEPS
+        assert status(url, run_dir / "token")["policy_version"] == STEPS
         assert (run_dir / "logs" / "trainer-node0.log").exists()
         assert (run_dir / "logs" / "trainer-node1.log").exists()
         inference.send_signal(signal.SIGTERM)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.inference.lifecycle import free_port
+from rlkit.protocol.credentials import write_token_file
 from tests.helpers.roles import (
     STEPS,
     alive,
@@ -102,7 +103,9 @@ def test_roles_as_separate_processes(tiny_model_dir: Path, tmp_path: Path) -> No
         assert steps_logged(run_dir) == list(range(1, STEPS + 1))
         for step in range(1, STEPS + 1):
             assert (run_dir / "weights" / f"step_{step:06d}" / "STABLE").exists()
-        assert status(url)["policy_version"] == STEPS  # the server serves the last weights
+        assert (
+            status(url, run_dir / "token")["policy_version"] == STEPS
+        )  # the server serves the last weights
         server_log = run_dir / "logs" / "inference-0.log"
         assert generation_count(server_log) > 0
         # each step's weights were loaded on this server (the servers stop with the run, so the
@@ -197,11 +200,14 @@ def test_killed_inference_server_is_dropped_and_rejoins(
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{port}" for port in ports]
     logs = {name: tmp_path / f"{name}.log" for name in ("a", "b", "b2", "trainer", "orch")}
+    token = tmp_path / "token"  # one credential for the run's roles on their "machines"
+    write_token_file(token)
+    shared = [f"--inference.token_file={token}", f'--inference.weights_roots=["{run_dir}"]']
     seen: set[int] = set()
     procs: list[subprocess.Popen] = []
 
     def inference(name: str, port: int) -> subprocess.Popen:
-        cmd = train_cmd(tiny_model_dir, tmp_path / f"inf_{name}", "--role", "inference")
+        cmd = train_cmd(tiny_model_dir, tmp_path / f"inf_{name}", "--role", "inference", *shared)
         proc = start([*cmd, f"--inference.base_port={port}"], logs[name])
         procs.append(proc)
         return proc
@@ -211,7 +217,12 @@ def test_killed_inference_server_is_dropped_and_rejoins(
         server_b = inference("b", ports[1])
         trainer = start(
             train_cmd(
-                tiny_model_dir, run_dir, "--role", "trainer", f"--orchestrator.max_steps={steps}"
+                tiny_model_dir,
+                run_dir,
+                "--role",
+                "trainer",
+                f"--orchestrator.max_steps={steps}",
+                *shared,
             ),
             logs["trainer"],
         )
@@ -227,6 +238,7 @@ def test_killed_inference_server_is_dropped_and_rejoins(
                 f"--orchestrator.max_steps={steps}",
                 f"--inference.urls={json.dumps(urls)}",
                 "--inference.health_interval_s=1",
+                *shared,
                 "--orchestrator.eval.at_end=false",
             ),
             logs["orch"],
@@ -262,7 +274,7 @@ def test_killed_inference_server_is_dropped_and_rejoins(
         assert recs[-1]["inference_servers_dropped"] == 1
         assert recs[-1]["inference_servers_rejoined"] == 1
         # the restarted server was brought to the current weights and then served the run
-        assert status(urls[1])["policy_version"] == steps
+        assert status(urls[1], token)["policy_version"] == steps
         b2_log = tmp_path / "inf_b2" / "logs" / "inference-0.log"
         orch_text = logs["orch"].read_text()
         assert generation_count(b2_log) > 0  # back in the round robin

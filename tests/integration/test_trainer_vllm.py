@@ -20,12 +20,14 @@ from tests.helpers.trainer_logprobs import train_a_little, trainer_logprobs
 async def test_exported_weights_served_with_trainer_logprobs(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from rlkit.inference import InferenceClient, start_server
+    from rlkit.inference import start_server
     from rlkit.inference.admin import AdminClient
 
     model = str(tiny_model_dir)
     # our own server: its weights change
-    server = start_server(model, log_path=tmp_path / "vllm.log", extra_args=TEST_SERVER_ARGS)
+    server = start_server(
+        model, log_path=tmp_path / "vllm.log", extra_args=TEST_SERVER_ARGS, weights_roots=[tmp_path]
+    )
     trainer = Trainer(
         TrainerConfig(
             run_dir=str(tmp_path / "run"),
@@ -39,7 +41,7 @@ async def test_exported_weights_served_with_trainer_logprobs(
         exported = trainer.export(RunLayout(tmp_path / "run").weights_version(4), version=4)
         assert exported is not None and (exported / "STABLE").exists()
         server.wait_ready(timeout=600)
-        async with InferenceClient(server.url) as client:
+        async with server.client() as client:
             prompt = trainer.tokenizer("<|im_start|>user\nreverse abc<|im_end|>\n")["input_ids"]
             sampling = {"max_tokens": 24, "temperature": 1.0, "seed": 0, "ignore_eos": True}
             before = await client.completion(prompt, model, sampling)
@@ -80,7 +82,6 @@ async def test_trainer_scores_tokens_at_the_sampling_temperature(
     vllm_server, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """k3 between trainer and vLLM at temperature 0.7 stays at its temperature-1 level."""
-    from rlkit.inference import InferenceClient
     from rlkit.inference.admin import AdminClient
 
     model = str(tiny_model_dir)
@@ -97,7 +98,7 @@ async def test_trainer_scores_tokens_at_the_sampling_temperature(
         exported = trainer.export(RunLayout(tmp_path / "run").weights_version(4), version=4)
         prompt = trainer.tokenizer("<|im_start|>user\nreverse abc<|im_end|>\n")["input_ids"]
         gens: dict[float, list] = {}
-        async with InferenceClient(vllm_server.url) as client:
+        async with vllm_server.client() as client:
             admin = AdminClient(client)
             await admin.update_weights(str(exported), version=4)
             try:

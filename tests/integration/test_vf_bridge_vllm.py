@@ -42,6 +42,7 @@ def test_verifiers_envs_eval_on_vllm(
     code, text = run_cli(
         monkeypatch, capsys, "eval", env_id, "-m", str(tiny_model_dir),
         "-b", f"{vllm_server.url}/v1", "-n", "2", "-r", "2", "-t", "16", "-o", str(out),
+        "--token-file", str(vllm_server.token_file),
     )  # fmt: skip
     assert code in (0, None), text
     for rollout in clean_rollouts(out, expected=4):

@@ -20,6 +20,7 @@ import pytest
 
 from rlkit.config import load_config
 from rlkit.launch.config import RLJobConfig
+from rlkit.protocol.credentials import read_token
 from tests.helpers.cli import ROOT, run_cli
 
 TWO_NODE = ROOT / "examples/multi-node/two-node.toml"
@@ -246,6 +247,13 @@ def test_submit_writes_the_job_and_calls_sbatch(
     assert "Submitted batch job 42" in out and str(script) in out
     assert (tmp_path / "sbatch.args").read_text().split() == [str(script)]
     assert "--role trainer" in script.read_text()
+    # the servers on the cluster network answer only the run's token, created before submitting
+    token = read_token(run_dir / "token")
+    assert (run_dir / "token").stat().st_mode & 0o777 == 0o600
+    assert "--inference.host=0.0.0.0" in script.read_text() and "run's token" in script.read_text()
+    assert (
+        token not in script.read_text() and token not in (run_dir / "slurm/config.toml").read_text()
+    )
     written = load_config(RLJobConfig, run_dir / "slurm" / "config.toml", [])
     assert written.log.run_dir == str(run_dir) and written.slurm.trainer_nodes == 1
 
