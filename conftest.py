@@ -20,6 +20,24 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RLKIT_BRIDGE_VENVS", str(Path(__file__).parent / ".cache" / "bridge-venvs"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def run_token_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The tests' run credential (`RLKIT_TOKEN_FILE`): the servers tests start hold it, and
+    what tests publish is signed with it, as a run's trainer signs its versions. `rlkit train`
+    runs make their own."""
+    from rlkit.protocol.credentials import TOKEN_FILE_ENV, write_token_file
+
+    path = tmp_path_factory.mktemp("credentials") / "token"
+    write_token_file(path)
+    before = os.environ.get(TOKEN_FILE_ENV)
+    os.environ[TOKEN_FILE_ENV] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop(TOKEN_FILE_ENV, None)
+    else:
+        os.environ[TOKEN_FILE_ENV] = before
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny dense Qwen3 (HF format, bf16, local BPE tokenizer), seed 0."""

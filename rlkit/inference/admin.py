@@ -23,6 +23,11 @@ class AdminClient:
         return self.client.base_url
 
     @property
+    def token(self) -> str | None:
+        """The credential this client calls with (the run's)."""
+        return self.client.api_key
+
+    @property
     def adapter(self) -> str | None:
         return self.client.adapter
 

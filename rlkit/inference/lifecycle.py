@@ -280,7 +280,8 @@ def start_server(
     max_update_s: float | None = None,
 ) -> ServerProcess:
     """Launch a server in its own process group; call `.wait_ready()` then use `.url` with the
-    token in `token_file` (created, 0600, beside the log when not given: `.token_file`).
+    token in `token_file` (when not given: the run's, `$RLKIT_TOKEN_FILE`, else one created
+    0600 beside the log: `.token_file`).
     Weights and adapters load from `weights_roots` only."""
     check_model_dir(model)
     if port is None:
@@ -289,7 +290,10 @@ def start_server(
         check_port_free(host, port)
     log_path = Path(log_path) if log_path else Path(f"vllm-{port}.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    token_file = Path(token_file or log_path.with_suffix(".token"))
+    # a run's own process starting a server hands it the run's credential
+    token_file = Path(
+        token_file or os.environ.get(TOKEN_FILE_ENV) or log_path.with_suffix(".token")
+    )
     ensure_token_file(token_file)
     log_file = open(log_path, "ab")
     security = security_args(weights_roots, tenants_dir, max_update_s)

@@ -43,6 +43,7 @@ import json
 import logging
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from rlkit.errors import UsageError
 from rlkit.inference.auth import (
     DEFAULT_MAX_UPDATE_S,
     ServerSecurity,
+    caller,
     check_adapter_owner,
     check_path,
     claim_adapter,
@@ -61,13 +63,15 @@ from rlkit.inference.auth import (
     load_tenants,
     release_adapter,
     scope_caller,
+    security,
     visible_adapters,
 )
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.inference.weights import check_adapter_dir, check_signature, weight_signature
 from rlkit.lifetime import SERVER_PID_ENV
-from rlkit.protocol.credentials import TOKEN_FILE_ENV, read_token
+from rlkit.protocol.credentials import TOKEN_FILE_ENV, read_token, rendezvous_secret
 from rlkit.protocol.weights import VERSION_FILE, PublishedVersion
+from rlkit.weights.transport import Reception
 
 log = logging.getLogger("rlkit.inference.server")
 
@@ -287,12 +291,31 @@ def build_router() -> APIRouter:
                 {"error": f"no published version record ({VERSION_FILE}) in {body.path}"},
                 status_code=400,
             )
+        token = caller(request).token
+        if not record.signed_by(token):  # a copy anyone could have written, or altered
+            return JSONResponse(
+                {
+                    "error": f"the version record in {body.path} is not signed with this "
+                    "server's credential: only the run's own trainer publishes versions"
+                },
+                status_code=403,
+            )
         if state.reference is not None:
             try:
                 check_signature(record.shapes(), state.reference, body.path)
             except UsageError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=400)
-        args = (record.model_dump_json(), str(body.path), body.rank, body.corrupt_tensor)
+        reception = Reception(
+            rank=body.rank,
+            timeout_s=security(request).max_update_s,
+            secret=rendezvous_secret(token),
+        )
+        args = (
+            record.model_dump_json(),
+            str(body.path),
+            json.dumps(asdict(reception)),
+            body.corrupt_tensor,
+        )
         return await load_on_workers(request, "rlkit_update", args, body.version)
 
     @router.post("/load_adapter")

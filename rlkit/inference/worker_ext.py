@@ -12,8 +12,10 @@ gone (`rlkit.lifetime.follow_process`), so a killed server leaves no engine proc
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -59,11 +61,12 @@ class WeightSyncExtension:
             return buffer.getvalue()
 
     def rlkit_update(
-        self, record_json: str, directory: str, first_rank: int, corrupt_tensor: str | None
+        self, record_json: str, directory: str, reception_json: str, corrupt_tensor: str | None
     ) -> dict:
         """Receive the version `record_json` describes through its transport (`rlkit.weights`;
-        this worker's rank in a broadcast group is `first_rank` + its own), check every tensor
-        against the record's table before any reaches the model, then load them in place.
+        `reception_json`: the server's `Reception`, where this worker's rank in a broadcast
+        group is its rank + this worker's own), check every tensor against the record's table
+        before any reaches the model, then load them in place.
 
         The record comes from the API server, which verified its signature: the worker does not
         re-read it from `directory`, where it could have changed since. `corrupt_tensor` is a
@@ -72,14 +75,15 @@ class WeightSyncExtension:
         untouched on an error.
         """
         from rlkit.protocol.weights import PublishedVersion, mismatches
-        from rlkit.weights import transport_class
+        from rlkit.weights import Reception, transport_class
 
         record = PublishedVersion.model_validate_json(record_json)
-        rank = first_rank + getattr(self, "rank", 0)
+        reception = Reception(**json.loads(reception_json))
+        reception = replace(reception, rank=reception.rank + getattr(self, "rank", 0))
         try:
             transport = transport_class(record.transport)
             t0 = time.perf_counter()
-            tensors = transport.receive(record, Path(directory), rank)
+            tensors = transport.receive(record, Path(directory), reception)
         except (RuntimeError, OSError, ValueError) as exc:
             return {"error": str(exc)}
         if corrupt_tensor is not None:

@@ -100,3 +100,9 @@ def verify(payload: bytes, signature: str | None, token: str) -> bool:
     if not signature:
         return False
     return hmac.compare_digest(sign(payload, token), signature)
+
+
+def rendezvous_secret(token: str) -> str:
+    """A name prefix, derived from the run's token, for everything a run's processes put in a
+    rendezvous store: a process without the token can neither read nor plant those keys."""
+    return sign(b"rendezvous", token)[:32]

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlkit.protocol.credentials import sign, verify
+
 VERSION_FILE = "rlkit_version.json"
 WEIGHT_MOD = 65521  # positions are weighted 1..65521, repeating
 CHUNK = WEIGHT_MOD * 64  # elements per step (~4 M): bounds temporary memory, keeps sums exact
@@ -85,6 +87,17 @@ class PublishedVersion(BaseModel):
     def payload(self) -> bytes:
         """The canonical bytes the signature covers (everything but the signature)."""
         return self.model_dump_json(exclude={"signature"}).encode()
+
+    def signed(self, token: str | None) -> PublishedVersion:
+        """This record signed with the run's token (`rlkit.protocol.credentials`); unsigned
+        when there is none (a server then refuses it)."""
+        if token is None:
+            return self.model_copy(update={"signature": None})
+        return self.model_copy(update={"signature": sign(self.payload(), token)})
+
+    def signed_by(self, token: str) -> bool:
+        """Whether the holder of `token` signed exactly this record."""
+        return verify(self.payload(), self.signature, token)
 
     def write(self, directory: Path) -> None:
         (Path(directory) / VERSION_FILE).write_text(self.model_dump_json() + "\n")

@@ -42,6 +42,7 @@ def export_version(
     model_files: ModelFiles,
     canary: Canary | None = None,
     extra: dict | None = None,
+    token: str | None = None,
 ) -> Path | None:
     """Collective. Rank 0 (the exporting rank: it alone holds `transport`) publishes policy
     `version` in `out`: the tensors in their on-disk names and `dtype` (what `save_pretrained`
@@ -58,7 +59,7 @@ def export_version(
         record = PublishedVersion(
             version=version, transport=transport.name, tensors=tensor_table(tensors), canary=canary
         )
-        record = transport.publish(tmp, record, tensors)
+        record = transport.publish(tmp, record, tensors).signed(token)
         record.write(tmp)
         sent.append((record, tensors))
 

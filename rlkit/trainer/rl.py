@@ -20,6 +20,7 @@ from rich.console import Console
 from rlkit.errors import UsageError
 from rlkit.protocol import handoff
 from rlkit.protocol.batch import TrainBatch, read_batch
+from rlkit.protocol.credentials import token_from_env
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.routing import decode_routing
 from rlkit.trainer import dist
@@ -110,6 +111,7 @@ class Publisher:
                 device=str(trainer.device),
                 # torchrun's MASTER_ADDR is where this rank is reachable from other machines
                 host=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                token=token_from_env(),
             )
             model_files = trainer.model_files()
             self.transport = transport_class(w.transfer)(settings, model_files)

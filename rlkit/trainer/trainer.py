@@ -26,6 +26,7 @@ from torch import Tensor
 
 from rlkit.errors import UsageError
 from rlkit.inference.canary import canary_token_ids
+from rlkit.protocol.credentials import token_from_env
 from rlkit.protocol.weights import Canary
 from rlkit.trainer import checkpoint, dist, export
 from rlkit.trainer.config import TrainerConfig
@@ -363,7 +364,7 @@ class Trainer:
         ids = canary_token_ids(self.tokenizer)
         canary = Canary(token_ids=ids, logprobs=self.canary_logprobs(ids))
         if transport is None:
-            transport = Filesystem(TransportSettings(), self.model_files())
+            transport = Filesystem(TransportSettings(token=token_from_env()), self.model_files())
         return export.export_version(
             self.policy,
             out,
@@ -373,6 +374,7 @@ class Trainer:
             self.model_files(),
             canary,
             extra,
+            token_from_env(),
         )
 
     def model_files(self) -> ModelFiles:

@@ -33,6 +33,9 @@ worker that finished marks itself done first, so it is never blamed.
 from __future__ import annotations
 
 import asyncio
+import hmac
+import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -47,12 +50,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from rlkit.errors import InferenceError
+from rlkit.protocol.credentials import rendezvous_secret, sign
 from rlkit.protocol.weights import Named, PublishedVersion, TensorEntry, aligned
 from rlkit.weights.filesystem import load_files, outcome_of, write_files
 from rlkit.weights.transport import (
     TRANSPORTS,
     ModelFiles,
     Outcome,
+    Reception,
     ServerAdmin,
     TransportSettings,
     exit_mid_update,
@@ -126,36 +131,80 @@ class Closed(BaseModel):
 M = TypeVar("M", bound=BaseModel)
 
 
+class Joined(BaseModel):
+    """Worker -> trainer: it joins this update, holding group `held` (0: none)."""
+
+    held: int
+
+
+class Done(BaseModel):
+    """Worker -> trainer: the last bucket arrived."""
+
+
 class Channel:
     """The typed messages of one update on the trainer's store: each message kind has one key
-    per version, made here and nowhere else."""
+    per version (and per worker for `Joined` / `Done`), made here and nowhere else.
 
-    def __init__(self, store: dist.Store, version: int) -> None:
+    torch's store has no authentication and lists its keys to anyone who connects, so every
+    value carries an HMAC under the run's rendezvous secret (`rlkit.protocol.credentials`,
+    never in the store): a value planted by a process without the run's token is ignored, as
+    if it were not there."""
+
+    def __init__(self, store: dist.Store, version: int, secret: str) -> None:
         self.store = store
         self.version = version
+        self.secret = secret
 
-    def key(self, kind: type[BaseModel]) -> str:
-        return f"{kind.__name__.lower()}-{self.version}"
+    def key(self, kind: type[BaseModel], who: int | None = None) -> str:
+        base = f"{kind.__name__.lower()}-{self.version}"
+        return base if who is None else f"{base}/{who}"
 
-    def put(self, message: BaseModel) -> None:
-        self.store.set(self.key(type(message)), message.model_dump_json())
+    def _mac(self, key: str, body: str) -> str:
+        return sign(f"{key}\0{body}".encode(), self.secret)
 
-    def has(self, kind: type[BaseModel]) -> bool:
-        return self.store.check([self.key(kind)])
+    def put(self, message: BaseModel, who: int | None = None) -> None:
+        key, body = self.key(type(message), who), message.model_dump_json()
+        self.store.set(key, json.dumps({"body": body, "mac": self._mac(key, body)}))
 
-    def get(self, kind: type[M]) -> M:
-        """The message (waiting up to the store's timeout)."""
-        return kind.model_validate_json(self.store.get(self.key(kind)))
+    def peek(self, kind: type[M], who: int | None = None) -> M | None:
+        """The message if a valid one is there now, else None (nothing, or a forgery)."""
+        key = self.key(kind, who)
+        if not self.store.check([key]):
+            return None
+        try:
+            value = json.loads(self.store.get(key))
+            body, mac = value["body"], value["mac"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        if not hmac.compare_digest(str(mac), self._mac(key, str(body))):
+            return None
+        return kind.model_validate_json(body)
+
+    def has(self, kind: type[BaseModel], who: int | None = None) -> bool:
+        return self.peek(kind, who) is not None
+
+    def get(self, kind: type[M], who: int | None = None, timeout_s: float | None = None) -> M:
+        """The message, waiting up to `timeout_s` (default: the store's timeout); RuntimeError
+        when no valid one came."""
+        wait_s = self.store.timeout.total_seconds() if timeout_s is None else timeout_s
+        deadline = time.monotonic() + wait_s
+        while (message := self.peek(kind, who)) is None:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"no valid {self.key(kind, who)} within {wait_s:.0f}s")
+            time.sleep(0.01)
+        return message
 
     def poll(self, kind: type[M], stop: threading.Event) -> M | None:
         """The message once it is set; None when `stop` is set first."""
         while not stop.is_set():
-            if self.has(kind):
-                return self.get(kind)
+            if (message := self.peek(kind)) is not None:
+                return message
             stop.wait(0.05)
         return None
 
-    def group_prefix(self) -> str:
+    def update_prefix(self) -> str:
+        """Where this update's heartbeat counters live (plain counters: they only name a
+        silent peer in an error message)."""
         return f"update-{self.version}/"
 
 
@@ -181,14 +230,18 @@ def _connect(delivery: BroadcastDelivery) -> dist.TCPStore:
     return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
 
 
-def _channel(record: PublishedVersion) -> tuple[Channel, BroadcastDelivery]:
+def _channel(record: PublishedVersion, secret: str) -> tuple[Channel, BroadcastDelivery]:
     delivery = BroadcastDelivery.of(record)
-    return Channel(_connect(delivery), record.version), delivery
+    return Channel(_connect(delivery), record.version, secret), delivery
 
 
 def backend_of(device: str) -> str:
     """NCCL when the buckets live on CUDA, else gloo."""
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def group_prefix(group_id: int) -> str:
+    return f"group-{group_id}/"
 
 
 def new_group(
@@ -208,10 +261,16 @@ def _broadcast(group: dist.ProcessGroup, buffer: torch.Tensor, timeout: timedelt
 
 
 # ---- the orchestrator's side ----------------------------------------------------------------
-def announce_peers(record: PublishedVersion, labels: list[str]) -> None:
+def run_secret(servers: list[ServerAdmin]) -> str:
+    """The rendezvous secret of the run whose credential the admin clients call with."""
+    token = next((s.token for s in servers if s.token), None)
+    return rendezvous_secret(token) if token else ""
+
+
+def announce_peers(record: PublishedVersion, labels: list[str], secret: str = "") -> None:
     """Tell the sender of `record` who joins. Called once per update by whoever picks them."""
     try:
-        channel, _ = _channel(record)
+        channel, _ = _channel(record, secret)
         channel.put(Peers(labels=labels))
     except RuntimeError as exc:
         raise BroadcastError(
@@ -219,13 +278,13 @@ def announce_peers(record: PublishedVersion, labels: list[str]) -> None:
         ) from exc
 
 
-def finish_update(record: PublishedVersion, files_needed: bool) -> str | None:
+def finish_update(record: PublishedVersion, files_needed: bool, secret: str = "") -> str | None:
     """The orchestrator's verdict once every server answered: None when all got the update,
     else ask the trainer for the filesystem copy of this version and wait for its path.
     BroadcastError when the trainer cannot be reached."""
     delivery = BroadcastDelivery.of(record)
     try:
-        channel, _ = _channel(record)
+        channel, _ = _channel(record, secret)
         channel.put(Verdict(files_needed=files_needed))
         if not files_needed:
             return None
@@ -237,14 +296,14 @@ def finish_update(record: PublishedVersion, files_needed: bool) -> str | None:
         ) from exc
 
 
-def request_files(record: PublishedVersion) -> str | None:
+def request_files(record: PublishedVersion, secret: str = "") -> str | None:
     """A server rejoins between updates: ask the trainer for the filesystem copy of `record`'s
     version. Its path, or None when the trainer has closed that version (its next update is
     under way: the server joins that one). BroadcastError when the trainer cannot be reached or
     does not answer within the timeout."""
     delivery = BroadcastDelivery.of(record)
     try:
-        channel, _ = _channel(record)
+        channel, _ = _channel(record, secret)
         channel.put(Rejoin())
         deadline = time.monotonic() + delivery.timeout_s
         while time.monotonic() < deadline:
@@ -267,13 +326,22 @@ def request_files(record: PublishedVersion) -> str | None:
 class Sender:
     """Hosts the store (for the life of the trainer) and sends updates."""
 
-    def __init__(self, host: str, timeout_s: float, device: str = "cpu") -> None:
+    def __init__(self, host: str, timeout_s: float, device: str = "cpu", secret: str = "") -> None:
         self.timeout = timedelta(seconds=timeout_s)
+        # the store listens on `host` only (torch's own would take every interface): it gets
+        # a socket bound here
+        self.listener = socket.create_server((host, 0), backlog=1024)
         self.store = dist.TCPStore(
-            host, 0, is_master=True, wait_for_workers=False, timeout=self.timeout
+            host,
+            self.listener.getsockname()[1],
+            is_master=True,
+            wait_for_workers=False,
+            timeout=self.timeout,
+            master_listen_fd=self.listener.fileno(),
         )
         self.address = (host, self.store.port)
         self.device = device
+        self.secret = secret
         self.group: dist.ProcessGroup | None = None  # kept while the same peers join
         self.group_peers: list[str] = []
         self.group_id = 0
@@ -289,7 +357,7 @@ class Sender:
         )
 
     def channel(self, version: int) -> Channel:
-        return Channel(self.store, version)
+        return Channel(self.store, version, self.secret)
 
     def send(self, record: PublishedVersion, tensors: list[Named]) -> list[str]:
         """Wait for the peers of `record`'s update, send every bucket; returns their labels.
@@ -305,7 +373,6 @@ class Sender:
             ) from exc
         if not peers:
             return []
-        prefix = channel.group_prefix()
         t0 = time.perf_counter()
         try:
             group = self._group_for(channel, peers, delivery.backend)
@@ -313,7 +380,7 @@ class Sender:
             missing = [
                 f"rank {r} ({peers[r - 1]})"
                 for r in range(1, len(peers) + 1)
-                if not self.store.check([f"{prefix}joined/{r}"])
+                if not channel.has(Joined, r)
             ]
             raise BroadcastError(
                 f"update {version}: peers never joined within {wait_s:.0f}s: "
@@ -325,12 +392,12 @@ class Sender:
                 try:
                     _broadcast(group, self._pack(record, delivery, tensors, bucket), self.timeout)
                 except RuntimeError as exc:
-                    dead = self._silent_peers(prefix, peers)
+                    dead = self._silent_peers(channel, peers)
                     raise BroadcastError(
                         f"update {version}: bucket {b + 1} of {len(delivery.buckets)} failed; "
                         f"peer(s) not responding: {', '.join(dead) or 'none found'}: {exc}"
                     ) from exc
-            self._confirm(prefix, peers, version)
+            self._confirm(channel, peers)
         except BroadcastError:
             self.group = None  # broken: the next update opens a new one
             raise
@@ -341,10 +408,11 @@ class Sender:
         """The group of this update: the previous one when the same worker processes join
         (each reports the group it holds), else a new one (its set-up is a rendezvous of every
         rank through the store: what reusing saves)."""
-        prefix = channel.group_prefix()
-        keys = [f"{prefix}joined/{r}" for r in range(1, len(peers) + 1)]
-        self.store.wait(keys, self.timeout)
-        held = {int(self.store.get(key)) for key in keys}
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        held = {
+            channel.get(Joined, r, max(deadline - time.monotonic(), 0.0)).held
+            for r in range(1, len(peers) + 1)
+        }
         if self.group is not None and peers == self.group_peers and held == {self.group_id}:
             channel.put(GroupInfo(id=self.group_id, size=1 + len(peers)))
             return self.group
@@ -352,25 +420,26 @@ class Sender:
         self.group_id += 1
         channel.put(GroupInfo(id=self.group_id, size=1 + len(peers)))
         group = new_group(
-            self.store, f"group-{self.group_id}/", 0, 1 + len(peers), self.timeout, backend
+            self.store, group_prefix(self.group_id), 0, 1 + len(peers), self.timeout, backend
         )
         self.group, self.group_peers = group, peers
         return group
 
-    def _confirm(self, prefix: str, peers: list[str], version: int) -> None:
+    def _confirm(self, channel: Channel, peers: list[str]) -> None:
         """Wait for every peer to confirm the last bucket (a send can complete into a dead
         peer's socket buffer); BroadcastError naming those that did not."""
-        keys = [f"{prefix}done/{r}" for r in range(1, len(peers) + 1)]
+        deadline = time.monotonic() + self.timeout.total_seconds()
         try:
-            self.store.wait(keys, self.timeout)
+            for r in range(1, len(peers) + 1):
+                channel.get(Done, r, max(deadline - time.monotonic(), 0.0))
         except RuntimeError as exc:
             missing = [
                 f"rank {r} ({peers[r - 1]})"
-                for r, key in enumerate(keys, start=1)
-                if not self.store.check([key])
+                for r in range(1, len(peers) + 1)
+                if not channel.has(Done, r)
             ]
             raise BroadcastError(
-                f"update {version}: peer(s) did not confirm the last bucket within "
+                f"update {channel.version}: peer(s) did not confirm the last bucket within "
                 f"{self.timeout.total_seconds():.0f}s: {', '.join(missing)}: {exc}"
             ) from exc
 
@@ -390,15 +459,15 @@ class Sender:
             offset += aligned(raw.numel())
         return buffer
 
-    def _silent_peers(self, prefix: str, peers: list[str]) -> list[str]:
+    def _silent_peers(self, channel: Channel, peers: list[str]) -> list[str]:
         """Peers that are not done and whose heartbeat did not move for 5 periods."""
-        keys = [f"{prefix}beat/{r}" for r in range(1, len(peers) + 1)]
+        keys = [f"{channel.update_prefix()}beat/{r}" for r in range(1, len(peers) + 1)]
         before = [self.store.add(k, 0) for k in keys]
         time.sleep(5 * HEARTBEAT_S)
         return [
             f"rank {r} ({peers[r - 1]})"
             for r, key, old in zip(range(1, len(peers) + 1), keys, before, strict=True)
-            if self.store.add(key, 0) == old and not self.store.check([f"{prefix}done/{r}"])
+            if self.store.add(key, 0) == old and not channel.has(Done, r)
         ]
 
 
@@ -428,22 +497,26 @@ class _Heartbeat:
 _GROUPS: dict[tuple, tuple[int, dist.ProcessGroup]] = {}  # this worker's group per trainer store
 
 
-def receive(record: PublishedVersion, rank: int) -> Iterator[list[Named]]:
+def receive(record: PublishedVersion, reception: Reception) -> Iterator[list[Named]]:
     """A worker's side: join the update as `rank` and yield each bucket's (name, tensor) pairs
     as it arrives (views into the bucket's buffer: on this process's current CUDA device with
     NCCL, else on CPU). BroadcastError naming the trainer when it dies or stalls past the
     timeout."""
-    version, delivery = record.version, BroadcastDelivery.of(record)
+    version, rank = record.version, reception.rank
+    delivery = BroadcastDelivery.of(record)
+    # the server's cap bounds every wait, whatever the record asks for
+    delivery = delivery.model_copy(
+        update={"timeout_s": min(delivery.timeout_s, reception.timeout_s)}
+    )
     device = f"cuda:{torch.cuda.current_device()}" if delivery.backend == "nccl" else "cpu"
     timeout = timedelta(seconds=delivery.timeout_s)
     trainer = f"the trainer (rank 0, store {delivery.address[0]}:{delivery.address[1]})"
     key = tuple(delivery.address)
     held = _GROUPS.get(key)
     try:
-        channel = Channel(_connect(delivery), version)
-        prefix = channel.group_prefix()
-        channel.store.set(f"{prefix}joined/{rank}", str(held[0] if held else 0))
-        heartbeat = _Heartbeat(delivery, f"{prefix}beat/{rank}")
+        channel = Channel(_connect(delivery), version, reception.secret)
+        channel.put(Joined(held=held[0] if held else 0), rank)
+        heartbeat = _Heartbeat(delivery, f"{channel.update_prefix()}beat/{rank}")
     except RuntimeError as exc:
         raise BroadcastError(f"update {version}: cannot reach {trainer}: {exc}") from exc
     try:
@@ -451,7 +524,7 @@ def receive(record: PublishedVersion, rank: int) -> Iterator[list[Named]]:
         if held is None or held[0] != info.id:
             _GROUPS.pop(key, None)
             group = new_group(
-                channel.store, f"group-{info.id}/", rank, info.size, timeout, delivery.backend
+                channel.store, group_prefix(info.id), rank, info.size, timeout, delivery.backend
             )
             _GROUPS[key] = (info.id, group)
         group = _GROUPS[key][1]
@@ -472,7 +545,7 @@ def receive(record: PublishedVersion, rank: int) -> Iterator[list[Named]]:
                 out.append((entry.name, view.view(entry.shape)))
                 offset += aligned(entry.nbytes)
             if b == len(delivery.buckets) - 1:
-                channel.store.set(f"{prefix}done/{rank}", "1")
+                channel.put(Done(), rank)
             yield out
     except RuntimeError as exc:
         _GROUPS.pop(key, None)  # broken: the next update opens a new one
@@ -499,7 +572,8 @@ class Broadcast:
     def __init__(self, settings: TransportSettings, model_files: ModelFiles | None = None) -> None:
         self.settings = settings
         self.model_files = model_files
-        self.sender = Sender(settings.host, settings.timeout_s, settings.device)
+        secret = rendezvous_secret(settings.token) if settings.token else ""
+        self.sender = Sender(settings.host, settings.timeout_s, settings.device, secret)
         self.thread: threading.Thread | None = None
         self.settled = threading.Event()  # the update in flight reached every server, or failed
         self.stop = threading.Event()
@@ -526,7 +600,9 @@ class Broadcast:
                     f"[yellow]broadcast of version {record.version}: {escape(reason[:500])}; "
                     "writing its filesystem copy[/]"
                 )
-                path = write_files(out / FILES_DIR, record, tensors, self.model_files)
+                path = write_files(
+                    out / FILES_DIR, record, tensors, self.model_files, self.settings.token
+                )
                 channel.put(FilesReady(path=str(path)))
         finally:
             channel.put(Closed())
@@ -561,14 +637,16 @@ class Broadcast:
         self.thread = None
 
     @classmethod
-    def receive(cls, record: PublishedVersion, directory: Path, rank: int) -> list[Named]:
+    def receive(
+        cls, record: PublishedVersion, directory: Path, reception: Reception
+    ) -> list[Named]:
         """Every bucket, kept until the last has arrived: loading each as it lands would leave
         the model half-updated when a later bucket fails, and the server must keep its old
         version then. The memory cost (one copy of the weights) is the filesystem path's too."""
         tensors: list[Named] = []
-        for bucket in receive(record, rank):
+        for bucket in receive(record, reception):
             tensors += bucket
-            exit_mid_update(rank, record.version)
+            exit_mid_update(reception.rank, record.version)
         return tensors
 
     @classmethod
@@ -588,7 +666,8 @@ class Broadcast:
             members.append((i, 1 + len(labels)))
             url = servers[i].base_url
             labels += [f"{url} worker {w}" for w in range(int(status.get("workers", 1)))]
-        await asyncio.to_thread(announce_peers, record, labels)
+        secret = run_secret(servers)
+        await asyncio.to_thread(announce_peers, record, labels, secret)
         # transfer, verification and reload: each bounded by the broadcast timeout
         timeout = 3 * BroadcastDelivery.of(record).timeout_s
         results = await asyncio.gather(
@@ -605,7 +684,7 @@ class Broadcast:
             outcomes[i] = outcome_of(result)
             if outcomes[i].answered and not outcomes[i].loaded:
                 behind.append(i)
-        files = await asyncio.to_thread(finish_update, record, bool(behind))
+        files = await asyncio.to_thread(finish_update, record, bool(behind), secret)
         if files is not None:
             loaded = await load_files([servers[i] for i in behind], files, record.version)
             for i, outcome in zip(behind, loaded, strict=True):
@@ -617,7 +696,7 @@ class Broadcast:
         """The trainer's filesystem copy of the version, written on request; False when the
         trainer has moved on (the server joins its next update) or cannot be reached."""
         try:
-            files = await asyncio.to_thread(request_files, record)
+            files = await asyncio.to_thread(request_files, record, run_secret([server]))
         except BroadcastError as exc:
             raise InferenceError(
                 f"no filesystem copy of policy version {record.version}: {exc}"

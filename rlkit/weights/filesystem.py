@@ -16,7 +16,14 @@ from rlkit.atomic import atomic_dir
 from rlkit.errors import InferenceError
 from rlkit.protocol import handoff
 from rlkit.protocol.weights import Named, PublishedVersion, iter_safetensors
-from rlkit.weights.transport import TRANSPORTS, ModelFiles, Outcome, ServerAdmin, TransportSettings
+from rlkit.weights.transport import (
+    TRANSPORTS,
+    ModelFiles,
+    Outcome,
+    Reception,
+    ServerAdmin,
+    TransportSettings,
+)
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -31,13 +38,19 @@ def save_tensors(directory: Path, tensors: list[Named], model_files: ModelFiles 
 
 
 def write_files(
-    out: Path, record: PublishedVersion, tensors: list[Named], model_files: ModelFiles | None
+    out: Path,
+    record: PublishedVersion,
+    tensors: list[Named],
+    model_files: ModelFiles | None,
+    token: str | None,
 ) -> Path:
     """The filesystem copy of a version sent another way: its tensors and a ``filesystem``
-    record (same table, canary and signature scheme), atomically, marked published."""
+    record (same table and canary, signed with the run's `token`), atomically, marked
+    published."""
+    copy = record.model_copy(update={"transport": Filesystem.name, "delivery": {}})
     with atomic_dir(out, durable=False) as tmp:
         save_tensors(tmp, tensors, model_files)
-        record.model_copy(update={"transport": Filesystem.name, "delivery": {}}).write(tmp)
+        copy.signed(token).write(tmp)
     handoff.mark_published(out)
     return out
 
@@ -81,7 +94,9 @@ class Filesystem:
         return None
 
     @classmethod
-    def receive(cls, record: PublishedVersion, directory: Path, rank: int) -> list[Named]:
+    def receive(
+        cls, record: PublishedVersion, directory: Path, reception: Reception
+    ) -> list[Named]:
         """The files' tensors; OSError for an unreadable file (safetensors raises its own error
         type, which the worker would not catch: the update would fail instead of refusing)."""
         from safetensors import SafetensorError

@@ -36,6 +36,7 @@ from rlkit.weights.transport import (
     TRANSPORTS,
     ModelFiles,
     Outcome,
+    Reception,
     ServerAdmin,
     TransportSettings,
     exit_mid_update,
@@ -167,9 +168,11 @@ class Ipc:
         self.live.clear()
 
     @classmethod
-    def receive(cls, record: PublishedVersion, directory: Path, rank: int) -> list[Named]:
+    def receive(
+        cls, record: PublishedVersion, directory: Path, reception: Reception
+    ) -> list[Named]:
         tensors = open_shared(record)
-        exit_mid_update(rank, record.version)
+        exit_mid_update(reception.rank, record.version)
         return tensors
 
     @classmethod

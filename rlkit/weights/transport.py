@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -25,6 +25,16 @@ class TransportSettings:
     bucket_mb: int = 1024  # broadcast: most MiB per collective
     device: str = "cpu"  # where the exporting rank's tensors live
     host: str = "127.0.0.1"  # where the exporting rank is reachable from the engines
+    token: str | None = field(default=None, repr=False)  # the run's credential: signs records
+
+
+@dataclass(frozen=True)
+class Reception:
+    """What a server gives its workers' `receive` beyond the (verified) record."""
+
+    rank: int = 0  # this worker's rank in a broadcast group
+    timeout_s: float = 300.0  # the longest it may wait: the server's cap on any update
+    secret: str = ""  # the run's rendezvous secret, derived from the caller's token
 
 
 @dataclass
@@ -42,6 +52,7 @@ class ServerAdmin(Protocol):
     """What a transport's orchestrator side may ask of a server (`rlkit.inference.admin`)."""
 
     base_url: str
+    token: str | None  # the run's credential it calls with
 
     async def status(self) -> dict[str, Any]: ...
 
@@ -78,7 +89,9 @@ class WeightTransport(Protocol):
         ...
 
     @classmethod
-    def receive(cls, record: PublishedVersion, directory: Path, rank: int) -> list[Named]:
+    def receive(
+        cls, record: PublishedVersion, directory: Path, reception: Reception
+    ) -> list[Named]:
         """On an engine worker: the version's tensors (checked by the caller)."""
         ...
 

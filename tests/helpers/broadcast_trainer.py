@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rlkit.protocol.credentials import token_from_env
 from rlkit.protocol.weights import Named, PublishedVersion, tensor_table
 from rlkit.weights import broadcast
 from rlkit.weights.broadcast import Sender
@@ -21,16 +22,22 @@ def broadcast_record(
         transport=broadcast.Broadcast.name,
         tensors=tensor_table(tensors),
         delivery=sender.delivery(tensors, bucket_bytes).model_dump(mode="json"),
-    )
+    ).signed(token_from_env())
 
 
 def sender_stalled_after_first_bucket(
-    tensors: list[Named], version: int, bucket_bytes: int, timeout_s: float, out: Any, go: Any
+    tensors: list[Named],
+    version: int,
+    bucket_bytes: int,
+    timeout_s: float,
+    out: Any,
+    go: Any,
+    secret: str = "",
 ) -> None:
     """A spawn target playing the trainer: hosts a `Sender`, puts the record of update
     `version` on `out`, waits for `go`, sends the first bucket, then puts `STALLED` on `out`
     and waits for the test to SIGKILL it mid-broadcast (store and group die with it)."""
-    sender = Sender("127.0.0.1", timeout_s)
+    sender = Sender("127.0.0.1", timeout_s, secret=secret)
     real = broadcast._broadcast
     sent: list[int] = []
 

@@ -7,17 +7,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlkit.protocol.credentials import token_from_env
 from rlkit.protocol.weights import Canary, PublishedVersion, iter_safetensors, tensor_table
 
 
 def publish_files(directory: Path | str, version: int = 0, canary: Canary | None = None) -> Path:
-    """Write `directory`'s record (its files as they are) and return `directory`."""
+    """Write `directory`'s record (its files as they are), signed with the tests' run token
+    (`$RLKIT_TOKEN_FILE`, conftest.py), and return `directory`."""
     directory = Path(directory)
     tensors = tensor_table(iter_safetensors(directory))
     record = PublishedVersion(
         version=version, transport="filesystem", tensors=tensors, canary=canary
     )
-    record.write(directory)
+    record.signed(token_from_env()).write(directory)
     return directory
 
 

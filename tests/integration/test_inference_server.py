@@ -30,6 +30,7 @@ from rlkit.inference.admin import AdminClient
 from rlkit.inference.canary import CanaryMismatch, canary_token_ids, pool_canary_kl
 from rlkit.inference.lifecycle import has_cuda
 from rlkit.models import init_tiny
+from rlkit.protocol.credentials import new_token, rendezvous_secret, token_from_env
 from rlkit.protocol.weights import VERSION_FILE, Canary, PublishedVersion, iter_safetensors
 from rlkit.weights.broadcast import BroadcastDelivery, Sender, announce_peers
 from tests.helpers.broadcast_trainer import (
@@ -75,6 +76,9 @@ async def test_chat_returns_token_ids_and_one_logprob_per_token(
     assert gen.policy_version_end == 0
 
 
+MAX_UPDATE_S = 12.0
+
+
 @pytest.fixture(scope="module")
 def tied_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """Served weights, replacement weights (other seed) and an incompatible (MoE) checkpoint,
@@ -88,19 +92,26 @@ def tied_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, P
 
 @pytest.fixture(scope="module")
 def own_server(tied_models: tuple[Path, Path, Path], tmp_path_factory) -> Iterator[ServerProcess]:
-    """A private server (its weights change), serving a tied-embedding model like small Qwen3s."""
+    """A private server (its weights change), serving a tied-embedding model like small Qwen3s;
+    no update may keep it paused longer than MAX_UPDATE_S."""
     log = tmp_path_factory.mktemp("logs") / "vllm-update.log"
     server = start_server(
         str(tied_models[0]),
         log_path=log,
         extra_args=TEST_SERVER_ARGS,
         weights_roots=[tmp_path_factory.getbasetemp()],
+        max_update_s=MAX_UPDATE_S,
     )
     try:
         server.wait_ready(timeout=600)
         yield server
     finally:
         server.stop()
+
+
+def run_secret() -> str:
+    """The rendezvous secret of the tests' run token, which the servers here hold."""
+    return rendezvous_secret(token_from_env())
 
 
 async def greedy(client: InferenceClient, model: str, max_tokens: int = 12) -> tuple[list, list]:
@@ -299,7 +310,15 @@ async def refusal_from_killed_trainer(
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), ctx.Event()
     go.set()
-    args = ([(n, t.clone()) for n, t in tensors], version, 64 * 1024, timeout_s, out, go)
+    args = (
+        [(n, t.clone()) for n, t in tensors],
+        version,
+        64 * 1024,
+        timeout_s,
+        out,
+        go,
+        run_secret(),
+    )
     trainer = ctx.Process(target=sender_stalled_after_first_bucket, args=args, daemon=True)
     trainer.start()
     try:
@@ -307,7 +326,9 @@ async def refusal_from_killed_trainer(
         assert len(BroadcastDelivery.of(record).buckets) > 2
         record.write(published)
         workers = (await AdminClient(client).status())["workers"]
-        announce_peers(record, [f"{client.base_url} worker {w}" for w in range(workers)])
+        announce_peers(
+            record, [f"{client.base_url} worker {w}" for w in range(workers)], run_secret()
+        )
         body = {"path": str(published), "rank": 1, "version": version}
         receiving = asyncio.create_task(
             client.request(
@@ -338,14 +359,16 @@ async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
     published = publish_like_the_trainer(new, tmp_path / "published")
     canary = PublishedVersion.read(published).canary
     tensors = list(iter_safetensors(published))
-    sender = Sender("127.0.0.1", timeout_s=8.0)
+    sender = Sender("127.0.0.1", timeout_s=8.0, secret=run_secret())
     name = "model.layers.1.mlp.down_proj.weight"
 
     async def update(client: InferenceClient, version: int, corrupt: str | None):
         record = broadcast_record(sender, version, tensors, 64 * 1024)  # several buckets
         record.model_copy(update={"canary": canary}).write(published)
         workers = (await AdminClient(client).status())["workers"]
-        announce_peers(record, [f"{client.base_url} worker {w}" for w in range(workers)])
+        announce_peers(
+            record, [f"{client.base_url} worker {w}" for w in range(workers)], run_secret()
+        )
         sending = asyncio.create_task(asyncio.to_thread(sender.send, record, tensors))
         body = {"path": str(published), "rank": 1, "version": version, "corrupt_tensor": corrupt}
         try:
@@ -367,10 +390,12 @@ async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
         assert f"keeps policy version {version}" in str(info.value)
         assert await greedy(client, str(served)) == before
 
-        silent = Sender("127.0.0.1", timeout_s=5.0)  # a trainer that announces, never sends
+        silent = Sender(
+            "127.0.0.1", timeout_s=5.0, secret=run_secret()
+        )  # a trainer that announces, never sends
         record = broadcast_record(silent, 102, tensors, 64 * 1024)
         record.write(published)
-        announce_peers(record, [f"{client.base_url} worker 0"])
+        announce_peers(record, [f"{client.base_url} worker 0"], run_secret())
         start = time.monotonic()
         body = {"path": str(published), "rank": 1, "version": 102}
         with pytest.raises(InferenceError) as info:
@@ -387,7 +412,7 @@ async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
         assert await greedy(client, str(served)) == before
 
         resp = await update(client, 104, None)
-        assert resp.json() == {"policy_version": 104, "verified": True}
+        assert resp.json()["policy_version"] == 104 and resp.json()["verified"] is True
         assert await greedy(client, str(served)) != before
     pool = ClientPool([own_server.url], api_key=own_server.token)
     try:
@@ -395,6 +420,70 @@ async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
         assert kl is not None and kl < 1e-3, kl
     finally:
         await pool.aclose()
+
+
+async def test_only_versions_signed_with_the_servers_credential_load(
+    own_server: ServerProcess, tied_models: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """A copy of a version that its writer signed itself (another user with write access to a
+    weights root), an unsigned one, and a signed one altered afterwards (the version number,
+    the broadcast address) are refused with 403 and change nothing; the run's own signature
+    loads."""
+    served, new, _ = tied_models
+    published = publish_like_the_trainer(new, tmp_path / "published")
+    good = PublishedVersion.read(published)
+    assert good is not None and good.signed_by(own_server.token)
+    forgeries = {
+        "self-signed": good.signed(new_token()),
+        "unsigned": good.model_copy(update={"signature": None}),
+        "altered": good.model_copy(update={"version": 999999}),
+        "readdressed": good.model_copy(
+            update={"transport": "broadcast", "delivery": {"address": ["10.0.0.9", 1]}}
+        ),
+    }
+    async with own_server.client(max_retries=0) as client:
+        admin = AdminClient(client)
+        await admin.update_weights(str(served))
+        before = await greedy(client, str(served))
+        version = (await admin.status())["policy_version"]
+        for what, record in forgeries.items():
+            record.write(published)
+            with pytest.raises(InferenceError) as info:
+                await admin.update_weights(str(published), version=999999)
+            assert info.value.status == 403 and "not signed" in str(info.value), what
+            assert (await admin.status())["policy_version"] == version, what
+        assert await greedy(client, str(served)) == before
+        good.write(published)
+        assert await admin.update_weights(str(published), version=version + 1) == version + 1
+        assert await greedy(client, str(served)) != before
+
+
+async def test_no_update_pauses_the_engine_past_the_servers_cap(
+    own_server: ServerProcess, tied_models: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """A (signed) broadcast version whose trainer never sends and asks receivers to wait an hour
+    ends at the server's cap: a 422 naming the trainer, generation running again, the version
+    kept."""
+    served, new, _ = tied_models
+    published = publish_like_the_trainer(new, tmp_path / "published")
+    tensors = list(iter_safetensors(published))
+    stuck = Sender("127.0.0.1", timeout_s=3600.0, secret=run_secret())
+    record = broadcast_record(stuck, 201, tensors, 64 * 1024)
+    assert BroadcastDelivery.of(record).timeout_s == 3600.0
+    record.write(published)
+    async with own_server.client(max_retries=0) as client:
+        admin = AdminClient(client)
+        version = (await admin.status())["policy_version"]
+        announce_peers(record, [f"{client.base_url} worker 0"], run_secret())
+        start = time.monotonic()
+        body = {"path": str(published), "rank": 1, "version": 201}
+        with pytest.raises(InferenceError) as info:
+            await client.request("POST", "/rlkit/update_weights", retries=0, json=body)
+        assert time.monotonic() - start < MAX_UPDATE_S + 15
+        assert info.value.status == 422 and "the trainer (rank 0" in str(info.value)
+        status = await admin.status()
+        assert status["policy_version"] == version and not status["paused"]
+        assert (await greedy(client, str(served)))[0]  # generation goes on
 
 
 async def test_pause_keep_holds_requests_until_resume(

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from rlkit.protocol import handoff
 from rlkit.protocol.weights import PublishedVersion, iter_safetensors, mismatches, tensor_table
-from rlkit.weights import TransportSettings, broadcast
+from rlkit.weights import Reception, TransportSettings, broadcast
 from rlkit.weights.broadcast import (
     FILES_DIR,
     Broadcast,
@@ -56,7 +56,7 @@ def receiver(record: PublishedVersion, rank: int, die_after: int | None, out: mp
     go.wait()
     got, sizes = [], []
     try:
-        for b, bucket in enumerate(receive(record, rank)):
+        for b, bucket in enumerate(receive(record, Reception(rank=rank))):
             sizes.append(sum(t.numel() * t.element_size() for _, t in bucket))
             got += [(n, t.clone()) for n, t in bucket]
             if die_after is not None and b + 1 == die_after:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlkit.protocol.weights import PublishedVersion, mismatches
-from rlkit.weights import broadcast
+from rlkit.weights import Reception, broadcast
 from rlkit.weights.broadcast import Sender, announce_peers, receive
 from tests.helpers.broadcast_trainer import broadcast_record
 
@@ -30,7 +30,9 @@ def long_lived_receiver(rank: int, inbox: Any, out: Any) -> None:
     id of the group this process holds afterwards."""
     while (record_json := inbox.get()) is not None:
         record = PublishedVersion.model_validate_json(record_json)
-        got = [(n, t.clone()) for bucket in receive(record, rank) for n, t in bucket]
+        got = [
+            (n, t.clone()) for bucket in receive(record, Reception(rank=rank)) for n, t in bucket
+        ]
         held = broadcast._GROUPS[tuple(record.delivery["address"])][0]
         out.put((rank, mismatches(got, record.tensors), held))
 

@@ -17,7 +17,7 @@ import torch
 
 from rlkit.protocol import handoff
 from rlkit.protocol.weights import PublishedVersion, mismatches, tensor_table
-from rlkit.weights import TransportSettings, transport_class
+from rlkit.weights import Reception, TransportSettings, transport_class
 from rlkit.weights.ipc import Ipc, IpcDelivery, IpcError, open_shared
 
 TENSORS = [
@@ -47,7 +47,7 @@ def worker_check(record_json: str, queue: mp.Queue) -> None:
     """A worker's side in another process: map, check against the table."""
     record = PublishedVersion.model_validate_json(record_json)
     try:
-        tensors = Ipc.receive(record, Path("."), 0)
+        tensors = Ipc.receive(record, Path("."), Reception())
         queue.put(mismatches(tensors, record.tensors))
     except IpcError as exc:
         queue.put(f"IpcError: {exc}")
