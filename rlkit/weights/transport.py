@@ -109,14 +109,22 @@ class WeightTransport(Protocol):
         ...
 
 
-EXIT_MID_UPDATE_ENV = "RLKIT_TEST_EXIT_MID_UPDATE"  # "RANK:VERSION": a worker dies mid-update
+EXIT_MID_UPDATE_ENV = "RLKIT_TEST_EXIT_MID_UPDATE"  # "RANK:VERSION[:ONCE_FILE]"
 
 
 def exit_mid_update(rank: int, version: int) -> None:
     """Test hook: the worker of `rank` exits while it receives `version` (a server killed
-    mid-update), when `EXIT_MID_UPDATE_ENV` says so."""
-    if os.environ.get(EXIT_MID_UPDATE_ENV) == f"{rank}:{version}":
-        os._exit(1)
+    mid-update), when `EXIT_MID_UPDATE_ENV` says so; with a third field, only the first time
+    (the file it names is created then), so a relaunched server can load that version."""
+    rank_s, version_s, *once = os.environ.get(EXIT_MID_UPDATE_ENV, "").split(":", 2) + [""]
+    if (rank_s, version_s) != (str(rank), str(version)):
+        return
+    if once and once[0]:
+        try:
+            os.close(os.open(once[0], os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return
+    os._exit(1)
 
 
 TRANSPORTS: Registry[type[WeightTransport]] = Registry(

@@ -69,7 +69,8 @@ def test_a_worker_killed_mid_update_catches_up_from_the_buffer(
         "--inference.weight_transfer=ipc",
         "--inference.health_interval_s=1",
     )
-    monkeypatch.setenv(EXIT_MID_UPDATE_ENV, "0:2")  # the only server's worker, at version 2
+    # the only server's worker, at version 2, once: its relaunch loads version 2 from the buffer
+    monkeypatch.setenv(EXIT_MID_UPDATE_ENV, f"0:2:{tmp_path / 'killed-once'}")
     log = tmp_path / "run.log"
     assert run(cmd, log) == 0, log.read_text()[-3000:]
     steps = records(run_dir)
@@ -77,4 +78,5 @@ def test_a_worker_killed_mid_update_catches_up_from_the_buffer(
     output = log.read_text()
     assert "is down" in output and "is back (policy version 2)" in output, output[-3000:]
     assert steps[-1]["inference_servers_rejoined"] >= 1
+    assert (tmp_path / "killed-once").exists()
     assert all(r["weights_canary_kl"] < 1e-2 for r in steps[2:]), steps
