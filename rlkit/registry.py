@@ -99,6 +99,18 @@ class Registry(Generic[F]):
             f"'{self.group}' entry point, or '{self.form}'"
         )
 
+    def get_class(self, name: str, methods: tuple[str, ...], protocol: str) -> Any:
+        """The class `name` names (as `get`), checked to have every one of `methods`;
+        ValueError naming what it lacks otherwise (`protocol`: the dotted name to cite)."""
+        cls = self.get(name).fn
+        missing = [m for m in methods if not callable(getattr(cls, m, None))]
+        if not isinstance(cls, type) or missing:
+            raise ValueError(
+                f"{self.kind} {name!r} is not a {protocol.rsplit('.', 1)[-1]} class ({protocol}): "
+                f"it lacks {', '.join(missing) or 'a class'}"
+            )
+        return cls
+
     def _from_callable(self, name: str, fn: Any) -> Entry[F]:
         if not callable(fn):
             raise ValueError(f"{self.kind} {name!r} is not callable")

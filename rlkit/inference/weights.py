@@ -68,13 +68,6 @@ def check_adapter_dir(directory: str | Path) -> None:
     read_safetensors_header(weights)
 
 
-def check_compatible(
-    new_dir: str | Path, reference: dict[str, tuple[str, tuple[int, ...]]]
-) -> None:
-    """Raise UsageError unless `new_dir` holds exactly the reference tensors and shapes."""
-    check_signature(weight_signature(new_dir), reference, new_dir)
-
-
 def check_signature(
     new: dict[str, tuple[str, tuple[int, ...]]],
     reference: dict[str, tuple[str, tuple[int, ...]]],

@@ -59,11 +59,6 @@ PROTOCOL_METHODS = ("publish", "published", "settle", "receive", "deliver", "cat
 def transport_class(name: str) -> type[WeightTransport]:
     """The transport `name` names ("auto" is filesystem); ValueError when it is unknown or not
     a `WeightTransport`."""
-    cls = TRANSPORTS.get("filesystem" if name == "auto" else name).fn
-    missing = [m for m in PROTOCOL_METHODS if not callable(getattr(cls, m, None))]
-    if not isinstance(cls, type) or missing:
-        raise ValueError(
-            f"weight transport {name!r} is not a WeightTransport class (rlkit.weights."
-            f"WeightTransport): it lacks {', '.join(missing) or 'a class'}"
-        )
-    return cls
+    return TRANSPORTS.get_class(
+        "filesystem" if name == "auto" else name, PROTOCOL_METHODS, "rlkit.weights.WeightTransport"
+    )

@@ -194,6 +194,12 @@ class Channel:
             time.sleep(0.01)
         return message
 
+    def without(self, kind: type[BaseModel], peers: list[str]) -> list[str]:
+        """The peers (rank r is peers[r - 1]) that have not sent a valid `kind`, named."""
+        return [
+            f"rank {r} ({label})" for r, label in enumerate(peers, start=1) if not self.has(kind, r)
+        ]
+
     def poll(self, kind: type[M], stop: threading.Event) -> M | None:
         """The message once it is set; None when `stop` is set first."""
         while not stop.is_set():
@@ -377,11 +383,7 @@ class Sender:
         try:
             group = self._group_for(channel, peers, delivery.backend)
         except RuntimeError as exc:
-            missing = [
-                f"rank {r} ({peers[r - 1]})"
-                for r in range(1, len(peers) + 1)
-                if not channel.has(Joined, r)
-            ]
+            missing = channel.without(Joined, peers)
             raise BroadcastError(
                 f"update {version}: peers never joined within {wait_s:.0f}s: "
                 f"{', '.join(missing) or 'unknown'}: {exc}"
@@ -433,11 +435,7 @@ class Sender:
             for r in range(1, len(peers) + 1):
                 channel.get(Done, r, max(deadline - time.monotonic(), 0.0))
         except RuntimeError as exc:
-            missing = [
-                f"rank {r} ({peers[r - 1]})"
-                for r in range(1, len(peers) + 1)
-                if not channel.has(Done, r)
-            ]
+            missing = channel.without(Done, peers)
             raise BroadcastError(
                 f"update {channel.version}: peer(s) did not confirm the last bucket within "
                 f"{self.timeout.total_seconds():.0f}s: {', '.join(missing)}: {exc}"
