@@ -364,7 +364,8 @@ async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
 
     async def update(client: InferenceClient, version: int, corrupt: str | None):
         record = broadcast_record(sender, version, tensors, 64 * 1024)  # several buckets
-        record.model_copy(update={"canary": canary}).write(published)
+        record = record.model_copy(update={"canary": canary}).signed(token_from_env())
+        record.write(published)
         workers = (await AdminClient(client).status())["workers"]
         announce_peers(
             record, [f"{client.base_url} worker {w}" for w in range(workers)], run_secret()
