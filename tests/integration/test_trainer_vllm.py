@@ -11,19 +11,16 @@ from rlkit.protocol.layout import RunLayout
 from rlkit.trainer.config import ModelConfig, OptimConfig, TrainerConfig
 from rlkit.trainer.packing import TokenSequence, make_micro_batches
 from rlkit.trainer.trainer import Trainer
-from tests.helpers.cli import TEST_SERVER_ARGS
 from tests.helpers.trainer_logprobs import train_a_little, trainer_logprobs
 
 
 @pytest.mark.slow
 async def test_exported_weights_served_with_trainer_logprobs(
-    tiny_model_dir: Path, tmp_path: Path
+    vllm_server, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from rlkit.inference import InferenceClient, start_server
+    from rlkit.inference import InferenceClient
 
     model = str(tiny_model_dir)
-    # our own server: its weights change
-    server = start_server(model, log_path=tmp_path / "vllm.log", extra_args=TEST_SERVER_ARGS)
     trainer = Trainer(
         TrainerConfig(
             run_dir=str(tmp_path / "run"),
@@ -36,14 +33,16 @@ async def test_exported_weights_served_with_trainer_logprobs(
         train_a_little(trainer)
         exported = trainer.export(RunLayout(tmp_path / "run").weights_version(4))
         assert exported is not None and (exported / "STABLE").exists()
-        server.wait_ready(timeout=600)
-        async with InferenceClient(server.url) as client:
+        async with InferenceClient(vllm_server.url) as client:
             prompt = trainer.tokenizer("<|im_start|>user\nreverse abc<|im_end|>\n")["input_ids"]
             sampling = {"max_tokens": 24, "temperature": 1.0, "seed": 0, "ignore_eos": True}
             before = await client.completion(prompt, model, sampling)
-            version = await client.update_weights(str(exported), version=4)
-            assert version == 4
-            gen = await client.completion(prompt, model, sampling)
+            try:
+                version = await client.update_weights(str(exported), version=4)
+                assert version == 4
+                gen = await client.completion(prompt, model, sampling)
+            finally:  # the session server is shared: serve the original weights again
+                await client.update_weights(model, version=0)
         assert gen.policy_version_end == 4 and len(gen.completion_token_ids) == 24
         served = torch.tensor(gen.completion_logprobs)
         ours = trainer_logprobs(trainer, prompt, gen.completion_token_ids)
@@ -55,7 +54,6 @@ async def test_exported_weights_served_with_trainer_logprobs(
         assert stale > 5 * diff.mean()  # the server really changed policy
     finally:
         trainer.close()
-        server.stop()
 
 
 def k3(trainer: Trainer, prompt: list[int], gens: list, temperature: float) -> float:

@@ -273,6 +273,17 @@ def test_tiers_are_registered_and_deselected_by_fast(tier: str) -> None:
     assert f"not {tier}" in (ROOT / "scripts" / "test.sh").read_text()
 
 
+def test_the_suite_log_lists_its_slowest_tests() -> None:
+    """CI runs scripts/test.sh (.ci/run): its log names where the suite's time goes."""
+    assert "scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
+    pytest_line = next(
+        line
+        for line in (ROOT / "scripts" / "test.sh").read_text().splitlines()
+        if line.startswith("exec ") and "pytest" in line
+    )
+    assert "--durations=" in pytest_line
+
+
 def test_benchmarks_are_outside_the_test_paths() -> None:
     """Benchmark scripts are run by hand; `pytest` with no arguments never collects them."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
