@@ -29,6 +29,7 @@ TRIGGERS = {
     # running_hub: a hub server with its database and tokens, driven through the CLI and HTTP
     "slow": {
         "vllm_server",
+        "lora_server",
         "start_server",
         "torchrun",
         "torchrun_args",
