@@ -8,8 +8,9 @@ each tier (the session fixture `vllm_server`, `start_server`, `tiny_train_cmd`, 
 launcher, `fresh_venv`, `require_system`, ...). So `roles.train_cmd`, which builds an `rlkit
 train` command through `tiny_train_cmd`, needs `slow` as much as `tiny_train_cmd` itself.
 
-Two layout checks ride along: the benchmark scripts sit outside pytest's test paths, and no test
-module imports another (shared code lives in tests/helpers/).
+Three layout checks ride along: the benchmark scripts sit outside pytest's test paths, no test
+module imports another (shared code lives in tests/helpers/), and the suite's log (CI's too)
+lists its slowest tests.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # ensure_venv / fresh_venv
 INSTALLERS = {"pip"}
 TRIGGERS = {
-    # running_hub: a hub server with its database and tokens, driven through the CLI and HTTP
+    # lora_server: the session's LoRA vLLM server (tests/integration/conftest.py); running_hub:
+    # a hub server with its database and tokens, driven through the CLI and HTTP
     "slow": {
         "vllm_server",
         "lora_server",
