@@ -1,8 +1,9 @@
 """Shared pytest fixtures for the whole repository (tests/ and environments/*/tests).
 
 Models are built locally (no downloads) once per session. The real vLLM CPU server is started
-once per session and shared; tests that change its weights must restore them (or start their
-own server with `rlkit.inference.start_server`).
+once per session and shared, `rlkit train` runs included (tests/helpers/session_server.py: an
+engine start less per run); tests that change its weights must restore them, and tests that
+kill, restart or reconfigure a server start their own (`rlkit.inference.start_server`).
 """
 
 from __future__ import annotations

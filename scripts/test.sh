@@ -17,4 +17,5 @@ bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-exec .venv/bin/pytest -q -ra --durations=15 "${select[@]}" "$@"
+# --durations: the 40 slowest tests in every log, CI's included (where the suite's time goes)
+exec .venv/bin/pytest -q -ra --durations=40 "${select[@]}" "$@"

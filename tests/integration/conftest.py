@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,33 @@ def custom_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.delitem(sys.modules, "word_flip", raising=False)
     return "word-flip"
+
+
+@pytest.fixture(scope="session")
+def lora_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """One `rlkit infer --lora-rank 8 --max-loras 2` server (eager) on `tiny_model_dir`, shared
+    by the LoRA tests that neither kill nor restart it: each unloads the adapters it loaded and
+    serves the base weights again if it changed them. One LoRA engine start in a session. Its
+    owner holds the tests' run token (what tests publish is signed with it); tenants `a` and `b`
+    hold their own (`tenants/NAME.token` beside it); weights load from the tests' folders."""
+    from rlkit.inference import ServerProcess
+    from rlkit.inference.lifecycle import free_port
+    from rlkit.protocol.credentials import TOKEN_FILE_ENV
+    from tests.helpers.cli import RLKIT, TEST_SERVER_ARGS
+    from tests.helpers.train_runs import start
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("logs") / "vllm-lora.log"
+    owner = Path(os.environ[TOKEN_FILE_ENV])  # conftest.py's run_token_file
+    cmd = [RLKIT, "infer", "-m", str(tiny_model_dir), "--port", str(port), "--lora-rank", "8"]
+    cmd += ["--token-file", str(owner), "--tenant", "a", "--tenant", "b"]
+    cmd += ["--allowed-weights-root", str(tmp_path_factory.getbasetemp())]
+    cmd += ["--max-loras", "2", "--", "--enforce-eager", *TEST_SERVER_ARGS]
+    server = ServerProcess(
+        process=start(cmd, log), url=f"http://127.0.0.1:{port}", log_path=log, token_file=owner
+    )
+    try:
+        server.wait_ready(timeout=600)
+        yield server
+    finally:
+        server.stop()

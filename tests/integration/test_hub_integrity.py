@@ -19,6 +19,9 @@ from tests.helpers.hub_dists import make_wheel
 from tests.helpers.hub_http import upload
 from tests.helpers.hub_running import Hub, check_leaderboard, running_hub
 
+# a hub server, a fake model server and `rlkit eval` runs: about 7 s
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:

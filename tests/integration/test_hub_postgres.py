@@ -31,7 +31,7 @@ from rlkit.hub.server.store import HubStore
 from tests.helpers.hub_dists import make_sdist, make_wheel
 from tests.helpers.system import require_system
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.slow]  # PostgreSQL and hub servers
 
 BINDIRS = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
 

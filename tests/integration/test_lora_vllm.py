@@ -1,11 +1,11 @@
 """LoRA adapters trained under FSDP2 are served by a running vLLM CPU server by name.
 
-One server (LoRA on) and one LoRA trainer: the trained adapter, loaded as policy version 3
-without a restart, reproduces the trainer's (base + adapter) logprobs within the dense test's
-tolerance; a second adapter on the same server keeps its own version and policy; `rlkit eval`
-evaluates an adapter by name; the update moves only adapter bytes; the merged model
-(`rlkit model merge`) matches base + adapter in transformers and, loaded into the same server's
-base weights, in vLLM.
+One server (LoRA on: the session's `lora_server`) and one LoRA trainer: the trained adapter,
+loaded as policy version 3 without a restart, reproduces the trainer's (base + adapter) logprobs
+within the dense test's tolerance; a second adapter on the same server keeps its own version and
+policy; `rlkit eval` evaluates an adapter by name; the update moves only adapter bytes; the
+merged model (`rlkit model merge`) matches base + adapter in transformers and, loaded into the
+same server's base weights, in vLLM.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ import torch
 
 from rlkit.inference.admin import AdminClient
 from rlkit.inference.client import InferenceError
-from rlkit.inference.lifecycle import lora_server_args
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.model import LoraConfig
 from rlkit.protocol.weights import published_bytes
 from rlkit.trainer.config import ModelConfig, OptimConfig, TrainerConfig
 from rlkit.trainer.trainer import Trainer
-from tests.helpers.cli import RLKIT, TEST_SERVER_ARGS
+from tests.helpers.cli import RLKIT
 from tests.helpers.eval_results import check_engine_results
 from tests.helpers.published import publish_files
+from tests.helpers.session_server import reset_lora_server
 from tests.helpers.trainer_logprobs import train_a_little, trainer_logprobs
 
 SAMPLING = {"max_tokens": 24, "temperature": 1.0, "seed": 0, "ignore_eos": True}
@@ -52,15 +52,10 @@ def close(served: list[float], ours: torch.Tensor, what: str) -> float:
 
 @pytest.mark.slow
 async def test_adapter_served_by_name_matches_trainer_and_merge(
-    tiny_model_dir: Path, tmp_path: Path
+    lora_server, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from rlkit.inference import start_server
-
     model = str(tiny_model_dir)
-    args = [*lora_server_args(8, max_loras=2), "--enforce-eager", *TEST_SERVER_ARGS]
-    server = start_server(
-        model, log_path=tmp_path / "vllm.log", extra_args=args, weights_roots=[tmp_path]
-    )
+    server = lora_server
     run = tmp_path / "run"
     lora = LoraConfig(rank=8, alpha=16)
     trainer = Trainer(
@@ -81,7 +76,6 @@ async def test_adapter_served_by_name_matches_trainer_and_merge(
         moved, full = published_bytes(trained), published_bytes(model)
         print(f"adapter {moved} bytes, model {full} bytes")
         assert moved < full / 5
-        server.wait_ready(timeout=600)
         prompt = trainer.tokenizer("<|im_start|>user\nreverse abc<|im_end|>\n")["input_ids"]
         async with (
             server.client(adapter="run-a") as client_a,
@@ -133,4 +127,4 @@ async def test_adapter_served_by_name_matches_trainer_and_merge(
                 await client_a.completion(prompt, "run-a", SAMPLING)
     finally:
         trainer.close()
-        server.stop()
+        await reset_lora_server(server, tiny_model_dir)  # the next LoRA test's server

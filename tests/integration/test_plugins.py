@@ -17,6 +17,7 @@ from rlkit.protocol.weights import PublishedVersion
 from rlkit.sandbox.backends import Bwrap
 from rlkit.sandbox.session import PythonSession
 from tests.helpers.cli import DEMO_CONFIG, run_cli, run_train, tiny_train_cmd
+from tests.helpers.session_server import on_session_server
 from tests.helpers.system import require_system
 from tests.helpers.train_runs import SHORT
 
@@ -74,17 +75,19 @@ def test_unknown_plugins_are_usage_errors_naming_the_field(
 @pytest.mark.slow
 @pytest.mark.usefixtures("plugins_importable")
 def test_rlkit_train_steps_with_a_scheduler_from_a_user_module(
-    tiny_model_dir: Path, tmp_path: Path
+    vllm_server, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    cmd = tiny_train_cmd(
-        tiny_model_dir,
-        run_dir,
-        *SHORT,
-        "--orchestrator.scheduler=my_plugins:OneGroupScheduler",
-        "--sandbox.backend=my_plugins:TaggedBwrap",
-    )
-    records = run_train(cmd, run_dir, tmp_path / "run.log")
+    with on_session_server(vllm_server, tiny_model_dir) as urls:
+        cmd = tiny_train_cmd(
+            tiny_model_dir,
+            run_dir,
+            *SHORT,
+            *urls,
+            "--orchestrator.scheduler=my_plugins:OneGroupScheduler",
+            "--sandbox.backend=my_plugins:TaggedBwrap",
+        )
+        records = run_train(cmd, run_dir, tmp_path / "run.log")
     assert [r["step"] for r in records] == [1, 2]
     assert 'scheduler = "my_plugins:OneGroupScheduler"' in (run_dir / "config.toml").read_text()
     taken = [json.loads(line) for line in (run_dir / "one_group_batches.jsonl").open()]

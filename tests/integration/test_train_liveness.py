@@ -10,23 +10,28 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import tiny_train_cmd
+from tests.helpers.session_server import on_session_server
 from tests.helpers.train_runs import SHORT, run, run_killing_the_server
 
 pytestmark = pytest.mark.slow
 
 
-def test_custom_loss_from_a_user_module_trains(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_custom_loss_from_a_user_module_trains(
+    vllm_server, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "run"
-    cmd = tiny_train_cmd(
-        tiny_model_dir,
-        run_dir,
-        *SHORT,
-        "--loss.name=my_losses:scaled_grpo",
-        "--loss.params={scale = 0.25}",
-        "--loss.old_policy=recomputed",
-        "--trainer.mini_batches=2",
-    )
-    assert run(cmd, tmp_path / "run.log") == 0, (tmp_path / "run.log").read_text()[-3000:]
+    with on_session_server(vllm_server, tiny_model_dir) as urls:
+        cmd = tiny_train_cmd(
+            tiny_model_dir,
+            run_dir,
+            *SHORT,
+            *urls,
+            "--loss.name=my_losses:scaled_grpo",
+            "--loss.params={scale = 0.25}",
+            "--loss.old_policy=recomputed",
+            "--trainer.mini_batches=2",
+        )
+        assert run(cmd, tmp_path / "run.log") == 0, (tmp_path / "run.log").read_text()[-3000:]
     # triton's teardown report (rlkit_cli.main.quiet_triton_teardown) stays out of the output
     assert "nanobind: leaked" not in (tmp_path / "run.log").read_text()
     records = [json.loads(x) for x in (run_dir / "trainer_metrics.jsonl").read_text().splitlines()]
@@ -47,20 +52,22 @@ def test_custom_loss_from_a_user_module_trains(tiny_model_dir: Path, tmp_path: P
     ],
 )
 def test_no_signal_run_stops_with_a_checkpoint(
-    tiny_model_dir: Path, tmp_path: Path, mode: str, why: list[str]
+    vllm_server, tiny_model_dir: Path, tmp_path: Path, mode: str, why: list[str]
 ) -> None:
     run_dir = tmp_path / "run"
-    cmd = tiny_train_cmd(
-        tiny_model_dir,
-        run_dir,
-        *SHORT,
-        "--env.0.id=no-signal",
-        f'--env.0.args={{mode = "{mode}"}}',
-        "--orchestrator.watchdog.warn_groups=3",
-        "--orchestrator.watchdog.stop_groups=8",
-    )
     log = tmp_path / "run.log"
-    code = run(cmd, log, timeout=600)
+    with on_session_server(vllm_server, tiny_model_dir) as urls:
+        cmd = tiny_train_cmd(
+            tiny_model_dir,
+            run_dir,
+            *SHORT,
+            *urls,
+            "--env.0.id=no-signal",
+            f'--env.0.args={{mode = "{mode}"}}',
+            "--orchestrator.watchdog.warn_groups=3",
+            "--orchestrator.watchdog.stop_groups=8",
+        )
+        code = run(cmd, log, timeout=600)
     text = " ".join(log.read_text().split())  # rich wraps long lines
     assert code == 1, text[-3000:]
     assert "8 consecutive groups without learning signal" in text

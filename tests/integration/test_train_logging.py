@@ -21,6 +21,7 @@ from rlkit.orchestrator.loggers import mlflow_store, scalars
 from tests.helpers.browser import assert_rendered, headless_chromium
 from tests.helpers.cli import run_cli, tiny_train_cmd
 from tests.helpers.logger_files import tensorboard_scalars, wandb_history
+from tests.helpers.session_server import on_session_server
 
 pytestmark = pytest.mark.slow
 STEPS = 3
@@ -28,33 +29,38 @@ STEP_LINE = re.compile(r"^step +(\d+) \| reward .* \| errored \d+$")
 
 
 @pytest.fixture(scope="module")
-def run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """(run_dir, captured stdout+stderr) of one short run with every logger on."""
+def run(
+    vllm_server, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, str]:
+    """(run_dir, captured stdout+stderr) of one short run with every logger on, on the session's
+    server."""
     root = tmp_path_factory.mktemp("logged")
     run_dir = root / "run"
-    cmd = tiny_train_cmd(
-        tiny_model_dir,
-        run_dir,
-        f"--orchestrator.max_steps={STEPS}",
-        "--orchestrator.capacity=16",
-        "--orchestrator.token_budget=128",
-        "--orchestrator.drop_zero_advantage=false",  # an untrained model solves nothing
-        "--orchestrator.eval.examples=4",
-        "--orchestrator.eval.rollouts_per_example=2",
-        "--ckpt.interval=2",
-        "--log.plot=false",
-        "--log.tensorboard=true",
-        "--log.wandb=true",
-        "--log.wandb_mode=offline",
-        "--log.mlflow=true",
-        "--log.samples_every=1",
-        "--log.samples_per_step=2",
-    )
     log = root / "train.log"
-    with open(log, "w") as out:
-        code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=900).returncode
+    with on_session_server(vllm_server, tiny_model_dir) as urls:
+        cmd = tiny_train_cmd(
+            tiny_model_dir,
+            run_dir,
+            *urls,
+            f"--orchestrator.max_steps={STEPS}",
+            "--orchestrator.capacity=16",
+            "--orchestrator.token_budget=128",
+            "--orchestrator.drop_zero_advantage=false",  # an untrained model solves nothing
+            "--orchestrator.eval.examples=4",
+            "--orchestrator.eval.rollouts_per_example=2",
+            "--ckpt.interval=2",
+            "--log.plot=false",
+            "--log.tensorboard=true",
+            "--log.wandb=true",
+            "--log.wandb_mode=offline",
+            "--log.mlflow=true",
+            "--log.samples_every=1",
+            "--log.samples_per_step=2",
+        )
+        with open(log, "w") as out:
+            done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=900)
     text = log.read_text()
-    assert code == 0, text[-3000:]
+    assert done.returncode == 0, text[-3000:]
     return run_dir, text
 
 

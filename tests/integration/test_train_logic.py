@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import tiny_train_cmd
+from tests.helpers.session_server import on_session_server
 
 STEPS = 3
 LOGIC_TASKS = ["mini_sudoku", "knights_knaves", "countdown"]
@@ -22,36 +23,35 @@ LOGIC_TASKS = ["mini_sudoku", "knights_knaves", "countdown"]
 pytestmark = pytest.mark.slow
 
 
-def test_train_on_logic_and_reverse_text(tmp_path: Path) -> None:
-    from rlkit.models import init_tiny
-
-    model = init_tiny(tmp_path / "base", arch="qwen3", size="tiny", seed=0)
+def test_train_on_logic_and_reverse_text(vllm_server, tiny_model_dir: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     args = (
         f'{{tasks = {json.dumps(LOGIC_TASKS)}, difficulty = "easy", num_train_examples = 30, '
         "num_eval_examples = 1}"
     )
-    cmd = tiny_train_cmd(
-        model,
-        run_dir,
-        "--log.plot=false",
-        f"--orchestrator.max_steps={STEPS}",
-        "--orchestrator.capacity=16",
-        "--orchestrator.token_budget=128",
-        "--orchestrator.drop_zero_advantage=false",  # an untrained model solves nothing
-        "--orchestrator.eval.at_start=false",
-        "--orchestrator.eval.examples=3",
-        "--orchestrator.eval.rollouts_per_example=1",
-        "--ckpt.interval=0",
-        '--inference.extra_args=["--max-num-seqs", "64", '
-        '"--max-model-len", "2048", "--enforce-eager"]',
-        "--env.1.id=logic",
-        "--env.1.weight=1.0",
-        f"--env.1.args={args}",
-    )
     log = tmp_path / "train.log"
-    with open(log, "w") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=900)
+    # on the session's server: its context is the model's 4,096 tokens (logic's prompts need
+    # more than the demo's 512)
+    with on_session_server(vllm_server, tiny_model_dir) as urls:
+        cmd = tiny_train_cmd(
+            tiny_model_dir,
+            run_dir,
+            *urls,
+            "--log.plot=false",
+            f"--orchestrator.max_steps={STEPS}",
+            "--orchestrator.capacity=16",
+            "--orchestrator.token_budget=128",
+            "--orchestrator.drop_zero_advantage=false",  # an untrained model solves nothing
+            "--orchestrator.eval.at_start=false",
+            "--orchestrator.eval.examples=3",
+            "--orchestrator.eval.rollouts_per_example=1",
+            "--ckpt.interval=0",
+            "--env.1.id=logic",
+            "--env.1.weight=1.0",
+            f"--env.1.args={args}",
+        )
+        with open(log, "w") as out:
+            proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=900)
     assert proc.returncode == 0, log.read_text()[-4000:]
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -23,6 +23,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.helpers.cli import RLKIT
+from tests.helpers.session_server import on_session_server
 
 pytestmark = pytest.mark.slow
 
@@ -52,9 +53,6 @@ path = "{model}"
 id = "math-python"
 args = {{ dataset = "{data}", max_turns = 4, verify_workers = 1 }}
 
-[inference]
-extra_args = ["--max-num-seqs", "16", "--max-model-len", "1024"]
-
 [orchestrator]
 scheduler = "sync"
 max_steps = 2
@@ -79,14 +77,13 @@ plot = false
 
 
 def test_math_python_trains_on_exact_token_continuations(
-    tiny_model_dir: Path, tmp_path: Path
+    vllm_server, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     config = write_config(tiny_model_dir, tmp_path)
     log = tmp_path / "train.log"
-    with open(log, "w") as out:
-        code = subprocess.run(
-            [RLKIT, "train", str(config)], stdout=out, stderr=subprocess.STDOUT, timeout=900
-        ).returncode
+    with on_session_server(vllm_server, tiny_model_dir) as urls, open(log, "w") as out:
+        cmd = [RLKIT, "train", str(config), *urls]
+        code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=900).returncode
     assert code == 0, log.read_text()[-3000:]
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]

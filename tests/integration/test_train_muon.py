@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import tiny_train_cmd
+from tests.helpers.session_server import on_session_server
 from tests.helpers.train_runs import SHORT, run
 
 pytestmark = pytest.mark.slow
@@ -28,19 +29,23 @@ STEPS = 60
 MARGIN = 0.03
 
 
-def test_train_with_muon_raises_the_reward(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_train_with_muon_raises_the_reward(
+    vllm_server, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "run"
-    cmd = tiny_train_cmd(
-        tiny_model_dir,
-        run_dir,
-        *SHORT,
-        f"--orchestrator.max_steps={STEPS}",
-        "--orchestrator.scheduler=sync",  # on-policy: no rollout dropped as stale
-        "--orchestrator.batch_groups=8",
-        "--trainer.optim.name=muon",
-        "--trainer.optim.lr=5e-3",
-    )
-    assert run(cmd, tmp_path / "run.log") == 0, (tmp_path / "run.log").read_text()[-3000:]
+    with on_session_server(vllm_server, tiny_model_dir) as urls:
+        cmd = tiny_train_cmd(
+            tiny_model_dir,
+            run_dir,
+            *SHORT,
+            *urls,
+            f"--orchestrator.max_steps={STEPS}",
+            "--orchestrator.scheduler=sync",  # on-policy: no rollout dropped as stale
+            "--orchestrator.batch_groups=8",
+            "--trainer.optim.name=muon",
+            "--trainer.optim.lr=5e-3",
+        )
+        assert run(cmd, tmp_path / "run.log") == 0, (tmp_path / "run.log").read_text()[-3000:]
     assert 'name = "muon"' in (run_dir / "config.toml").read_text()
     lines = (run_dir / "trainer_metrics.jsonl").read_text().splitlines()
     trainer = [json.loads(line) for line in lines]

@@ -31,6 +31,7 @@ import pytest
 
 from rlkit.runs.audit import audit_run
 from tests.helpers.cli import run_train, tiny_train_cmd
+from tests.helpers.session_server import on_session_server
 from tests.helpers.train_runs import records, start
 
 pytestmark = pytest.mark.slow
@@ -83,12 +84,18 @@ def steps_of(path: Path) -> list[int]:
 
 @pytest.fixture(scope="module", params=list(SCHEDULERS))
 def reference(
-    request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    vllm_server,
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[str, Path]:
-    """One uninterrupted run per scheduler."""
+    """One uninterrupted run per scheduler, on the session's server: the prompts a run trains
+    depend on its data path alone, not on which server sampled them."""
     scheduler = request.param
     run_dir = tmp_path_factory.mktemp(f"reference-{scheduler}") / "run"
-    run_train(train_cmd(tiny_model_dir, run_dir, scheduler), run_dir, run_dir.parent / "log")
+    with on_session_server(vllm_server, tiny_model_dir) as urls:
+        cmd = train_cmd(tiny_model_dir, run_dir, scheduler, *urls)
+        run_train(cmd, run_dir, run_dir.parent / "log")
     return scheduler, run_dir
 
 

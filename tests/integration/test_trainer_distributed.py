@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -103,16 +104,30 @@ def _compare(one: dict, two: dict) -> None:
     assert nonzero == len(one["grads"])
 
 
-def one_process(model_dir: Path, tmp_path: Path, *args: str) -> dict:
-    single = tmp_path / "one.pt"
-    _run([sys.executable, __file__, str(single), str(model_dir), *args])
-    return torch.load(single)
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., dict]:
+    """The one-process reference of a (model, probe arguments) configuration: a trainer process
+    run once per module, whichever tests compare against it (dense: two of them)."""
+    results: dict[tuple[Path, tuple[str, ...]], dict] = {}
+
+    def reference(model_dir: Path, *args: str) -> dict:
+        if (model_dir, args) not in results:
+            single = tmp_path_factory.mktemp("one-process") / "one.pt"
+            _run([sys.executable, __file__, str(single), str(model_dir), *args])
+            results[model_dir, args] = torch.load(single)
+        return results[model_dir, args]
+
+    return reference
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["dense", "moe", "lora"])
 def test_two_ranks_match_one_process(
-    arch: str, tiny_model_dir: Path, tiny_moe_model_dir: Path, tmp_path: Path
+    arch: str,
+    one_process: Callable[..., dict],
+    tiny_model_dir: Path,
+    tiny_moe_model_dir: Path,
+    tmp_path: Path,
 ) -> None:
     """The MoE's experts are 3-D parameters sharded with their decoder layer; a LoRA model's
     FSDP groups mix frozen base weights with the trainable adapter (only it has gradients)."""
@@ -125,11 +140,13 @@ def test_two_ranks_match_one_process(
     assert two["mesh"] == ((2,), None)
     if arch == "lora":
         assert two["grads"] and all(".lora_" in name for name in two["grads"])
-    _compare(one_process(model_dir, tmp_path, *args), two)
+    _compare(one_process(model_dir, *args), two)
 
 
 @pytest.mark.slow
-def test_two_nodes_hybrid_sharding_match_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_two_nodes_hybrid_sharding_match_one_process(
+    one_process: Callable[..., dict], tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """Two torchrun launchers (--nnodes 2, c10d on 127.0.0.1), one rank each, HSDP."""
     out = tmp_path / "hsdp.pt"
     endpoint = f"127.0.0.1:{free_port()}"
@@ -147,7 +164,7 @@ def test_two_nodes_hybrid_sharding_match_one_process(tiny_model_dir: Path, tmp_p
         assert proc.returncode == 0, output[-3000:]
     two = torch.load(out)
     assert two["mesh"] == ((2, 1), ("replicate", "shard"))
-    _compare(one_process(tiny_model_dir, tmp_path), two)
+    _compare(one_process(tiny_model_dir), two)
 
 
 if __name__ == "__main__":

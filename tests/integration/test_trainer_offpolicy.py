@@ -20,6 +20,9 @@ from rlkit.trainer.rl import split_mini_batches
 from rlkit.trainer.sft import sft_loss
 from rlkit.trainer.trainer import StepResult, Trainer
 
+# trainers on the tiny model, a dozen optimiser steps per loss: about 25 s
+pytestmark = pytest.mark.slow
+
 LOSSES = ["grpo", "cispo", "gspo", "gppo", "icepop"]
 PROMPT, COMPLETION = 6, 18
 

@@ -11,23 +11,17 @@ from rlkit.protocol.layout import RunLayout
 from rlkit.trainer.config import ModelConfig, OptimConfig, TrainerConfig
 from rlkit.trainer.packing import TokenSequence, make_micro_batches
 from rlkit.trainer.trainer import Trainer
-from tests.helpers.cli import TEST_SERVER_ARGS
-from tests.helpers.published import published_link
+from tests.helpers.session_server import serve_base
 from tests.helpers.trainer_logprobs import train_a_little, trainer_logprobs
 
 
 @pytest.mark.slow
 async def test_exported_weights_served_with_trainer_logprobs(
-    tiny_model_dir: Path, tmp_path: Path
+    vllm_server, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from rlkit.inference import start_server
     from rlkit.inference.admin import AdminClient
 
     model = str(tiny_model_dir)
-    # our own server: its weights change
-    server = start_server(
-        model, log_path=tmp_path / "vllm.log", extra_args=TEST_SERVER_ARGS, weights_roots=[tmp_path]
-    )
     trainer = Trainer(
         TrainerConfig(
             run_dir=str(tmp_path / "run"),
@@ -40,14 +34,16 @@ async def test_exported_weights_served_with_trainer_logprobs(
         train_a_little(trainer)
         exported = trainer.export(RunLayout(tmp_path / "run").weights_version(4), version=4)
         assert exported is not None and (exported / "STABLE").exists()
-        server.wait_ready(timeout=600)
-        async with server.client() as client:
+        async with vllm_server.client() as client:
             prompt = trainer.tokenizer("<|im_start|>user\nreverse abc<|im_end|>\n")["input_ids"]
             sampling = {"max_tokens": 24, "temperature": 1.0, "seed": 0, "ignore_eos": True}
             before = await client.completion(prompt, model, sampling)
-            version = await AdminClient(client).update_weights(str(exported), version=4)
-            assert version == 4
-            gen = await client.completion(prompt, model, sampling)
+            try:
+                version = await AdminClient(client).update_weights(str(exported), version=4)
+                assert version == 4
+                gen = await client.completion(prompt, model, sampling)
+            finally:  # the session server is shared: serve the original weights again
+                await serve_base(vllm_server, tiny_model_dir)
         assert gen.policy_version_end == 4 and len(gen.completion_token_ids) == 24
         served = torch.tensor(gen.completion_logprobs)
         ours = trainer_logprobs(trainer, prompt, gen.completion_token_ids)
@@ -59,7 +55,6 @@ async def test_exported_weights_served_with_trainer_logprobs(
         assert stale > 5 * diff.mean()  # the server really changed policy
     finally:
         trainer.close()
-        server.stop()
 
 
 def k3(trainer: Trainer, prompt: list[int], gens: list, temperature: float) -> float:
@@ -85,8 +80,6 @@ async def test_trainer_scores_tokens_at_the_sampling_temperature(
     from rlkit.inference.admin import AdminClient
 
     model = str(tiny_model_dir)
-    # the session server's own weights as a version by files, to serve them again at the end
-    original = published_link(tiny_model_dir, tmp_path / "original")
     trainer = Trainer(
         TrainerConfig(
             run_dir=str(tmp_path / "run"), model=ModelConfig(path=model), optim=OptimConfig(lr=1e-2)
@@ -112,7 +105,7 @@ async def test_trainer_scores_tokens_at_the_sampling_temperature(
                         for seed in range(6)
                     ]
             finally:  # the session server is shared: serve the original weights again
-                await admin.update_weights(str(original), version=0)
+                await serve_base(vllm_server, tiny_model_dir)
         at_1 = k3(trainer, prompt, gens[1.0], 1.0)
         at_07 = k3(trainer, prompt, gens[0.7], 0.7)
         unscaled = k3(trainer, prompt, gens[0.7], 1.0)  # what the trainer computed before

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import RLKIT, clean_rollouts, run_cli
+from tests.helpers.session_server import on_session_server
 
 ENV_PATH = str(Path(__file__).parent / "envs")
 pytestmark = [pytest.mark.slow, pytest.mark.venv]
@@ -54,7 +55,9 @@ def test_verifiers_envs_eval_on_vllm(
             assert turn.policy_version_end is not None  # the server's X-Policy-Version
 
 
-def test_train_on_a_mix_of_native_and_verifiers_envs(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_train_on_a_mix_of_native_and_verifiers_envs(
+    vllm_server, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     config = tmp_path / "train.toml"
     config.write_text(
         f"""
@@ -72,9 +75,6 @@ args = {{ num_train_examples = 64, num_eval_examples = 4 }}
 [[env]]
 id = "vf-calc-v03"
 args = {{ num_examples = 16 }}
-
-[inference]
-extra_args = ["--max-num-seqs", "32", "--max-model-len", "512"]
 
 [orchestrator]
 scheduler = "c3po"
@@ -99,9 +99,9 @@ plot = false
     )
     log = tmp_path / "train.log"
     env = {**os.environ, "RLKIT_ENV_PATH": ENV_PATH}
-    with open(log, "w") as out:
+    with on_session_server(vllm_server, tiny_model_dir) as urls, open(log, "w") as out:
         code = subprocess.run(
-            [RLKIT, "train", str(config)],
+            [RLKIT, "train", str(config), *urls],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

@@ -13,6 +13,7 @@ from rlkit.envs import load_environment
 from rlkit.eval import load_run
 from rlkit.inference import InferenceClient
 from tests.helpers.cli import only_run_dir, run_cli, tiny_train_cmd
+from tests.helpers.session_server import on_session_server
 
 pytestmark = pytest.mark.slow
 
@@ -63,27 +64,27 @@ async def test_tool_turns_through_the_real_engine(vllm_server, tiny_model_dir: P
         assert len(tokens.token_ids) == len(tokens.loss_mask)
 
 
-def test_train_a_few_steps(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_train_a_few_steps(vllm_server, tiny_model_dir: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    cmd = tiny_train_cmd(
-        tiny_model_dir, run_dir,
-        "--env.0.id=deep-research",
-        "--env.0.args={ num_train_examples = 64, num_eval_examples = 4, max_turns = 2 }",
-        '--inference.extra_args=["--max-num-seqs", "16", '
-        '"--max-model-len", "4096", "--enforce-eager"]',
-        "--orchestrator.max_steps=2",
-        "--orchestrator.capacity=16",
-        "--orchestrator.token_budget=128",
-        "--orchestrator.drop_zero_advantage=false",  # an untrained model solves nothing
-        "--orchestrator.eval.at_start=false",
-        "--orchestrator.eval.examples=4",
-        "--orchestrator.eval.rollouts_per_example=1",
-        "--ckpt.interval=0",
-        "--log.plot=false",
-    )  # fmt: skip
     log = tmp_path / "train.log"
-    with open(log, "w") as out:
-        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=900)
+    # on the session's server: its context is the model's 4,096 tokens, what multi-turn needs
+    with on_session_server(vllm_server, tiny_model_dir) as urls:
+        cmd = tiny_train_cmd(
+            tiny_model_dir, run_dir, *urls,
+            "--env.0.id=deep-research",
+            "--env.0.args={ num_train_examples = 64, num_eval_examples = 4, max_turns = 2 }",
+            "--orchestrator.max_steps=2",
+            "--orchestrator.capacity=16",
+            "--orchestrator.token_budget=128",
+            "--orchestrator.drop_zero_advantage=false",  # an untrained model solves nothing
+            "--orchestrator.eval.at_start=false",
+            "--orchestrator.eval.examples=4",
+            "--orchestrator.eval.rollouts_per_example=1",
+            "--ckpt.interval=0",
+            "--log.plot=false",
+        )  # fmt: skip
+        with open(log, "w") as out:
+            done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=900)
     assert done.returncode == 0, log.read_text()[-3000:]
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]

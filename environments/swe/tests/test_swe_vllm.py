@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import clean_rollouts, run_cli, run_train, tiny_train_cmd
+from tests.helpers.session_server import on_session_server
 
 # Small limits: an untrained model's commands are short, its tool outputs stay small.
 ENV_ARGS = {"max_turns": 2, "output_chars": 600, "command_timeout": 10}
@@ -41,26 +42,26 @@ def test_eval_against_the_real_tiny_model(
 
 @pytest.mark.system
 @pytest.mark.slow
-def test_train_a_few_steps(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_train_a_few_steps(vllm_server, tiny_model_dir: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     args = "{ max_turns = 2, output_chars = 600, command_timeout = 10, num_examples = 16 }"
-    cmd = tiny_train_cmd(
-        tiny_model_dir, run_dir,
-        "--env.0.id=swe",
-        f"--env.0.args={args}",
-        '--inference.extra_args=["--max-num-seqs", "16", '
-        '"--max-model-len", "4096", "--enforce-eager"]',
-        "--orchestrator.max_steps=2",
-        "--orchestrator.capacity=16",
-        "--orchestrator.token_budget=128",
-        "--orchestrator.drop_zero_advantage=false",  # an untrained model solves nothing
-        "--orchestrator.eval.at_start=false",
-        "--orchestrator.eval.examples=2",
-        "--orchestrator.eval.rollouts_per_example=1",
-        "--ckpt.interval=0",
-        "--log.plot=false",
-    )  # fmt: skip
-    records = run_train(cmd, run_dir, tmp_path / "train.log")
+    # on the session's server: its context is the model's 4,096 tokens, what multi-turn needs
+    with on_session_server(vllm_server, tiny_model_dir) as urls:
+        cmd = tiny_train_cmd(
+            tiny_model_dir, run_dir, *urls,
+            "--env.0.id=swe",
+            f"--env.0.args={args}",
+            "--orchestrator.max_steps=2",
+            "--orchestrator.capacity=16",
+            "--orchestrator.token_budget=128",
+            "--orchestrator.drop_zero_advantage=false",  # an untrained model solves nothing
+            "--orchestrator.eval.at_start=false",
+            "--orchestrator.eval.examples=2",
+            "--orchestrator.eval.rollouts_per_example=1",
+            "--ckpt.interval=0",
+            "--log.plot=false",
+        )  # fmt: skip
+        records = run_train(cmd, run_dir, tmp_path / "train.log")
     assert [r["step"] for r in records] == [1, 2]
     assert all("reward_mean/swe" in r for r in records)
     assert sum(r["rollouts_errored"] for r in records) == 0
