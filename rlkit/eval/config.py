@@ -57,7 +57,9 @@ class EvalConfig(Config):
     )
     num_examples: int = Field(5, ge=1, description="Number of dataset rows to evaluate.")
     rollouts_per_example: int = Field(3, ge=1, description="Rollouts per row (k of avg@k).")
-    max_concurrent: int = Field(32, ge=1, description="Maximum rollouts in flight.")
+    max_concurrent: int = Field(
+        32, ge=1, description="Maximum rollouts in flight (whole groups; at least one group)."
+    )
     max_tokens: int | None = Field(None, ge=1, description="Max completion tokens per turn.")
     temperature: float | None = Field(None, ge=0, description="Sampling temperature.")
     sampling: SamplingConfig = Field(

@@ -3,8 +3,9 @@
 The flow is: resolve the environment, the package's `[tool.rlkit.eval]` defaults and the
 sampling arguments, check the endpoint once (an unreachable URL or an unknown model is a usage
 error, not n*r failed rollouts), then run every missing rollout with at most `max_concurrent` in
-flight. The rollouts of one example are scored
-together (group reward functions see the group) and appended to results.jsonl at once.
+flight. The rollouts of one example run as one group (`Environment.run_group`, the call
+training makes), scored together (group reward functions see the group) and appended to
+results.jsonl at once.
 Generation failures are recorded on the rollout (the client already retried 429/5xx/timeouts)
 and never end the run. Cancelling (Ctrl-C) stops scheduling, cancels what is in flight, marks the
 run `interrupted` and raises `EvalInterrupted`; `resume=RUN_DIR` reruns only missing or errored
@@ -166,7 +167,8 @@ async def _run_pending(
     tally: _Tally,
     progress: Progress,
 ) -> None:
-    semaphore = asyncio.Semaphore(config.max_concurrent)
+    # whole groups in flight: max_concurrent rollouts, at least one group
+    semaphore = asyncio.Semaphore(max(1, config.max_concurrent // config.rollouts_per_example))
     task = progress.add_task(
         config.env_id,
         total=sum(len(v) for v in pending.values()),
@@ -174,23 +176,11 @@ async def _run_pending(
         errors=0,
     )
 
-    async def one(row: dict[str, Any]) -> Rollout:
-        async with semaphore:
-            try:
-                return await env.rollout(row, client, config.model, sampling)
-            except Exception as exc:  # an environment bug must not end the run
-                rollout = env.new_rollout(row)
-                rollout.error = f"rollout failed: {type(exc).__name__}: {exc}"
-                return rollout
-
     async def group(index: int, rollout_indexes: list[int]) -> None:
-        row = rows[index]
-        rollouts = list(await asyncio.gather(*(one(row) for _ in rollout_indexes)))
-        try:
-            await env.score_group(rollouts)
-        except Exception as exc:
-            for rollout in rollouts:
-                rollout.error = rollout.error or f"scoring failed: {type(exc).__name__}: {exc}"
+        async with semaphore:
+            rollouts = await env.run_group(
+                rows[index], client, config.model, sampling, len(rollout_indexes)
+            )
         store.append(
             [EvalResult(index, j, r) for j, r in zip(rollout_indexes, rollouts, strict=True)]
         )
