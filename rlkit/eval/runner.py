@@ -1,6 +1,7 @@
 """Run an eval: n examples x r rollouts against an OpenAI-compatible API, stored as they finish.
 
-The flow is: resolve the environment, the package's `[tool.rlkit.eval]` defaults and the
+The flow is: resolve the environment id once (`resolve_env_id`: the package, its module and its
+`[tool.rlkit.eval]` table), load it, apply the package's `[tool.rlkit.eval]` defaults and the
 sampling arguments, check the endpoint once (an unreachable URL or an unknown model is a usage
 error, not n*r failed rollouts), then run every missing rollout with at most `max_concurrent` in
 flight. The rollouts of one example run as one group (`Environment.run_group`, the call
@@ -35,8 +36,10 @@ from rich.progress import (
 )
 
 import rlkit
-from rlkit.envs import Environment, Rollout, load_environment
+from rlkit.envs import Environment, Rollout
 from rlkit.envs.fit import served_fit
+from rlkit.envs.loader import load_resolved
+from rlkit.envs.resolve import resolve_env_id
 from rlkit.errors import UsageError
 from rlkit.eval.config import RESULT_FIELDS, EvalConfig
 from rlkit.eval.metrics import summarize
@@ -207,13 +210,9 @@ async def run_eval_async(
         raise UsageError("a model is required (-m/--model)")
 
     config.sandbox.apply()
-    env = load_environment(
-        config.env_id,
-        verifiers_version=config.verifiers_version,
-        install=config.install,
-        **config.env_args,
-    )
-    config, package_sampling = apply_package_defaults(config, *package_eval_defaults(config.env_id))
+    resolved = resolve_env_id(config.env_id, install=config.install)
+    env = load_resolved(resolved, verifiers_version=config.verifiers_version, **config.env_args)
+    config, package_sampling = apply_package_defaults(config, *package_eval_defaults(resolved))
     rows = [dict(row) for row in env.get_eval_dataset(config.num_examples)]
     sampling = config.sampling_args(env.sampling_defaults, package_sampling)
     plan = {"num_examples": len(rows), "sampling": sampling}
