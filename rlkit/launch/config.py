@@ -22,7 +22,6 @@ from rlkit.launch.roles import Role
 from rlkit.launch.slurm_config import SlurmConfig
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list
 from rlkit.orchestrator.loggers import check_sinks
-from rlkit.orchestrator.scheduler import scheduler_class
 from rlkit.orchestrator.source import load_environments, max_rollout_tokens
 from rlkit.progress import phase, print_line
 from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig
@@ -105,19 +104,15 @@ class RLJobConfig(RolloutJobConfig):
             raise ValueError("env: at least one [[env]] section is required")
         if not self.model.path:
             raise ValueError("model.path: the model to train is required")
-        try:
-            scheduler_class(o.scheduler)
-        except ValueError as exc:  # unknown, unimportable, or not a Scheduler
-            raise ValueError(f"orchestrator.scheduler: {exc}") from None
         max_tokens = o.sampling.max_tokens  # an environment's own is checked when it loads
-        if max_tokens is not None and o.token_budget < max_tokens:
+        if o.scheduler == "c3po" and max_tokens is not None and o.c3po.token_budget < max_tokens:
             raise ValueError(
-                f"orchestrator.token_budget ({o.token_budget}) is smaller than one rollout's "
-                f"max tokens (orchestrator.sampling.max_tokens = {max_tokens})"
+                f"orchestrator.c3po.token_budget ({o.c3po.token_budget}) is smaller than one "
+                f"rollout's max tokens (orchestrator.sampling.max_tokens = {max_tokens})"
             )
-        if o.capacity < o.group_size:
+        if o.scheduler == "c3po" and o.c3po.capacity < o.group_size:
             raise ValueError(
-                f"orchestrator.capacity ({o.capacity}) must hold at least one group "
+                f"orchestrator.c3po.capacity ({o.c3po.capacity}) must hold at least one group "
                 f"(orchestrator.group_size = {o.group_size})"
             )
         if self.ckpt.interval and self.trainer.weights.keep_last <= self.ckpt.interval:

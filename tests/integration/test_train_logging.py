@@ -36,8 +36,8 @@ def run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
         tiny_model_dir,
         run_dir,
         f"--orchestrator.max_steps={STEPS}",
-        "--orchestrator.capacity=16",
-        "--orchestrator.token_budget=128",
+        "--orchestrator.c3po.capacity=16",
+        "--orchestrator.c3po.token_budget=128",
         "--orchestrator.drop_zero_advantage=false",  # an untrained model solves nothing
         "--orchestrator.eval.examples=4",
         "--orchestrator.eval.rollouts_per_example=2",

@@ -79,8 +79,8 @@ extra_args = ["--max-num-seqs", "32", "--max-model-len", "512"]
 scheduler = "c3po"
 max_steps = 2
 group_size = 4
-capacity = 16
-token_budget = 256
+c3po.capacity = 16
+c3po.token_budget = 256
 drop_zero_advantage = false
 sampling = {{ temperature = 1.0, max_tokens = 16 }}
 

@@ -51,8 +51,8 @@ def test_train_a_few_steps(tiny_model_dir: Path, tmp_path: Path) -> None:
         '--inference.extra_args=["--max-num-seqs", "16", '
         '"--max-model-len", "4096", "--enforce-eager"]',
         "--orchestrator.max_steps=2",
-        "--orchestrator.capacity=16",
-        "--orchestrator.token_budget=128",
+        "--orchestrator.c3po.capacity=16",
+        "--orchestrator.c3po.token_budget=128",
         "--orchestrator.drop_zero_advantage=false",  # an untrained model solves nothing
         "--orchestrator.eval.at_start=false",
         "--orchestrator.eval.examples=2",
