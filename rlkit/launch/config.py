@@ -24,17 +24,16 @@ from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list
 from rlkit.orchestrator.loggers import check_sinks
 from rlkit.orchestrator.source import load_environments, max_rollout_tokens
 from rlkit.progress import phase, print_line
-from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig
+from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig, TrainerSettings
 from rlkit.trainer.routing import RoutingReplay
 
 LAUNCH_FIELDS = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "gpus"}
-ROOT_FIELDS = ("run_dir", "model", "loss", "ckpt", "max_steps")  # TrainerConfig's, from the root
 
 
-class TrainerLaunchConfig(TrainerConfig):
-    """`[trainer]` of `rlkit train`: the trainer process's `TrainerConfig` plus how to launch it
-    (nodes, processes per node, rendezvous, GPUs); `run_dir`, `model`, `loss`, `ckpt`,
-    `max_steps` come from the root (`RLJobConfig.trainer_config`).
+class TrainerLaunchConfig(TrainerSettings):
+    """`[trainer]` of `rlkit train`: how the trainer trains (`TrainerSettings`) plus how to launch
+    it (nodes, processes per node, rendezvous, GPUs); the trainer process's `run_dir`, `model`,
+    `loss`, `ckpt` and `max_steps` come from the job's own sections (`RLJobConfig.trainer_config`).
 
     The launch fields are read by the launcher only (the torchrun command line, see
     `rlkit.trainer.main.trainer_command`); every node of a multi-node trainer runs
@@ -120,9 +119,6 @@ class RLJobConfig(RolloutJobConfig):
                 f"trainer.weights.keep_last ({self.trainer.weights.keep_last}) must exceed "
                 f"ckpt.interval ({self.ckpt.interval}) so a resumed run finds its weights"
             )
-        for name in ROOT_FIELDS:
-            if name in self.trainer.model_fields_set:
-                raise ValueError(f"trainer.{name}: set it in its own section ([{name}]) instead")
         if self.inference.weight_transfer == "broadcast" and self.model.lora.enabled:
             raise ValueError(
                 "inference.weight_transfer = 'broadcast' moves full weights; a LoRA run's "
@@ -133,8 +129,8 @@ class RLJobConfig(RolloutJobConfig):
         return self
 
     def to_toml(self) -> str:
-        """The resolved config as TOML that loads back (the root's fields only at the root)."""
-        return dump_toml(self, exclude={"trainer": set(ROOT_FIELDS)})
+        """The resolved config as TOML that loads back."""
+        return dump_toml(self)
 
     def trainer_config(self) -> TrainerConfig:
         """The config the trainer process reads (`python -m rlkit.trainer.main --config`); the
