@@ -42,7 +42,7 @@ from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
 from rlkit.progress import phase, print_line
 from rlkit.protocol import handoff
 from rlkit.protocol.layout import RunLayout
-from rlkit.trainer.main import Launch, trainer_command
+from rlkit.trainer.main import TrainerRanks, trainer_command
 
 
 def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
@@ -177,12 +177,12 @@ def trainer_env() -> dict[str, str]:
     return env
 
 
-def trainer_launch(cfg: RLJobConfig) -> Launch:
+def trainer_ranks(cfg: RLJobConfig) -> TrainerRanks:
     """This node's part of the trainer: torchrun's layout and c10d rendezvous from `[trainer]`.
     The rendezvous id is derived from `log.run_dir`, the same on every node of one run."""
     t = cfg.trainer
     run_id = hashlib.sha1(cfg.log.run_dir.encode()).hexdigest()[:12]
-    return Launch(
+    return TrainerRanks(
         nproc=t.nproc_per_node,
         nnodes=t.nnodes,
         node_rank=t.node_rank,
@@ -208,7 +208,7 @@ class TrainerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            trainer_command(config_path, trainer_launch(cfg), resume=resume),
+            trainer_command(config_path, trainer_ranks(cfg), resume=resume),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=trainer_env() | ({gpus.VISIBLE: devices} if devices is not None else {}),
