@@ -37,7 +37,7 @@ from rlkit.launch import gpus
 from rlkit.launch.config import RLJobConfig, check_role
 from rlkit.launch.roles import Role
 from rlkit.lifetime import die_with_parent_preexec
-from rlkit.orchestrator.loop import run_orchestrator
+from rlkit.orchestrator.loop import Orchestrator
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
 from rlkit.progress import phase, print_line
 from rlkit.protocol import handoff
@@ -281,11 +281,10 @@ def run_train(
     start_step, state = prepare_run_dir(cfg, resume, console)
     if role == "orchestrator":
         prepare_token_turns(cfg.model.path)
-        return asyncio.run(
-            run_orchestrator(
-                cfg, list(cfg.inference.urls), start_step=start_step, state=state, envs=envs
-            )
+        orchestrator = Orchestrator.build(
+            cfg, list(cfg.inference.urls), start_step=start_step, state=state, envs=envs
         )
+        return asyncio.run(orchestrator.run())
     return _run_all(cfg, run_dir, start_step, state, envs, resume, console, devices)
 
 
@@ -337,17 +336,16 @@ def _run_all(
         fleet.wait_ready()
         urls = list(cfg.inference.urls) or fleet.urls
         try:
-            result = asyncio.run(
-                run_orchestrator(
-                    cfg,
-                    urls,
-                    start_step=start_step,
-                    state=state,
-                    envs=envs,
-                    trainer_exit=trainer.exit_code,
-                    console=console,
-                )
+            orchestrator = Orchestrator.build(
+                cfg,
+                urls,
+                start_step=start_step,
+                state=state,
+                envs=envs,
+                trainer_exit=trainer.exit_code,
+                console=console,
             )
+            result = asyncio.run(orchestrator.run())
         except Exception as exc:
             if trainer.exit_code():
                 raise RuntimeError(f"{exc}\ntrainer log tail:\n{trainer.log_tail()}") from exc

@@ -1,9 +1,9 @@
 """The orchestrator's main loop: one batch per step for the trainer, new weights to the servers.
 
 `Orchestrator.build` wires the collaborators (environments, prompt stream, server pool, rollout
-source, group processor, scheduler, metrics logger), `start` brings the servers up (resume, the
-LoRA start, the step-0 eval), `step` runs one step, `finish` the final eval, `shutdown` stops
-what `build` and `start` started. `run_orchestrator` strings them together.
+source, group processor, scheduler, metrics logger); `run` strings the rest together: `start`
+brings the servers up (resume, the LoRA start, the step-0 eval), `step` runs one step, `finish`
+the final eval, `shutdown` stops what `build` and `start` started.
 
 Per step N (numbered from 1, as the trainer expects):
 1. `scheduler.next_batch()` (the `orchestrator.scheduler` class; sync: the whole batch; c3po: the
@@ -24,6 +24,7 @@ import asyncio
 import gc
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -147,41 +148,33 @@ async def require_routing(pool: ClientPool) -> None:
         client.routing = True
 
 
+@dataclass
 class Orchestrator:
-    """One run's collaborators and the step that uses them; made by `build`."""
+    """One run's collaborators and the step that uses them; made by `build`, driven by `run`."""
 
-    def __init__(
-        self,
-        cfg: RolloutJobConfig,
-        *,
-        envs: dict[str, Any],
-        prompts: PromptStream,
-        pool: ClientPool,
-        source: EnvRolloutSource,
-        processor: GroupProcessor,
-        scheduler: Scheduler,
-        logger: MetricsLogger,
-        start_step: int,
-        trainer_exit: Callable[[], int | None] | None,
-        console: Console,
-    ) -> None:
-        self.cfg = cfg
-        self.run_dir = Path(cfg.log.run_dir)
-        self.model = served_model(cfg)
-        self.envs = envs
-        self.prompts = prompts
-        self.pool = pool
-        self.source = source
-        self.processor = processor
-        self.scheduler = scheduler
-        self.logger = logger
-        self.start_step = start_step
-        self.done = start_step  # last step whose weights are published
-        self.trainer_exit = trainer_exit
-        self.console = console
+    cfg: RolloutJobConfig
+    envs: dict[str, Any]
+    prompts: PromptStream
+    pool: ClientPool
+    source: EnvRolloutSource
+    processor: GroupProcessor
+    scheduler: Scheduler
+    logger: MetricsLogger
+    start_step: int
+    trainer_exit: Callable[[], int | None] | None
+    console: Console
+    run_dir: Path = field(init=False)
+    model: str = field(init=False)  # the `model` requests name
+    done: int = field(init=False)  # last step whose weights are published
+    doorbell: handoff.Doorbell = field(init=False)
+    monitor: asyncio.Task | None = field(init=False, default=None)
+    evals: dict[int, dict[str, Any]] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.run_dir = Path(self.cfg.log.run_dir)
+        self.model = served_model(self.cfg)
+        self.done = self.start_step
         self.doorbell = handoff.Doorbell(self.run_dir, handoff.ORCHESTRATOR)
-        self.monitor: asyncio.Task | None = None
-        self.evals: dict[int, dict[str, Any]] = {}
 
     @classmethod
     def build(
@@ -243,7 +236,7 @@ class Orchestrator:
             samples_every=cfg.log.samples_every,
         )
         return cls(
-            cfg,
+            cfg=cfg,
             envs=envs,
             prompts=prompts,
             pool=pool,
@@ -255,6 +248,20 @@ class Orchestrator:
             trainer_exit=trainer_exit,
             console=console,
         )
+
+    async def run(self) -> dict[str, Any]:
+        """Steps `start_step+1 .. max_steps`; returns {"eval": {step: summaries}}."""
+        try:
+            await self.start()
+            for step in range(self.start_step + 1, self.cfg.orchestrator.max_steps + 1):
+                await self.step(step)
+            await self.finish()
+        except (NoSignalError, CanaryMismatch, ServersLost) as exc:
+            await self.stop(str(exc))
+            raise  # the last published step's state was saved with its batch (step 0's at start)
+        finally:
+            await self.shutdown()
+        return {"eval": self.evals}
 
     async def start(self) -> None:
         """Servers healthy and watched; the policy the first step samples from in place."""
@@ -378,36 +385,3 @@ class Orchestrator:
             solve_threshold=o.difficulty.solve_threshold,
             console=self.console,
         )
-
-
-async def run_orchestrator(
-    cfg: RolloutJobConfig,
-    urls: list[str],
-    *,
-    start_step: int = 0,
-    state: dict[str, Any] | None = None,
-    envs: dict[str, Any] | None = None,
-    trainer_exit: Callable[[], int | None] | None = None,
-    console: Console | None = None,
-) -> dict[str, Any]:
-    """Run steps `start_step+1 .. max_steps`; returns {"eval": {step: summaries}}."""
-    orchestrator = Orchestrator.build(
-        cfg,
-        urls,
-        start_step=start_step,
-        state=state,
-        envs=envs,
-        trainer_exit=trainer_exit,
-        console=console,
-    )
-    try:
-        await orchestrator.start()
-        for step in range(start_step + 1, cfg.orchestrator.max_steps + 1):
-            await orchestrator.step(step)
-        await orchestrator.finish()
-    except (NoSignalError, CanaryMismatch, ServersLost) as exc:
-        await orchestrator.stop(str(exc))
-        raise  # the last published step's state was saved with its batch (step 0's at start)
-    finally:
-        await orchestrator.shutdown()
-    return {"eval": orchestrator.evals}
