@@ -148,7 +148,7 @@ async def require_routing(pool: ClientPool) -> None:
         client.routing = True
 
 
-@dataclass
+@dataclass(eq=False)  # one run: compared by identity
 class Orchestrator:
     """One run's collaborators and the step that uses them; made by `build`, driven by `run`."""
 
