@@ -73,12 +73,15 @@ def check_cmd(
     HTTP. Exit 0 when every case scores as expected (and with --model every prompt fits), 1
     otherwise (with a per-row report).
     """
-    from rlkit.envs import load_environment
     from rlkit.envs.check import check_environment
+    from rlkit.envs.loader import load_resolved
+    from rlkit.envs.resolve import resolve_env_id
     from rlkit_cli.eval import json_object
 
     kwargs = json_object(env_args, "-a/--env-args") or {}
-    env = load_environment(env_id, verifiers_version=verifiers_version, **kwargs)
+    resolved = resolve_env_id(env_id)
+    console.print(resolved.describe(), markup=False, highlight=False, soft_wrap=True)
+    env = load_resolved(resolved, verifiers_version=verifiers_version, **kwargs)
     with console.status(f"checking {env_id}"):
         report = check_environment(env, num_rows=num_rows, gold=gold, split=split.value)
     _print_check(report)
@@ -141,7 +144,7 @@ def doctor_cmd(
     """Say whether a verifiers environment runs through rlkit's bridge: its verifiers
     requirement, era and exact version, entry point, load, and scripted rollouts (empty,
     garbage, gold). Nothing is installed beside rlkit. Exit 0 when every stage works, else 1."""
-    from rlkit.envs.bridge.doctor import Finding, doctor
+    from rlkit.envs.doctor import Finding, doctor
     from rlkit_cli.eval import json_object
 
     def report(finding: Finding) -> None:

@@ -4,7 +4,7 @@
 `show` or `run` is reached with `rlkit eval run NAME`). Flags follow verifiers' `vf-eval`; like
 `rlkit train`, a run can also come from a TOML file (`--config eval.toml`) and any field can be
 set with a dotted override (`--sandbox.backend local`). Precedence: the resumed run's stored
-config < the file < the flags < the dotted overrides.
+config < the file < the flags < the dotted overrides (`rlkit.eval.config.layered_eval_config`).
 """
 
 from __future__ import annotations
@@ -146,13 +146,15 @@ def run_cmd(
     package whose load_environment is not in the module named after it. Any field of the eval
     config can also be set after it, e.g. `--sandbox.backend local`.
     """
-    from rlkit.config import apply_override, dump_toml, parse_overrides, read_toml, validate
-    from rlkit.eval import EvalConfig, EvalInterrupted, load_run, run_eval
+    from rlkit.config import dump_toml
+    from rlkit.eval import EvalInterrupted, load_run, run_eval
+    from rlkit.eval.config import layered_eval_config
     from rlkit.eval.report import run_summary, summary_table
-    from rlkit.eval.store import RunStore
 
+    if reproduces is not None and not push:
+        raise UsageError("--reproduces needs --push")
     env_id, overrides = split_env_id(list(ctx.args))
-    given = {
+    flags = {
         "env_id": env_id,
         "model": model,
         "base_url": base_url,
@@ -173,19 +175,7 @@ def run_cmd(
         "pass_threshold": pass_threshold,
         "pass_metric": pass_metric,
     }
-    given = {key: value for key, value in given.items() if value is not None}
-    if reproduces is not None and not push:
-        raise UsageError("--reproduces needs --push")
-    stored = RunStore(resume).read_metadata().config if resume is not None else {}
-    from_file = read_toml(config_file) if config_file is not None else {}
-    data = {**stored, **from_file, **given}
-    for key, value in parse_overrides(overrides):
-        apply_override(data, key, value)
-    if not data.get("env_id"):
-        raise UsageError(
-            "missing ENV_ID: rlkit eval ENV_ID -m MODEL (or --config FILE, or --resume RUN_DIR)"
-        )
-    config = validate(EvalConfig, data, source=str(config_file or "eval options"))
+    config = layered_eval_config(flags, resume=resume, config_file=config_file, overrides=overrides)
     if dry_run:
         typer.echo(dump_toml(config), nl=False)
         return

@@ -45,7 +45,7 @@ def train(
         return
     if dry_run:
         check_role(cfg, role)  # what this role loads and checks before it starts
-        typer.echo(cfg.to_toml(), nl=False)  # loads back: root fields only at the root
+        typer.echo(cfg.to_toml(), nl=False)  # loads back
         return
     from rlkit.launch import run_train
 

@@ -152,12 +152,30 @@ class Environment:
         sampling: dict[str, Any],
         n: int,
     ) -> list[Rollout]:
-        """n rollouts of one row concurrently (first turns as one request), scored together."""
+        """n rollouts of one row concurrently (first turns as one request), scored together.
+
+        Never raises for an environment bug: a rollout that raises comes back errored, and a
+        scoring failure marks every rollout of the group errored (eval and training both go on).
+        """
         with group_first_turn(n):  # the rollout tasks copy this context when gather makes them
             rollouts = list(
                 await asyncio.gather(
-                    *(self.rollout(row, client, model, sampling) for _ in range(n))
+                    *(self._safe_rollout(row, client, model, sampling) for _ in range(n))
                 )
             )
-        await self.score_group(rollouts)
+        try:
+            await self.score_group(rollouts)
+        except Exception as exc:
+            for rollout in rollouts:
+                rollout.error = rollout.error or f"scoring failed: {type(exc).__name__}: {exc}"
         return rollouts
+
+    async def _safe_rollout(
+        self, row: dict[str, Any], client: InferenceClient, model: str, sampling: dict[str, Any]
+    ) -> Rollout:
+        try:
+            return await self.rollout(row, client, model, sampling)
+        except Exception as exc:
+            rollout = self.new_rollout(row)
+            rollout.error = f"rollout failed: {type(exc).__name__}: {exc}"
+            return rollout

@@ -62,7 +62,9 @@ class EvalConfig(Config):
     )
     num_examples: int = Field(5, ge=1, description="Number of dataset rows to evaluate.")
     rollouts_per_example: int = Field(3, ge=1, description="Rollouts per row (k of avg@k).")
-    max_concurrent: int = Field(32, ge=1, description="Maximum rollouts in flight.")
+    max_concurrent: int = Field(
+        32, ge=1, description="Maximum rollouts in flight (whole groups; at least one group)."
+    )
     max_tokens: int | None = Field(None, ge=1, description="Max completion tokens per turn.")
     temperature: float | None = Field(None, ge=0, description="Sampling temperature.")
     sampling: SamplingConfig = Field(
@@ -90,3 +92,30 @@ class EvalConfig(Config):
         < -t/-T < the -S JSON."""
         flags = SamplingConfig(max_tokens=self.max_tokens, temperature=self.temperature)
         return resolve_sampling(*below, flags, self.sampling)
+
+
+def layered_eval_config(
+    flags: dict[str, Any],
+    *,
+    resume: Path | None = None,
+    config_file: Path | None = None,
+    overrides: list[str] | None = None,
+) -> EvalConfig:
+    """The eval's config from its layers, later ones winning: the resumed run's stored config,
+    the `--config` TOML file, the flags given (None: not given), dotted `--field value`
+    overrides. A UsageError names a bad field, or says that no environment is named."""
+    from rlkit.config import apply_override, parse_overrides, read_toml, validate
+    from rlkit.errors import UsageError
+    from rlkit.eval.store import RunStore
+
+    stored = RunStore(resume).read_metadata().config if resume is not None else {}
+    from_file = read_toml(config_file) if config_file is not None else {}
+    given = {key: value for key, value in flags.items() if value is not None}
+    data = {**stored, **from_file, **given}
+    for key, value in parse_overrides(overrides or []):
+        apply_override(data, key, value)
+    if not data.get("env_id"):
+        raise UsageError(
+            "missing ENV_ID: rlkit eval ENV_ID -m MODEL (or --config FILE, or --resume RUN_DIR)"
+        )
+    return validate(EvalConfig, data, source=str(config_file or "eval options"))

@@ -9,25 +9,21 @@
     max_tokens = 32
 
 Top-level keys fill EvalConfig fields the user did not set; `sampling` sits just above the
-environment's own sampling defaults (so -t/-T/-S still win). The file is found next to the
-environment's module, which covers local environment folders, editable installs and sdists; a
-wheel carries no pyproject.toml, so an environment installed from one uses rlkit's defaults.
+environment's own sampling defaults (so -t/-T/-S still win). The table is read when the id is
+resolved (`ResolvedEnv.eval_defaults`, from the package's folder: local environment folders,
+editable installs and sdists); a wheel carries no pyproject.toml, so an environment installed
+from one uses rlkit's defaults.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import tomllib
 from pathlib import Path
 from typing import Any
 
-from packaging.utils import canonicalize_name
-
 from rlkit.config import validate
-from rlkit.envs.loader import module_names
+from rlkit.envs.resolve import ResolvedEnv
 from rlkit.errors import UsageError
 from rlkit.eval.config import EvalConfig
-from rlkit.hub.names import parse_env_id
 
 ALLOWED_KEYS = {
     "num_examples",
@@ -39,40 +35,18 @@ ALLOWED_KEYS = {
 }
 
 
-def _find_pyproject(env_id: str) -> Path | None:
-    """The pyproject.toml of the project that provides the environment's module, if at hand."""
-    name = parse_env_id(env_id, require_owner=False).name
-    for module_name in module_names(name):
-        try:
-            spec = importlib.util.find_spec(module_name)
-        except (ImportError, ValueError):
-            continue
-        if spec is None or not spec.origin or not Path(spec.origin).is_file():
-            continue
-        for folder in list(Path(spec.origin).parents)[:3]:
-            path = folder / "pyproject.toml"
-            if path.is_file():
-                project = tomllib.loads(path.read_text()).get("project", {})
-                wanted = {canonicalize_name(name), canonicalize_name(module_name)}
-                return path if canonicalize_name(project.get("name", "")) in wanted else None
-    return None
-
-
-def package_eval_defaults(env_id: str) -> tuple[dict[str, Any], Path | None]:
+def package_eval_defaults(resolved: ResolvedEnv) -> tuple[dict[str, Any], Path | None]:
     """(`[tool.rlkit.eval]` table, the file it came from); empty when there is none."""
-    path = _find_pyproject(env_id)
-    if path is None:
+    table = dict(resolved.eval_defaults)
+    if not table:
         return {}, None
-    try:
-        table = tomllib.loads(path.read_text()).get("tool", {}).get("rlkit", {}).get("eval", {})
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: invalid TOML: {exc}") from exc
     unknown = sorted(set(table) - ALLOWED_KEYS)
     if unknown:
         raise UsageError(
-            f"{path}: [tool.rlkit.eval] has unknown keys {unknown}; allowed: {sorted(ALLOWED_KEYS)}"
+            f"{resolved.pyproject}: [tool.rlkit.eval] has unknown keys {unknown}; "
+            f"allowed: {sorted(ALLOWED_KEYS)}"
         )
-    return table, path
+    return table, resolved.pyproject
 
 
 def apply_package_defaults(

@@ -1,10 +1,12 @@
 """Run an eval: n examples x r rollouts against an OpenAI-compatible API, stored as they finish.
 
-The flow is: resolve the environment, the package's `[tool.rlkit.eval]` defaults and the
+The flow is: resolve the environment id once (`resolve_env_id`: the package, its module and its
+`[tool.rlkit.eval]` table), load it, apply the package's `[tool.rlkit.eval]` defaults and the
 sampling arguments, check the endpoint once (an unreachable URL or an unknown model is a usage
 error, not n*r failed rollouts), then run every missing rollout with at most `max_concurrent` in
-flight. The rollouts of one example are scored
-together (group reward functions see the group) and appended to results.jsonl at once.
+flight. The rollouts of one example run as one group (`Environment.run_group`, the call
+training makes), scored together (group reward functions see the group) and appended to
+results.jsonl at once.
 Generation failures are recorded on the rollout (the client already retried 429/5xx/timeouts)
 and never end the run. Cancelling (Ctrl-C) stops scheduling, cancels what is in flight, marks the
 run `interrupted` and raises `EvalInterrupted`; `resume=RUN_DIR` reruns only missing or errored
@@ -34,8 +36,10 @@ from rich.progress import (
 )
 
 import rlkit
-from rlkit.envs import Environment, Rollout, load_environment
+from rlkit.envs import Environment, Rollout
 from rlkit.envs.fit import served_fit
+from rlkit.envs.loader import load_resolved
+from rlkit.envs.resolve import resolve_env_id
 from rlkit.errors import UsageError
 from rlkit.eval.config import RESULT_FIELDS, EvalConfig
 from rlkit.eval.metrics import summarize
@@ -168,7 +172,8 @@ async def _run_pending(
     tally: _Tally,
     progress: Progress,
 ) -> None:
-    semaphore = asyncio.Semaphore(config.max_concurrent)
+    # whole groups in flight: max_concurrent rollouts, at least one group
+    semaphore = asyncio.Semaphore(max(1, config.max_concurrent // config.rollouts_per_example))
     task = progress.add_task(
         config.env_id,
         total=sum(len(v) for v in pending.values()),
@@ -176,23 +181,11 @@ async def _run_pending(
         errors=0,
     )
 
-    async def one(row: dict[str, Any]) -> Rollout:
-        async with semaphore:
-            try:
-                return await env.rollout(row, client, config.model, sampling)
-            except Exception as exc:  # an environment bug must not end the run
-                rollout = env.new_rollout(row)
-                rollout.error = f"rollout failed: {type(exc).__name__}: {exc}"
-                return rollout
-
     async def group(index: int, rollout_indexes: list[int]) -> None:
-        row = rows[index]
-        rollouts = list(await asyncio.gather(*(one(row) for _ in rollout_indexes)))
-        try:
-            await env.score_group(rollouts)
-        except Exception as exc:
-            for rollout in rollouts:
-                rollout.error = rollout.error or f"scoring failed: {type(exc).__name__}: {exc}"
+        async with semaphore:
+            rollouts = await env.run_group(
+                rows[index], client, config.model, sampling, len(rollout_indexes)
+            )
         store.append(
             [EvalResult(index, j, r) for j, r in zip(rollout_indexes, rollouts, strict=True)]
         )
@@ -219,13 +212,9 @@ async def run_eval_async(
         raise UsageError("a model is required (-m/--model)")
 
     config.sandbox.apply()
-    env = load_environment(
-        config.env_id,
-        verifiers_version=config.verifiers_version,
-        install=config.install,
-        **config.env_args,
-    )
-    config, package_sampling = apply_package_defaults(config, *package_eval_defaults(config.env_id))
+    resolved = resolve_env_id(config.env_id, install=config.install)
+    env = load_resolved(resolved, verifiers_version=config.verifiers_version, **config.env_args)
+    config, package_sampling = apply_package_defaults(config, *package_eval_defaults(resolved))
     rows = [dict(row) for row in env.get_eval_dataset(config.num_examples)]
     sampling = config.sampling_args(env.sampling_defaults, package_sampling)
     plan = {"num_examples": len(rows), "sampling": sampling}

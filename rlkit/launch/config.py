@@ -22,21 +22,19 @@ from rlkit.launch.roles import Role
 from rlkit.launch.slurm_config import SlurmConfig
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list, run_token_file
 from rlkit.orchestrator.loggers import check_sinks
-from rlkit.orchestrator.scheduler import scheduler_class
 from rlkit.orchestrator.source import load_environments, max_rollout_tokens
 from rlkit.progress import phase, print_line
 from rlkit.protocol.credentials import read_token
-from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig
+from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig, TrainerSettings
 from rlkit.trainer.routing import RoutingReplay
 
 LAUNCH_FIELDS = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "gpus"}
-ROOT_FIELDS = ("run_dir", "model", "loss", "ckpt", "max_steps")  # TrainerConfig's, from the root
 
 
-class TrainerLaunchConfig(TrainerConfig):
-    """`[trainer]` of `rlkit train`: the trainer process's `TrainerConfig` plus how to launch it
-    (nodes, processes per node, rendezvous, GPUs); `run_dir`, `model`, `loss`, `ckpt`,
-    `max_steps` come from the root (`RLJobConfig.trainer_config`).
+class TrainerLaunchConfig(TrainerSettings):
+    """`[trainer]` of `rlkit train`: how the trainer trains (`TrainerSettings`) plus how to launch
+    it (nodes, processes per node, rendezvous, GPUs); the trainer process's `run_dir`, `model`,
+    `loss`, `ckpt` and `max_steps` come from the job's own sections (`RLJobConfig.trainer_config`).
 
     The launch fields are read by the launcher only (the torchrun command line, see
     `rlkit.trainer.main.trainer_command`); every node of a multi-node trainer runs
@@ -106,19 +104,15 @@ class RLJobConfig(RolloutJobConfig):
             raise ValueError("env: at least one [[env]] section is required")
         if not self.model.path:
             raise ValueError("model.path: the model to train is required")
-        try:
-            scheduler_class(o.scheduler)
-        except ValueError as exc:  # unknown, unimportable, or not a Scheduler
-            raise ValueError(f"orchestrator.scheduler: {exc}") from None
         max_tokens = o.sampling.max_tokens  # an environment's own is checked when it loads
-        if max_tokens is not None and o.token_budget < max_tokens:
+        if o.scheduler == "c3po" and max_tokens is not None and o.c3po.token_budget < max_tokens:
             raise ValueError(
-                f"orchestrator.token_budget ({o.token_budget}) is smaller than one rollout's "
-                f"max tokens (orchestrator.sampling.max_tokens = {max_tokens})"
+                f"orchestrator.c3po.token_budget ({o.c3po.token_budget}) is smaller than one "
+                f"rollout's max tokens (orchestrator.sampling.max_tokens = {max_tokens})"
             )
-        if o.capacity < o.group_size:
+        if o.scheduler == "c3po" and o.c3po.capacity < o.group_size:
             raise ValueError(
-                f"orchestrator.capacity ({o.capacity}) must hold at least one group "
+                f"orchestrator.c3po.capacity ({o.c3po.capacity}) must hold at least one group "
                 f"(orchestrator.group_size = {o.group_size})"
             )
         if self.ckpt.interval and self.trainer.weights.keep_last <= self.ckpt.interval:
@@ -126,9 +120,6 @@ class RLJobConfig(RolloutJobConfig):
                 f"trainer.weights.keep_last ({self.trainer.weights.keep_last}) must exceed "
                 f"ckpt.interval ({self.ckpt.interval}) so a resumed run finds its weights"
             )
-        for name in ROOT_FIELDS:
-            if name in self.trainer.model_fields_set:
-                raise ValueError(f"trainer.{name}: set it in its own section ([{name}]) instead")
         transfer = self.inference.weight_transfer
         if transfer not in ("auto", "filesystem") and self.model.lora.enabled:
             raise ValueError(
@@ -140,8 +131,8 @@ class RLJobConfig(RolloutJobConfig):
         return self
 
     def to_toml(self) -> str:
-        """The resolved config as TOML that loads back (the root's fields only at the root)."""
-        return dump_toml(self, exclude={"trainer": set(ROOT_FIELDS)})
+        """The resolved config as TOML that loads back."""
+        return dump_toml(self)
 
     def trainer_config(self) -> TrainerConfig:
         """The config the trainer process reads (`python -m rlkit.trainer.main --config`); the

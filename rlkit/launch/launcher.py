@@ -38,13 +38,13 @@ from rlkit.launch.config import RLJobConfig, check_role
 from rlkit.launch.roles import Role
 from rlkit.lifetime import die_with_parent_preexec
 from rlkit.orchestrator.config import run_token, run_token_file
-from rlkit.orchestrator.loop import run_orchestrator
+from rlkit.orchestrator.loop import Orchestrator
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
 from rlkit.progress import phase, print_line
 from rlkit.protocol import handoff
 from rlkit.protocol.credentials import TOKEN_FILE_ENV
 from rlkit.protocol.layout import RunLayout
-from rlkit.trainer.main import Launch, trainer_command
+from rlkit.trainer.main import TrainerRanks, trainer_command
 
 
 def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
@@ -184,12 +184,12 @@ def trainer_env(token_file: Path | None = None) -> dict[str, str]:
     return env
 
 
-def trainer_launch(cfg: RLJobConfig) -> Launch:
+def trainer_ranks(cfg: RLJobConfig) -> TrainerRanks:
     """This node's part of the trainer: torchrun's layout and c10d rendezvous from `[trainer]`.
     The rendezvous id is derived from `log.run_dir`, the same on every node of one run."""
     t = cfg.trainer
     run_id = hashlib.sha1(cfg.log.run_dir.encode()).hexdigest()[:12]
-    return Launch(
+    return TrainerRanks(
         nproc=t.nproc_per_node,
         nnodes=t.nnodes,
         node_rank=t.node_rank,
@@ -215,7 +215,7 @@ class TrainerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            trainer_command(config_path, trainer_launch(cfg), resume=resume),
+            trainer_command(config_path, trainer_ranks(cfg), resume=resume),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=trainer_env(run_token_file(cfg))
@@ -291,11 +291,10 @@ def run_train(
     start_step, state = prepare_run_dir(cfg, resume, console)
     if role == "orchestrator":
         prepare_token_turns(cfg.model.path)
-        return asyncio.run(
-            run_orchestrator(
-                cfg, list(cfg.inference.urls), start_step=start_step, state=state, envs=envs
-            )
+        orchestrator = Orchestrator.build(
+            cfg, list(cfg.inference.urls), start_step=start_step, state=state, envs=envs
         )
+        return asyncio.run(orchestrator.run())
     return _run_all(cfg, run_dir, start_step, state, envs, resume, console, devices)
 
 
@@ -347,17 +346,16 @@ def _run_all(
         fleet.wait_ready()
         urls = list(cfg.inference.urls) or fleet.urls
         try:
-            result = asyncio.run(
-                run_orchestrator(
-                    cfg,
-                    urls,
-                    start_step=start_step,
-                    state=state,
-                    envs=envs,
-                    trainer_exit=trainer.exit_code,
-                    console=console,
-                )
+            orchestrator = Orchestrator.build(
+                cfg,
+                urls,
+                start_step=start_step,
+                state=state,
+                envs=envs,
+                trainer_exit=trainer.exit_code,
+                console=console,
             )
+            result = asyncio.run(orchestrator.run())
         except Exception as exc:
             if trainer.exit_code():
                 raise RuntimeError(f"{exc}\ntrainer log tail:\n{trainer.log_tail()}") from exc

@@ -2,16 +2,16 @@
 
 from typing import Any
 
-__all__ = ["C3POScheduler", "SyncScheduler", "run_orchestrator"]
+__all__ = ["C3POScheduler", "Orchestrator", "SyncScheduler"]
 
 
 def __getattr__(name: str) -> Any:
     """The loop and schedulers load on first use: `rlkit.orchestrator.config` (which `rlkit
     train` validates before it starts vLLM) must not pull in torch and transformers."""
-    if name == "run_orchestrator":
-        from rlkit.orchestrator.loop import run_orchestrator
+    if name == "Orchestrator":
+        from rlkit.orchestrator.loop import Orchestrator
 
-        return run_orchestrator
+        return Orchestrator
     if name in ("C3POScheduler", "SyncScheduler"):
         from rlkit.orchestrator import scheduler
 

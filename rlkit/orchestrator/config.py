@@ -11,15 +11,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from rlkit.config import Config
 from rlkit.envs.sampling import SamplingConfig
+from rlkit.orchestrator.sampler import DifficultyConfig
+from rlkit.orchestrator.schedulers.base import SCHEDULERS, SchedulerParams
+from rlkit.orchestrator.schedulers.c3po import C3POParams
+from rlkit.orchestrator.schedulers.sync import SyncParams
 from rlkit.protocol.credentials import ensure_token_file, read_token
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.model import ModelConfig
 from rlkit.sandbox.config import SandboxConfig
 from rlkit.weights import transport_class
+
+MOVED_SCHEDULER_FIELDS = {
+    "batch_groups": "sync",
+    "capacity": "c3po",
+    "token_budget": "c3po",
+    "retention": "c3po",
+}
 
 
 class EnvSpec(Config):
@@ -139,21 +150,6 @@ class InferenceConfig(Config):
         return self
 
 
-class DifficultyConfig(Config):
-    enabled: bool = Field(True, description="Track per-example solve rates in easy/normal/hard.")
-    easy_fraction: float = Field(0.0, ge=0, le=1, description="Share of draws from easy examples.")
-    hard_fraction: float = Field(0.0, ge=0, le=1, description="Share of draws from hard examples.")
-    solve_threshold: float = Field(1.0, description="A rollout with reward >= this is solved.")
-    easy_threshold: float = Field(1.0, ge=0, le=1, description="Solve rate >= this: easy.")
-    hard_threshold: float = Field(0.0, ge=0, le=1, description="Solve rate <= this: hard.")
-
-    @model_validator(mode="after")
-    def _fractions(self) -> DifficultyConfig:
-        if self.easy_fraction + self.hard_fraction > 1:
-            raise ValueError("easy_fraction + hard_fraction must be at most 1")
-        return self
-
-
 class OnlineEvalConfig(Config):
     """Evaluation interleaved with training (`[orchestrator.eval]`); `rlkit eval` is EvalConfig."""
 
@@ -184,17 +180,21 @@ class OrchestratorConfig(Config):
         "c3po",
         description="Rollout scheduler: sync (whole batch, then train), c3po (C3PO++ token-budget "
         "pool), an entry point in group rlkit.schedulers, or 'my_pkg.my_module:MyScheduler' "
-        "(rlkit.orchestrator.scheduler.Scheduler).",
+        "(rlkit.orchestrator.scheduler.Scheduler); its parameters: [orchestrator.sync], "
+        "[orchestrator.c3po], a plugin's [orchestrator.scheduler_params].",
     )
     max_steps: int = Field(10, ge=1, description="Optimiser steps to run.")
     group_size: int = Field(8, ge=2, description="G: rollouts per prompt (advantage group).")
-    batch_groups: int = Field(8, ge=1, description="sync: groups per batch.")
-    capacity: int = Field(64, ge=1, description="C3PO++ Omega: rollouts kept in flight.")
-    token_budget: int = Field(
-        8192, gt=0, description="C3PO++ Phi: trainable completion tokens per step."
+    sync: SyncParams = Field(
+        default_factory=SyncParams, description="The sync scheduler's parameters."
     )
-    retention: int = Field(
-        2, ge=0, description="C3PO++ sigma: purge a rollout that spans more policy updates."
+    c3po: C3POParams = Field(
+        default_factory=C3POParams, description="The C3PO++ scheduler's parameters."
+    )
+    scheduler_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="A plugin scheduler's parameters, validated by the parameter model it "
+        "registered (SCHEDULERS.register(name, params=Model)).",
     )
     max_off_policy_steps: int = Field(
         4, ge=0, description="Drop samples whose oldest turn is more than N versions old."
@@ -241,12 +241,57 @@ class OrchestratorConfig(Config):
         default_factory=WatchdogConfig, description="Stop a run whose groups carry no signal."
     )
 
+    _scheduler_settings: SchedulerParams = PrivateAttr()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_scheduler_fields(cls, data: Any) -> Any:
+        """The scheduler knobs that moved into their scheduler's own table."""
+        if isinstance(data, dict):
+            for key in data.keys() & MOVED_SCHEDULER_FIELDS.keys():
+                table = MOVED_SCHEDULER_FIELDS[key]
+                raise ValueError(
+                    f"orchestrator.{key} moved to [orchestrator.{table}] (orchestrator.{table}."
+                    f"{key}): each scheduler owns its parameters"
+                )
+        return data
+
     @model_validator(mode="after")
     def _valid_advantage(self) -> OrchestratorConfig:
         from rlkit.orchestrator.advantages import ADVANTAGES
 
         ADVANTAGES.get(self.advantage).validate(self.advantage_params, "advantage_params")
         return self
+
+    @model_validator(mode="after")
+    def _valid_scheduler(self) -> OrchestratorConfig:
+        """The scheduler exists and its parameters fit its model: a built-in's own table, a
+        plugin's `scheduler_params`."""
+        from rlkit.orchestrator.scheduler import scheduler_class
+
+        try:
+            scheduler_class(self.scheduler)
+            entry = SCHEDULERS.get(self.scheduler)
+        except ValueError as exc:  # unknown, unimportable, or not a Scheduler
+            raise ValueError(f"orchestrator.scheduler: {exc}") from None
+        builtin = {"sync": self.sync, "c3po": self.c3po}.get(self.scheduler)
+        if builtin is not None:
+            if self.scheduler_params:
+                raise ValueError(
+                    f"orchestrator.scheduler_params: the {self.scheduler} scheduler's "
+                    f"parameters go in [orchestrator.{self.scheduler}]"
+                )
+            self._scheduler_settings = builtin
+        else:
+            self._scheduler_settings = entry.validate(
+                self.scheduler_params, "orchestrator.scheduler_params"
+            )
+        return self
+
+    @property
+    def scheduler_settings(self) -> SchedulerParams:
+        """The chosen scheduler's validated parameters (what its `from_config` reads)."""
+        return self._scheduler_settings
 
 
 class LogConfig(Config):

@@ -1,5 +1,10 @@
 """The orchestrator's main loop: one batch per step for the trainer, new weights to the servers.
 
+`Orchestrator.build` wires the collaborators (environments, prompt stream, server pool, rollout
+source, group processor, scheduler, metrics logger); `run` strings the rest together: `start`
+brings the servers up (resume, the LoRA start, the step-0 eval), `step` runs one step, `finish`
+the final eval, `shutdown` stops what `build` and `start` started.
+
 Per step N (numbered from 1, as the trainer expects):
 1. `scheduler.next_batch()` (the `orchestrator.scheduler` class; sync: the whole batch; c3po: the
    shortest pool prefix with C >= Phi),
@@ -20,6 +25,7 @@ import asyncio
 import gc
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +42,7 @@ from rlkit.orchestrator.loggers import open_sinks, sample_rows
 from rlkit.orchestrator.metrics import MetricsLogger, read_trainer_record, step_record
 from rlkit.orchestrator.prompts import PromptStream
 from rlkit.orchestrator.sampler import PromptSampler
-from rlkit.orchestrator.scheduler import Group, scheduler_class
+from rlkit.orchestrator.scheduler import Group, Scheduler, scheduler_class
 from rlkit.orchestrator.source import (
     EnvRolloutSource,
     load_environments,
@@ -142,177 +148,241 @@ async def require_routing(pool: ClientPool) -> None:
         client.routing = True
 
 
-async def run_orchestrator(
-    cfg: RolloutJobConfig,
-    urls: list[str],
-    *,
-    start_step: int = 0,
-    state: dict[str, Any] | None = None,
-    envs: dict[str, Any] | None = None,
-    trainer_exit: Callable[[], int | None] | None = None,
-    console: Console | None = None,
-) -> dict[str, Any]:
-    """Run steps `start_step+1 .. max_steps`; returns {"eval": {step: summaries}}."""
-    console = console or Console(stderr=True)
-    o = cfg.orchestrator
-    run_dir = Path(cfg.log.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.sandbox.apply()
-    envs = envs if envs is not None else load_environments(cfg.env)
-    sampler = PromptSampler(
-        {env_id: len(env.get_dataset()) for env_id, env in envs.items()},
-        {spec.id: spec.weight for spec in cfg.env},
-        o.difficulty,
-        seed=o.seed,
-    )
-    if state is not None:
-        sampler.load_state_dict(state["sampler"])
-    prompts = PromptStream(sampler, state.get("prompts") if state is not None else None)
-    model = served_model(cfg)
-    pool = ClientPool(
-        urls,
-        recover_timeout_s=cfg.inference.recover_timeout_s,
-        health_interval_s=cfg.inference.health_interval_s,
-        log=lambda message: console.print(f"[yellow]{message}[/]"),
-        timeout=cfg.inference.request_timeout_s,
-        max_retries=cfg.inference.max_retries,
-        adapter=model if cfg.model.lora.enabled else None,
-        api_key=run_token(cfg),
-    )
-    if o.return_routing:
-        await require_routing(pool)
-    source = EnvRolloutSource(
-        envs,
-        pool,
-        model,
-        o.sampling,
-        o.group_size,
-    )
-    processor = GroupProcessor(
-        advantage=o.advantage,
-        advantage_params=o.advantage_params,
-        drop_zero_advantage=o.drop_zero_advantage,
-        solve_threshold=o.difficulty.solve_threshold,
-        sampler=sampler,
-        watchdog=NoSignalWatchdog(
-            *watchdog_limits(o, max_rollout_tokens(envs, o)), console=console
-        ),
-    )
-    scheduler = scheduler_class(o.scheduler).from_config(
-        cfg, source, processor, prompts, version=start_step
-    )
+@dataclass(eq=False)  # one run: compared by identity
+class Orchestrator:
+    """One run's collaborators and the step that uses them; made by `build`, driven by `run`."""
 
-    def save(step: int) -> None:
-        saved = {"sampler": sampler.state_dict(), "prompts": prompts.state_dict()}
-        save_state(run_dir, step, saved)
+    cfg: RolloutJobConfig
+    envs: dict[str, Any]
+    prompts: PromptStream
+    pool: ClientPool
+    source: EnvRolloutSource
+    processor: GroupProcessor
+    scheduler: Scheduler
+    logger: MetricsLogger
+    start_step: int
+    trainer_exit: Callable[[], int | None] | None
+    console: Console
+    run_dir: Path = field(init=False)
+    model: str = field(init=False)  # the `model` requests name
+    done: int = field(init=False)  # last step whose weights are published
+    doorbell: handoff.Doorbell = field(init=False)
+    monitor: asyncio.Task | None = field(init=False, default=None)
+    evals: dict[int, dict[str, Any]] = field(init=False, default_factory=dict)
 
-    logger = MetricsLogger(
-        run_dir,
-        console,
-        plot=cfg.log.plot,
-        plot_every_s=cfg.log.plot_every_s,
-        sinks=open_sinks(cfg.log, cfg.model_dump(mode="json")),
-        samples_every=cfg.log.samples_every,
-    )
-    evals: dict[int, dict[str, Any]] = {}
+    def __post_init__(self) -> None:
+        self.run_dir = Path(self.cfg.log.run_dir)
+        self.model = served_model(self.cfg)
+        self.done = self.start_step
+        self.doorbell = handoff.Doorbell(self.run_dir, handoff.ORCHESTRATOR)
 
-    async def run_eval(step: int) -> None:
-        evals[step] = await evaluate(
-            envs,
-            pool,
-            model,
-            o.sampling,
-            o.eval,
-            step=step,
-            run_dir=run_dir,
+    @classmethod
+    def build(
+        cls,
+        cfg: RolloutJobConfig,
+        urls: list[str],
+        *,
+        start_step: int = 0,
+        state: dict[str, Any] | None = None,
+        envs: dict[str, Any] | None = None,
+        trainer_exit: Callable[[], int | None] | None = None,
+        console: Console | None = None,
+    ) -> Orchestrator:
+        """Wire the run: `state` is the saved orchestrator state when resuming at `start_step`."""
+        console = console or Console(stderr=True)
+        o = cfg.orchestrator
+        Path(cfg.log.run_dir).mkdir(parents=True, exist_ok=True)
+        cfg.sandbox.apply()
+        envs = envs if envs is not None else load_environments(cfg.env)
+        sampler = PromptSampler(
+            {env_id: len(env.get_dataset()) for env_id, env in envs.items()},
+            {spec.id: spec.weight for spec in cfg.env},
+            o.difficulty,
+            seed=o.seed,
+        )
+        if state is not None:
+            sampler.load_state_dict(state["sampler"])
+        prompts = PromptStream(sampler, state.get("prompts") if state is not None else None)
+        model = served_model(cfg)
+        pool = ClientPool(
+            urls,
+            recover_timeout_s=cfg.inference.recover_timeout_s,
+            health_interval_s=cfg.inference.health_interval_s,
+            log=lambda message: console.print(f"[yellow]{message}[/]"),
+            timeout=cfg.inference.request_timeout_s,
+            max_retries=cfg.inference.max_retries,
+            adapter=model if cfg.model.lora.enabled else None,
+            api_key=run_token(cfg),
+        )
+        source = EnvRolloutSource(envs, pool, model, o.sampling, o.group_size)
+        processor = GroupProcessor(
+            advantage=o.advantage,
+            advantage_params=o.advantage_params,
+            drop_zero_advantage=o.drop_zero_advantage,
             solve_threshold=o.difficulty.solve_threshold,
+            sampler=sampler,
+            watchdog=NoSignalWatchdog(
+                *watchdog_limits(o, max_rollout_tokens(envs, o)), console=console
+            ),
+        )
+        scheduler = scheduler_class(o.scheduler).from_config(
+            cfg, source, processor, prompts, version=start_step
+        )
+        logger = MetricsLogger(
+            Path(cfg.log.run_dir),
+            console,
+            plot=cfg.log.plot,
+            plot_every_s=cfg.log.plot_every_s,
+            sinks=open_sinks(cfg.log, cfg.model_dump(mode="json")),
+            samples_every=cfg.log.samples_every,
+        )
+        return cls(
+            cfg=cfg,
+            envs=envs,
+            prompts=prompts,
+            pool=pool,
+            source=source,
+            processor=processor,
+            scheduler=scheduler,
+            logger=logger,
+            start_step=start_step,
+            trainer_exit=trainer_exit,
             console=console,
         )
 
-    doorbell = handoff.Doorbell(run_dir, handoff.ORCHESTRATOR)
-    done = start_step  # last step whose weights are published
-    monitor: asyncio.Task | None = None
-    try:
-        await pool.wait_healthy(cfg.inference.startup_timeout_s)
-        monitor = asyncio.create_task(pool.monitor())  # brings servers that went down back
-        if start_step:
-            resumed = RunLayout(run_dir).weights_version(start_step)
-            await source.update_weights(str(resumed), start_step)
-            await pool_canary_kl(pool, model, resumed, cfg.inference.canary_max_kl)
-            console.print(f"resuming at step {start_step + 1} (policy version {start_step})")
+    async def run(self) -> dict[str, Any]:
+        """Steps `start_step+1 .. max_steps`; returns {"eval": {step: summaries}}."""
+        try:
+            await self.start()
+            for step in range(self.start_step + 1, self.cfg.orchestrator.max_steps + 1):
+                await self.step(step)
+            await self.finish()
+        except RunStopped as exc:  # no signal, a canary mismatch, servers or the trainer lost
+            await self.stop(str(exc))
+            raise  # the last published step's state was saved with its batch (step 0's at start)
+        finally:
+            await self.shutdown()
+        return {"eval": self.evals}
+
+    async def start(self) -> None:
+        """Servers healthy and watched; the policy the first step samples from in place."""
+        cfg, o = self.cfg, self.cfg.orchestrator
+        if o.return_routing:
+            await require_routing(self.pool)
+        await self.pool.wait_healthy(cfg.inference.startup_timeout_s)
+        self.monitor = asyncio.create_task(self.pool.monitor())  # brings lost servers back
+        if self.start_step:
+            resumed = RunLayout(self.run_dir).weights_version(self.start_step)
+            await self.update_weights(resumed, self.start_step)
+            self.console.print(
+                f"resuming at step {self.start_step + 1} (policy version {self.start_step})"
+            )
         else:
             if cfg.model.lora.enabled:  # the trainer publishes the initial adapter as step 0
-                path = await wait_for_weights(
-                    doorbell, run_dir, 0, o.weights_timeout_s, trainer_exit
-                )
-                await source.update_weights(str(path), 0)
-            save(0)  # the stream's start: where a stop before the first batch resumes
+                await self.source.update_weights(str(await self.wait_for_weights(0)), 0)
+            self.save(0)  # the stream's start: where a stop before the first batch resumes
             if o.eval.at_start:
-                await run_eval(0)
-        scheduler.take_idle_s()
+                await self.evaluate(0)
+        self.scheduler.take_idle_s()
         # what is loaded by now lives for the whole run: frozen out of the collector's sight,
         # full collections scan only the steps' objects (in `rlkit eval`, scanning the start-up
         # objects paused the event loop: docs/benchmarks.md)
         gc.freeze()
-        for step in range(start_step + 1, o.max_steps + 1):
-            t0 = time.monotonic()
-            groups: list[Group] = []
-            while not groups:  # every group may have been filtered out (no signal)
-                groups = await scheduler.next_batch()
-            rollout_s = time.monotonic() - t0
-            batch = make_batch(step, groups, scheduler.version, prompts.take_dropped())
-            write_batch(batch, run_dir)
-            handoff.ring(run_dir, handoff.TRAINER)
-            save(step)  # no await since the batch was taken: the stream is as of this batch
-            t1 = time.monotonic()
-            path = await wait_for_weights(
-                doorbell, run_dir, step, o.weights_timeout_s, trainer_exit
-            )
-            t2 = time.monotonic()
-            await source.update_weights(str(path), step)
-            canary = await pool_canary_kl(pool, model, path, cfg.inference.canary_max_kl)
-            weight_update_s = time.monotonic() - t2
-            scheduler.on_policy_update(step)
-            t3 = time.monotonic()
-            ours = step_record(
-                step,
-                batch,
-                processor.take_stats(),
-                scheduler.take_counters(),
-                rollout_time_s=rollout_s,
-                train_time_s=t3 - t1,
-                weights_wait_s=t2 - t1,
-                weight_update_s=weight_update_s,
-                step_time_s=time.monotonic() - t0,
-                idle_s=scheduler.take_idle_s(),
-            )
-            ours.update(pool.metrics())
-            ours["weight_update_bytes"] = float(published_bytes(path))
-            ours["weights_canary_kl"] = canary
-            logger.log(
-                merge_records(ours, read_trainer_record(run_dir, step) or {}),
-                sample_rows(groups, cfg.log.samples_per_step, step)
-                if logger.samples_due(step)
-                else None,
-            )
-            done = step
-            if o.eval.every and step % o.eval.every == 0 and step != o.max_steps:
-                await run_eval(step)
-        if o.eval.at_end:
-            await scheduler.close()
-            await run_eval(o.max_steps)
-    except RunStopped as exc:  # no signal, a canary mismatch, servers or the trainer lost
-        console.print(f"[bold red]stopping:[/] {exc}")
-        await stop_with_checkpoint(run_dir, done, str(exc), trainer_exit, console)
-        raise  # step `done`'s state was saved with its batch (step 0's at the start)
-    finally:
-        logger.draw_plot()
-        doorbell.close()
-        await scheduler.close()
-        if cfg.model.lora.enabled:  # a shared server keeps serving other runs: free our slot
-            await pool.unload_adapter()
-        if monitor is not None:
-            monitor.cancel()
-        await pool.aclose()
-        logger.close()
-    return {"eval": evals}
+
+    async def step(self, step: int) -> None:
+        """Step N: batch to the trainer, its weights to the servers, the step's metrics logged."""
+        t0 = time.monotonic()
+        groups: list[Group] = []
+        while not groups:  # every group may have been filtered out (no signal)
+            groups = await self.scheduler.next_batch()
+        rollout_s = time.monotonic() - t0
+        batch = make_batch(step, groups, self.scheduler.version, self.prompts.take_dropped())
+        write_batch(batch, self.run_dir)
+        handoff.ring(self.run_dir, handoff.TRAINER)
+        self.save(step)  # no await since the batch was taken: the stream is as of this batch
+        t1 = time.monotonic()
+        path = await self.wait_for_weights(step)
+        t2 = time.monotonic()
+        canary = await self.update_weights(path, step)
+        weight_update_s = time.monotonic() - t2
+        self.scheduler.on_policy_update(step)
+        ours = step_record(
+            step,
+            batch,
+            self.processor.take_stats(),
+            self.scheduler.take_counters(),
+            rollout_time_s=rollout_s,
+            train_time_s=time.monotonic() - t1,
+            weights_wait_s=t2 - t1,
+            weight_update_s=weight_update_s,
+            step_time_s=time.monotonic() - t0,
+            idle_s=self.scheduler.take_idle_s(),
+        )
+        ours.update(self.pool.metrics())
+        ours["weight_update_bytes"] = float(published_bytes(path))
+        ours["weights_canary_kl"] = canary
+        samples = self.cfg.log.samples_per_step
+        self.logger.log(
+            merge_records(ours, read_trainer_record(self.run_dir, step) or {}),
+            sample_rows(groups, samples, step) if self.logger.samples_due(step) else None,
+        )
+        self.done = step
+        every, last = self.cfg.orchestrator.eval.every, self.cfg.orchestrator.max_steps
+        if every and step % every == 0 and step != last:
+            await self.evaluate(step)
+
+    async def finish(self) -> None:
+        """After the last step: the final eval, once nothing is in flight."""
+        if self.cfg.orchestrator.eval.at_end:
+            await self.scheduler.close()
+            await self.evaluate(self.cfg.orchestrator.max_steps)
+
+    async def stop(self, reason: str) -> None:
+        """Stop the run on `reason`: the trainer checkpoints the last published step and exits."""
+        self.console.print(f"[bold red]stopping:[/] {reason}")
+        await stop_with_checkpoint(self.run_dir, self.done, reason, self.trainer_exit, self.console)
+
+    async def shutdown(self) -> None:
+        """Stop everything `build` and `start` started; safe after a failure anywhere."""
+        self.logger.draw_plot()
+        self.doorbell.close()
+        await self.scheduler.close()
+        if self.cfg.model.lora.enabled:  # a shared server keeps serving other runs: free our slot
+            await self.pool.unload_adapter()
+        if self.monitor is not None:
+            self.monitor.cancel()
+        await self.pool.aclose()
+        self.logger.close()
+
+    async def update_weights(self, path: Path, version: int) -> float:
+        """Load `path` on every server as policy `version`; returns the logprob canary's KL."""
+        await self.source.update_weights(str(path), version)
+        return await pool_canary_kl(self.pool, self.model, path, self.cfg.inference.canary_max_kl)
+
+    async def wait_for_weights(self, step: int) -> Path:
+        return await wait_for_weights(
+            self.doorbell,
+            self.run_dir,
+            step,
+            self.cfg.orchestrator.weights_timeout_s,
+            self.trainer_exit,
+        )
+
+    def save(self, step: int) -> None:
+        """The prompt stream as of step N's batch: where `--resume` at N continues."""
+        state = {"sampler": self.prompts.sampler.state_dict(), "prompts": self.prompts.state_dict()}
+        save_state(self.run_dir, step, state)
+
+    async def evaluate(self, step: int) -> None:
+        o = self.cfg.orchestrator
+        self.evals[step] = await evaluate(
+            self.envs,
+            self.pool,
+            self.model,
+            o.sampling,
+            o.eval,
+            step=step,
+            run_dir=self.run_dir,
+            solve_threshold=o.difficulty.solve_threshold,
+            console=self.console,
+        )

@@ -13,9 +13,26 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from rlkit.orchestrator.config import DifficultyConfig
+from pydantic import Field, model_validator
+
+from rlkit.config import Config
 
 LEVELS = ("easy", "normal", "hard")
+
+
+class DifficultyConfig(Config):
+    enabled: bool = Field(True, description="Track per-example solve rates in easy/normal/hard.")
+    easy_fraction: float = Field(0.0, ge=0, le=1, description="Share of draws from easy examples.")
+    hard_fraction: float = Field(0.0, ge=0, le=1, description="Share of draws from hard examples.")
+    solve_threshold: float = Field(1.0, description="A rollout with reward >= this is solved.")
+    easy_threshold: float = Field(1.0, ge=0, le=1, description="Solve rate >= this: easy.")
+    hard_threshold: float = Field(0.0, ge=0, le=1, description="Solve rate <= this: hard.")
+
+    @model_validator(mode="after")
+    def _fractions(self) -> DifficultyConfig:
+        if self.easy_fraction + self.hard_fraction > 1:
+            raise ValueError("easy_fraction + hard_fraction must be at most 1")
+        return self
 
 
 class PromptSampler:

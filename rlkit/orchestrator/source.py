@@ -87,11 +87,11 @@ def max_rollout_tokens(envs: dict[str, Any], o: OrchestratorConfig) -> int:
                 f"orchestrator.sampling.max_tokens: environment {env_id!r} declares no "
                 "max_tokens in its sampling_defaults; set it in the config"
             )
-        if o.token_budget < max_tokens:
+        if o.scheduler == "c3po" and o.c3po.token_budget < max_tokens:
             raise UsageError(
-                f"orchestrator.token_budget ({o.token_budget}) is smaller than one rollout's max "
-                f"tokens ({max_tokens} for {env_id!r}: orchestrator.sampling.max_tokens or the "
-                "environment's sampling_defaults)"
+                f"orchestrator.c3po.token_budget ({o.c3po.token_budget}) is smaller than one "
+                f"rollout's max tokens ({max_tokens} for {env_id!r}: orchestrator.sampling."
+                "max_tokens or the environment's sampling_defaults)"
             )
         largest = max(largest, int(max_tokens))
     return largest

@@ -8,6 +8,7 @@ and releases it afterwards, so nothing a run wrote survives it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -49,18 +50,31 @@ def as_bytes(content: str | bytes) -> bytes:
     return content.encode() if isinstance(content, str) else content
 
 
+@dataclass(frozen=True)
+class Ending:
+    """How a launched program ended, as its backend reads it."""
+
+    exit_code: int | None  # the program's own (128 + N: killed by signal N); None: never started
+    setup_failed: bool = False  # the backend failed (not the program): a `sandbox_error`
+
+
+def process_ending(returncode: int, stderr: str) -> Ending:
+    """A program started as the process itself (`local`): killed by signal N is 128 + N."""
+    return Ending(128 - returncode if returncode < 0 else returncode)
+
+
 @dataclass
 class Launch:
-    """Everything `asyncio.create_subprocess_exec` needs for one sandboxed program."""
+    """Everything `asyncio.create_subprocess_exec` needs for one sandboxed program, and how its
+    backend reads the way it ended (`ending(returncode, stderr)`, once it has exited)."""
 
     argv: list[str]
     pass_fds: tuple[int, ...] = ()
     cwd: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     preexec_fn: Callable[[], None] | None = None
-    # Read end of bwrap's --json-status-fd pipe: tells "never started" from "program failed".
-    status_fd: int | None = None
     child_fds: list[int] = field(default_factory=list)
+    ending: Callable[[int, str], Ending] = process_ending
 
     def close_child_fds(self) -> None:
         """Close the descriptors only the child needs, once it has them."""
@@ -68,21 +82,6 @@ class Launch:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.child_fds.clear()
-
-    def bwrap_status(self) -> dict[str, int]:
-        """Merge bwrap's JSON status documents ({"child-pid": ..}, {"exit-code": ..})."""
-        if self.status_fd is None:
-            return {}
-        os.set_blocking(self.status_fd, False)
-        chunks = []
-        with contextlib.suppress(BlockingIOError, OSError):
-            while chunk := os.read(self.status_fd, 65536):
-                chunks.append(chunk)
-        status: dict[str, int] = {}
-        for line in b"".join(chunks).decode(errors="replace").splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                status.update(json.loads(line))  # one JSON document per line
-        return status
 
 
 @dataclass(frozen=True)
@@ -150,9 +149,10 @@ def prepare_bwrap(
     command = interpreter(language)
     program = f"/program/{PROGRAM_NAMES[language]}"
     launch = Launch(argv=[])
+    status_read: int | None = None
     try:
         status_read, status_write = os.pipe()
-        launch.status_fd = status_read
+        launch.ending = functools.partial(_bwrap_ending, status_read)
         launch.child_fds.append(status_write)
         program_fd = _memfd(program, code.encode())
         launch.child_fds.append(program_fd)
@@ -230,8 +230,31 @@ def prepare_bwrap(
         yield launch
     finally:
         launch.close_child_fds()
-        if launch.status_fd is not None:
-            os.close(launch.status_fd)
+        if status_read is not None:
+            os.close(status_read)
+
+
+def _bwrap_ending(status_fd: int, returncode: int, stderr: str) -> Ending:
+    """bwrap's JSON status documents ({"child-pid": ..}, {"exit-code": ..}, from
+    --json-status-fd) tell "never started" from "the program failed"; bwrap (mounts, exec) or
+    prlimit failing after the namespace existed is not the program either."""
+    os.set_blocking(status_fd, False)
+    chunks = []
+    with contextlib.suppress(BlockingIOError, OSError):
+        while chunk := os.read(status_fd, 65536):
+            chunks.append(chunk)
+    status: dict[str, int] = {}
+    for line in b"".join(chunks).decode(errors="replace").splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            status.update(json.loads(line))  # one JSON document per line
+    if "child-pid" not in status:
+        return Ending(None, setup_failed=True)
+    code = status.get("exit-code", returncode)
+    code = 128 - code if code < 0 else code
+    failed = (code == 1 and stderr.startswith("bwrap: ")) or (
+        code in (126, 127) and stderr.startswith("prlimit: ")
+    )
+    return Ending(code, setup_failed=failed)
 
 
 @contextlib.contextmanager

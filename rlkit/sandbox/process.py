@@ -75,13 +75,6 @@ def classify(exit_code: int, stderr: str) -> Status:
     return "runtime_error"
 
 
-def _setup_failed(exit_code: int, stderr: str) -> bool:
-    """bwrap (mounts, exec) or prlimit failed after the namespace existed: not the program."""
-    return (exit_code == 1 and stderr.startswith("bwrap: ")) or (
-        exit_code in (126, 127) and stderr.startswith("prlimit: ")
-    )
-
-
 async def spawn(launch: Launch, line_limit: int = 2**16) -> asyncio.subprocess.Process:
     """Start a launch with pipes on all three streams, in a new session (its own process group).
 
@@ -134,19 +127,15 @@ async def execute(launch: Launch, stdin: str, timeout: float, output_limit: int)
     duration = time.monotonic() - start
     stdout, stderr = out.text(), err.text()
 
-    status_doc = launch.bwrap_status()
-    exit_code: int | None = status_doc.get("exit-code", returncode)
-    if exit_code is not None and exit_code < 0:  # local backend: killed by signal -N
-        exit_code = 128 - exit_code
+    ending = launch.ending(returncode, stderr)
+    exit_code = ending.exit_code
     status: Status
     if timed_out:
         status, exit_code = "timeout", None
     elif out.overflowed or err.overflowed:
         status, exit_code = "output_limit", None
-    elif launch.status_fd is not None and "child-pid" not in status_doc:
-        status, exit_code = "sandbox_error", None  # bwrap failed before the program started
-    elif _setup_failed(exit_code, stderr):
-        status = "sandbox_error"
+    elif ending.setup_failed or exit_code is None:
+        status = "sandbox_error"  # the backend failed, not the program
     else:
         status = classify(exit_code, stderr)
     return SandboxResult(

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from rlkit.sandbox.launch import Launch
 from rlkit.sandbox.process import classify, kill_tree, spawn
 from rlkit.sandbox.result import Status
 from rlkit.sandbox.runner import active_backend, limits
@@ -59,6 +60,7 @@ class PythonSession:
         self.files = files or {}
         self._proc: asyncio.subprocess.Process | None = None
         self._stack: contextlib.ExitStack | None = None
+        self._launch: Launch | None = None  # how the backend reads the interpreter's end
         self._lock = asyncio.Lock()
 
     async def __aenter__(self) -> PythonSession:
@@ -79,6 +81,7 @@ class PythonSession:
             backend.prepare(REPL_SOURCE, "python", self.files, self.limits)
         )
         launch.argv.append(str(self.output_limit))
+        self._launch = launch
         try:
             # Replies carry up to output_limit characters, JSON-escaped (at most 6 bytes each).
             self._proc = await spawn(launch, line_limit=6 * self.output_limit + 4096)
@@ -140,11 +143,12 @@ class PythonSession:
         stderr = b""
         with contextlib.suppress(TimeoutError):
             stderr = await asyncio.wait_for(proc.stderr.read(65536), 1.0)
-        code = proc.returncode
+        code, text = proc.returncode, stderr.decode(errors="replace")
+        ending = None if code is None or self._launch is None else self._launch.ending(code, text)
         await self.close()
-        if code is None or (code == 1 and b"bwrap:" in stderr):
+        if ending is None or ending.setup_failed or ending.exit_code is None:
             return "sandbox_error"
-        return classify(128 - code if code < 0 else code, stderr.decode(errors="replace"))
+        return classify(ending.exit_code, text)
 
     async def close(self) -> None:
         """Kill the interpreter and everything it started; the next cell starts a new one."""
@@ -157,3 +161,4 @@ class PythonSession:
         if self._stack is not None:
             self._stack.close()
             self._stack = None
+        self._launch = None

@@ -108,17 +108,15 @@ class WeightsConfig(Config):
     )
 
 
-class TrainerConfig(Config):
-    """Everything the FSDP2 trainer process reads for RL (`python -m rlkit.trainer.main`); SFT
-    adds its `data` section (see SFTConfig), `rlkit train` its launch fields and the rest of
-    the job (`rlkit.launch.config.TrainerLaunchConfig`, `RLJobConfig`)."""
+class TrainerSettings(Config):
+    """How the trainer trains: the fields of `rlkit train`'s `[trainer]` section (which adds how
+    to launch it, `rlkit.launch.config.TrainerLaunchConfig`) and of the trainer process's own
+    config (`TrainerConfig`, which adds what `rlkit train` takes from the job's other sections)."""
 
-    run_dir: str = Field("runs/train", description="Directory for batches, weights, checkpoints.")
     seed: int = Field(0, description="Seed for torch, python and numpy RNGs.")
     deterministic: bool = Field(
         False, description="torch.use_deterministic_algorithms(True) for bitwise reproducibility."
     )
-    max_steps: int = Field(0, ge=0, description="Stop after this many steps (0 = no limit).")
     micro_batch_tokens: int = Field(
         4096, gt=0, description="Most tokens per packed micro-batch; lower it if memory runs out."
     )
@@ -161,24 +159,33 @@ class TrainerConfig(Config):
         description="Keep the activations saved for backward in (pinned) CPU memory instead of "
         "on the GPU; GPU only.",
     )
-    model: ModelConfig = Field(default_factory=ModelConfig, description="Model to train.")
     optim: OptimConfig = Field(
         default_factory=OptimConfig, description="Optimiser and LR schedule."
     )
-    loss: LossConfig = Field(default_factory=LossConfig, description="RL policy loss.")
-    ckpt: CkptConfig = Field(default_factory=CkptConfig, description="Checkpointing.")
     weights: WeightsConfig = Field(
         default_factory=WeightsConfig, description="Weight publication for inference servers."
     )
 
     @model_validator(mode="after")
-    def _offload_needs_gpu(self) -> TrainerConfig:
+    def _offload_needs_gpu(self) -> TrainerSettings:
         if self.offload_activations and not torch.cuda.is_available():
             raise ValueError(
                 "offload_activations = true moves activations from GPU to CPU memory, but no "
                 "GPU is visible here; set it to false on CPU"
             )
         return self
+
+
+class TrainerConfig(TrainerSettings):
+    """Everything the FSDP2 trainer process reads for RL (`python -m rlkit.trainer.main`); SFT
+    adds its `data` section (see SFTConfig). Under `rlkit train` the fields below come from the
+    job's own sections (`RLJobConfig.trainer_config`)."""
+
+    run_dir: str = Field("runs/train", description="Directory for batches, weights, checkpoints.")
+    max_steps: int = Field(0, ge=0, description="Stop after this many steps (0 = no limit).")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Model to train.")
+    loss: LossConfig = Field(default_factory=LossConfig, description="RL policy loss.")
+    ckpt: CkptConfig = Field(default_factory=CkptConfig, description="Checkpointing.")
 
 
 class SFTDataConfig(Config):

@@ -1,4 +1,4 @@
-"""The policy-loss family: one registered function per loss, one entry point `policy_loss`.
+"""The policy-loss family: one registered function per loss, one entry `compute_policy_loss`.
 
 Three policies are kept apart (decoupled PPO, as in AReaL and prime-rl): pi_inf, the engine
 that sampled the tokens (`inference_logprobs`); pi_old, the trainer's policy at the start of the
@@ -342,15 +342,6 @@ def loss_correction(entry: Entry, configured: str) -> str:
     return entry.options.get("correction", configured)
 
 
-def resolve_loss(name: str, params: dict[str, Any]) -> tuple[Entry, LossParams]:
-    """The registered loss and its validated parameters; ValueError names the loss or param.
-
-    Public so a config can be checked before the first step.
-    """
-    entry = LOSSES.get(name)
-    return entry, entry.validate(params)  # type: ignore[return-value]
-
-
 def _check_shapes(tensors: dict[str, Tensor | None], advantages: Tensor) -> None:
     """All [B, T] inputs share one shape; advantages are [B] or [B, T]."""
     shape = tensors["logprobs"].shape  # type: ignore[union-attr]
@@ -366,48 +357,6 @@ def _check_shapes(tensors: dict[str, Tensor | None], advantages: Tensor) -> None
             f"advantages must be [B] = [{shape[0]}] or [B, T] = {list(shape)}, "
             f"got {tuple(advantages.shape)}"
         )
-
-
-def policy_loss(
-    name: str,
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    inference_logprobs: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    *,
-    correction: str = "icepop",
-    normalizer: float | None = None,
-    segment_ids: Tensor | None = None,
-    entropy: Tensor | None = None,
-    ref_logprobs: Tensor | None = None,
-    **params: Any,
-) -> tuple[Tensor, dict[str, float]]:
-    """Scalar loss to minimise and float metrics of loss `name`; see the module docstring.
-
-    Shapes: logprobs (pi_theta) / old_logprobs (pi_old) / inference_logprobs (pi_inf) /
-    loss_mask [B, T], advantages [B] or [B, T]. `correction` ("icepop" | "tis" | "none") applies
-    to losses without a fixed one. normalizer: whole-batch count for exact micro-batch/rank
-    accumulation; segment_ids ([B, T] ints): sequence id per token when several sequences are
-    packed into one row (default one sequence per row); entropy ([B, T], reported);
-    ref_logprobs with params kl_coef > 0: k3 KL to a reference. `params` are the loss's own
-    (see its parameter model); an unknown name or bad param raises ValueError.
-    """
-    entry, p = resolve_loss(name, params)
-    return compute_policy_loss(
-        entry,
-        p,
-        loss_correction(entry, correction),
-        logprobs,
-        old_logprobs,
-        inference_logprobs,
-        advantages,
-        loss_mask,
-        normalizer=normalizer,
-        segment_ids=segment_ids,
-        entropy=entropy,
-        ref_logprobs=ref_logprobs,
-    )
 
 
 def compute_policy_loss(
@@ -426,8 +375,16 @@ def compute_policy_loss(
     ref_logprobs: Tensor | None = None,
     trainer_logprobs: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """`policy_loss` for an already resolved loss (the trainer resolves once per run).
+    """Scalar loss to minimise and float metrics of the resolved loss `entry` with its validated
+    params `p` (`[loss]` resolves them once: `rlkit.trainer.rl_loss.ResolvedLoss`, which calls
+    this); see the module docstring.
 
+    Shapes: logprobs (pi_theta) / old_logprobs (pi_old) / inference_logprobs (pi_inf) /
+    loss_mask [B, T], advantages [B] or [B, T]. `correction` ("icepop" | "tis" | "none"):
+    `loss_correction(entry, configured)`. normalizer: whole-batch count for exact
+    micro-batch/rank accumulation; segment_ids ([B, T] ints): sequence id per token when several
+    sequences are packed into one row (default one sequence per row); entropy ([B, T],
+    reported); ref_logprobs with params kl_coef > 0: k3 KL to a reference.
     `trainer_logprobs` (default `old_logprobs`) is what the mismatch metrics compare with the
     engine: the trainer's policy, also when the loss takes pi_inf as its old policy.
     """

@@ -24,7 +24,7 @@ from rlkit.protocol.batch import MalformedBatchError
 
 
 @dataclass(frozen=True)
-class Launch:
+class TrainerRanks:
     """Where the trainer's ranks run: `nproc` per node on `nnodes` nodes.
 
     Several nodes meet through torchrun's c10d rendezvous at `rdzv_endpoint` (HOST:PORT);
@@ -63,25 +63,25 @@ class Launch:
 
 def trainer_command(
     config_path: str | Path,
-    launch: Launch | int,
+    ranks: TrainerRanks | int,
     *,
     mode: str = "rl",
     resume: bool | str | None = None,
 ) -> list[str]:
-    """The trainer's command line: one process, or torchrun (`launch`, or a rank count on this
+    """The trainer's command line: one process, or torchrun (`ranks`, or a rank count on this
     machine, where `--standalone` keeps two runs on one machine from colliding).
     `config_path` is the resolved config: overrides are not passed on, since torchrun would
     read `--nproc...` among them as its own options. `resume`: True or "latest" for the run's
     latest checkpoint, or a checkpoint directory."""
-    launch = Launch(nproc=launch) if isinstance(launch, int) else launch
+    ranks = TrainerRanks(nproc=ranks) if isinstance(ranks, int) else ranks
     args = ["-m", "rlkit.trainer.main", "--config", str(config_path), "--mode", mode]
     if resume is True or resume == "latest":
         args.append("--resume")
     elif resume:
         args.append(f"--resume={resume}")
-    if launch.nproc == 1 and launch.nnodes == 1:
+    if ranks.nproc == 1 and ranks.nnodes == 1:
         return [sys.executable, *args]
-    return [sys.executable, *launch.torchrun_args(), *args]
+    return [sys.executable, *ranks.torchrun_args(), *args]
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -63,7 +63,7 @@ def rank_main(model_dir: str, out: str, steps: int) -> None:
 
 def main() -> None:
     from rlkit.models import init_tiny
-    from rlkit.trainer.main import Launch
+    from rlkit.trainer.main import TrainerRanks
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5, help="timed steps per optimiser")
@@ -74,7 +74,7 @@ def main() -> None:
         model_dir = init_tiny(Path(tmp) / "small", size="small", seed=0)
         for ranks in (1, 2):
             out = Path(tmp) / f"ranks{ranks}.json"
-            cmd = [sys.executable, *Launch(nproc=ranks).torchrun_args(), __file__]
+            cmd = [sys.executable, *TrainerRanks(nproc=ranks).torchrun_args(), __file__]
             subprocess.run([*cmd, str(model_dir), str(out), str(args.steps)], env=env, check=True)
             times = json.loads(out.read_text())
             for name in OPTIMIZERS:

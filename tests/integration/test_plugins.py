@@ -72,6 +72,18 @@ def test_unknown_plugins_are_usage_errors_naming_the_field(
     assert code == 2 and field in output, output
 
 
+@pytest.mark.usefixtures("plugins_importable")
+def test_a_plugin_scheduler_gets_its_own_parameter_table(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    plugin = "--orchestrator.scheduler=my_plugins:OneGroupScheduler"
+    args = ["train", str(DEMO_CONFIG), "--dry-run", plugin]
+    code, output = run_cli(monkeypatch, capsys, *args, "--orchestrator.scheduler_params.record=b")
+    assert code == 0 and 'record = "b"' in output, output
+    code, output = run_cli(monkeypatch, capsys, *args, "--orchestrator.scheduler_params.nope=1")
+    assert code == 2 and "orchestrator.scheduler_params.nope" in output, output
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("plugins_importable")
 def test_rlkit_train_steps_with_a_scheduler_from_a_user_module(

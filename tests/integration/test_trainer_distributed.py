@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from rlkit.inference.lifecycle import free_port
-from rlkit.trainer.main import Launch
+from rlkit.trainer.main import TrainerRanks
 
 
 def synthetic_batch(vocab: int, seed: int = 0) -> list:
@@ -134,7 +134,7 @@ def test_two_ranks_match_one_process(
     model_dir = tiny_moe_model_dir if arch == "moe" else tiny_model_dir
     args = ["full", "8"] if arch == "lora" else []
     double = tmp_path / "two.pt"
-    torchrun = [sys.executable, *Launch(nproc=2).torchrun_args()]
+    torchrun = [sys.executable, *TrainerRanks(nproc=2).torchrun_args()]
     _run([*torchrun, __file__, str(double), str(model_dir), *args])
     two = torch.load(double)
     assert two["mesh"] == ((2,), None)
@@ -152,7 +152,9 @@ def test_two_nodes_hybrid_sharding_match_one_process(
     endpoint = f"127.0.0.1:{free_port()}"
     procs = []
     for node in (1, 0):  # the non-host node first: it waits for node 0's store
-        launch = Launch(nproc=1, nnodes=2, node_rank=node, rdzv_endpoint=endpoint, rdzv_id="hsdp")
+        launch = TrainerRanks(
+            nproc=1, nnodes=2, node_rank=node, rdzv_endpoint=endpoint, rdzv_id="hsdp"
+        )
         cmd = [sys.executable, *launch.torchrun_args(), __file__, str(out), str(tiny_model_dir)]
         procs.append(
             subprocess.Popen(

@@ -80,8 +80,8 @@ args = {{ num_examples = 16 }}
 scheduler = "c3po"
 max_steps = 2
 group_size = 4
-capacity = 16
-token_budget = 256
+c3po.capacity = 16
+c3po.token_budget = 256
 drop_zero_advantage = false
 sampling = {{ temperature = 1.0, max_tokens = 16 }}
 

@@ -3,6 +3,7 @@ rollout (tools really run), scored by its rubric; the CLI's exit codes; the chec
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -159,3 +160,28 @@ def test_push_checks_first(tmp_path: Path) -> None:
     published = subprocess.run([*push, "--skip-check"], capture_output=True, text=True, env=env)
     assert published.returncode == 0, published.stdout + published.stderr
     assert "published" in published.stdout
+
+
+def test_run_group_keeps_a_raising_rollout_and_a_failing_scorer_as_errors() -> None:
+    """`run_group` is the one group path (eval and training): an environment bug never raises."""
+
+    class Flaky(SingleTurnEnv):
+        async def rollout(self, row, client, model, sampling):  # type: ignore[no-untyped-def]
+            if row["answer"] == "42":
+                raise RuntimeError("env bug")
+            return await super().rollout(row, client, model, sampling)
+
+    class BrokenScorer(SingleTurnEnv):
+        async def score_group(self, rollouts):  # type: ignore[no-untyped-def]
+            raise ValueError("bad group")
+
+    env = Flaky(dataset=ROWS, rubric=Rubric([lambda completion: 1.0]))
+    client = ScriptedClient([{"role": "assistant", "content": "17"}], repeat=True)
+    rows = list(env.get_dataset())
+    ok, failed = (asyncio.run(env.run_group(row, client, "m", {}, 2)) for row in rows)
+    assert [r.error for r in ok] == [None, None] and all(r.reward == 1.0 for r in ok)
+    assert [r.error for r in failed] == ["rollout failed: RuntimeError: env bug"] * 2
+
+    broken = BrokenScorer(dataset=ROWS, rubric=Rubric([lambda completion: 1.0]))
+    scored = asyncio.run(broken.run_group(rows[0], client, "m", {}, 2))
+    assert [r.error for r in scored] == ["scoring failed: ValueError: bad group"] * 2

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import pytest
 
 from rlkit.envs import Environment, list_environments, load_environment
+from rlkit.envs.loader import load_resolved
+from rlkit.envs.resolve import resolve_env_id
 from rlkit.errors import UsageError
 from rlkit.hub.names import EnvRef, parse_env_id
 from rlkit.inference import InferenceClient
@@ -134,7 +137,7 @@ def test_hub_ids_are_installed_then_imported(
         (site / "hubbed.py").write_text(CUSTOM_ENV)  # what `pip install` would have done
         sys.path.insert(0, str(site))
 
-    monkeypatch.setattr("rlkit.envs.loader.ensure_installed", ensure_installed)
+    monkeypatch.setattr("rlkit.envs.resolve.ensure_installed", ensure_installed)
     env = load_environment("alice/hubbed@1.0")
     assert calls == ["alice/hubbed@1.0"] and env.env_id == "hubbed"
     with pytest.raises(UsageError, match="unknown environment 'nohub'"):
@@ -145,3 +148,32 @@ def test_hub_ids_are_installed_then_imported(
 def test_installed_environments_are_listed() -> None:
     names = list_environments()
     assert "reverse-text" in names and "math" in names
+
+
+def test_an_id_resolves_once_into_one_record_without_touching_sys_path(env_path: Path) -> None:
+    """The record names source, module, version, folder and the package's eval defaults;
+    resolving imports nothing from a local folder, so eval's defaults cannot lean on the loader."""
+    _write_env(env_path, "shout-words", "shout_words", CUSTOM_ENV)
+    pyproject = env_path / "shout-words" / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + "\n[tool.rlkit.eval]\nnum_examples = 2\n")
+    before = list(sys.path)
+    resolved = resolve_env_id("shout-words")
+    assert sys.path == before and "shout_words" not in sys.modules
+    assert (resolved.source, resolved.module, resolved.version) == ("local", "shout_words", "0.1.0")
+    assert resolved.project == env_path / "shout-words"
+    assert dict(resolved.eval_defaults) == {"num_examples": 2}
+    with pytest.raises(FrozenInstanceError):
+        resolved.source = "installed"  # type: ignore[misc]
+
+    # a folder is an id too: the same package, found from its path
+    by_folder = resolve_env_id(str(env_path / "shout-words"))
+    assert (by_folder.source, by_folder.name, by_folder.module) == (
+        "local",
+        "shout-words",
+        "shout_words",
+    )
+    assert load_resolved(by_folder, num_examples=1).env_id == "shout-words"
+
+    installed = resolve_env_id("reverse-text")
+    assert installed.source == "installed" and installed.module == "reverse_text"
+    assert installed.version and installed.bridge is None

@@ -1,4 +1,4 @@
-"""policy_loss against hand-computed values and gradients (numbers derived in the comments).
+"""Each loss against hand-computed values and gradients (numbers derived in the comments).
 
 Inputs are built from the quantities the formulas use: r = exp(logprobs - old) is the policy
 ratio and k = exp(old - inference) the trainer/engine mismatch, so `old = 0` and
@@ -13,12 +13,9 @@ import pytest
 import torch
 
 from rlkit.trainer import loss as losses
-from rlkit.trainer.loss import (
-    policy_loss,
-    reference_kl_loss,
-    resolve_loss,
-    sft_on_correct_loss,
-)
+from rlkit.trainer.config import LossConfig
+from rlkit.trainer.loss import reference_kl_loss, sft_on_correct_loss
+from tests.helpers.losses import named_loss
 
 
 def _inputs(ratios: list[list[float]], ks: list[list[float]]) -> tuple[torch.Tensor, ...]:
@@ -57,7 +54,7 @@ def test_icepop_masks_tokens_that_stay_in_the_denominator() -> None:
     logprobs, old, inference = _inputs(ICEPOP_R, ICEPOP_K)
     inference[0, 3] = float("nan")  # padding garbage must not leak into loss or gradient
     mask = torch.tensor([[1, 1, 1, 0]])
-    loss, metrics = policy_loss("icepop", logprobs, old, inference, torch.tensor([1.0]), mask)
+    loss, metrics = named_loss("icepop", logprobs, old, inference, torch.tensor([1.0]), mask)
     _close(loss.item(), -4.3 / 3)
     _close(_grad(loss, logprobs), [[-1.1 / 3, 0.0, 0.0, 0.0]])
     _close(metrics["icepop_masked_low_frac"], 1 / 3)
@@ -77,7 +74,7 @@ def test_icepop_masks_tokens_that_stay_in_the_denominator() -> None:
 def test_icepop_masks_above_beta() -> None:
     # k = 6 > beta = 5: the token is dropped (high), the other (k=1, r=1, A=1) gives J=1.
     logprobs, old, inference = _inputs([[1.0, 1.0]], [[6.0, 1.0]])
-    loss, metrics = policy_loss(
+    loss, metrics = named_loss(
         "icepop", logprobs, old, inference, torch.tensor([1.0]), torch.ones(1, 2)
     )
     _close(loss.item(), -0.5)
@@ -98,13 +95,13 @@ def _two_sequences() -> tuple[torch.Tensor, ...]:
 def test_token_mean_and_seq_mean_token_mean() -> None:
     logprobs, old, inference, adv, mask = _two_sequences()
     # token-mean: (1.1 + 3.2 + 0 - 0.5 - 0.5) / 5 = 0.66
-    loss, _ = policy_loss("icepop", logprobs, old, inference, adv, mask)
+    loss, _ = named_loss("icepop", logprobs, old, inference, adv, mask)
     _close(loss.item(), -0.66)
     _close(_grad(loss, logprobs), [[-1.1 / 5, 0, 0, 0], [0.1, 0.1, 0, 0]])
     # seq-mean-token-mean: (4.3/3 + (-1.0)/2) / 2 = 0.466667;
     # grads: row 0 t0 -1.1/3/2, row 1 +0.5/2/2 = 0.125.
     logprobs.grad = None
-    loss, _ = policy_loss("icepop", logprobs, old, inference, adv, mask, agg="seq-mean-token-mean")
+    loss, _ = named_loss("icepop", logprobs, old, inference, adv, mask, agg="seq-mean-token-mean")
     _close(loss.item(), -(4.3 / 3 - 0.5) / 2)
     _close(_grad(loss, logprobs), [[-1.1 / 6, 0, 0, 0], [0.125, 0.125, 0, 0]])
 
@@ -112,12 +109,12 @@ def test_token_mean_and_seq_mean_token_mean() -> None:
 def test_sequence_rejection_zeroes_whole_sequence_but_keeps_denominator() -> None:
     logprobs, old, inference, adv, mask = _two_sequences()
     # Row 0 has k=0.25 < 0.3 -> rejected: J = (0 + 0 + 0 - 0.5 - 0.5) / 5 = -0.2.
-    loss, metrics = policy_loss("icepop", logprobs, old, inference, adv, mask, seq_reject_below=0.3)
+    loss, metrics = named_loss("icepop", logprobs, old, inference, adv, mask, seq_reject_below=0.3)
     _close(loss.item(), 0.2)
     _close(_grad(loss, logprobs), [[0, 0, 0, 0], [0.1, 0.1, 0, 0]])
     assert metrics["seq_rejected"] == 1.0
     # A threshold below every k rejects nothing.
-    _, metrics = policy_loss("icepop", logprobs, old, inference, adv, mask, seq_reject_below=0.1)
+    _, metrics = named_loss("icepop", logprobs, old, inference, adv, mask, seq_reject_below=0.1)
     assert metrics["seq_rejected"] == 0.0
 
 
@@ -133,7 +130,7 @@ GRPO_A = torch.tensor([[-1.0, 2.0, -1.0]])
 
 def test_grpo_clip_higher() -> None:
     logprobs, old, inference = _inputs(GRPO_R, [[1.0, 1.0, 1.0]])
-    loss, metrics = policy_loss("grpo", logprobs, old, inference, GRPO_A, torch.ones(1, 3))
+    loss, metrics = named_loss("grpo", logprobs, old, inference, GRPO_A, torch.ones(1, 3))
     _close(loss.item(), 2.6 / 3)
     _close(_grad(loss, logprobs), [[0.0, -2.2 / 3, 4 / 3]])
     _close(metrics["clip_frac_low"], 1 / 3)
@@ -143,7 +140,7 @@ def test_grpo_clip_higher() -> None:
 
 def test_grpo_dual_clip() -> None:
     logprobs, old, inference = _inputs(GRPO_R, [[1.0, 1.0, 1.0]])
-    loss, metrics = policy_loss(
+    loss, metrics = named_loss(
         "grpo", logprobs, old, inference, GRPO_A, torch.ones(1, 3), clip_c=3.0
     )
     _close(loss.item(), 1.6 / 3)
@@ -157,7 +154,7 @@ def test_tis_truncates_weight_without_gradient() -> None:
     #   t1: w = 0.5,           PPO = 1.1 -> J = 0.55, grad 0.55
     # J = 2.55 / 2; grad = -[2, 0.55] / 2.
     logprobs, old, inference = _inputs([[1.0, 1.1]], [[3.0, 0.5]])
-    loss, metrics = policy_loss(
+    loss, metrics = named_loss(
         "tis", logprobs, old, inference, torch.tensor([1.0]), torch.ones(1, 2)
     )
     _close(loss.item(), -1.275)
@@ -172,7 +169,7 @@ def test_cispo_clipped_weight_times_logprob() -> None:
     ratios = torch.tensor([[0.5, 1.0, 2.0]])
     logprobs = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     old = logprobs.detach() - ratios.log()
-    loss, metrics = policy_loss(
+    loss, metrics = named_loss(
         "cispo", logprobs, old, old.clone(), torch.tensor([1.0]), torch.ones(1, 3)
     )
     _close(loss.item(), 3.14 / 3)
@@ -190,7 +187,7 @@ def test_gspo_sequence_ratio() -> None:
         [[math.exp(0.1), math.exp(0.3), 1.0], [1.0, 1.0, 1.0]], [[1.0] * 3] * 2
     )
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    loss, metrics = policy_loss("gspo", logprobs, old, inference, torch.tensor([1.0, -1.0]), mask)
+    loss, metrics = named_loss("gspo", logprobs, old, inference, torch.tensor([1.0, -1.0]), mask)
     _close(loss.item(), -0.0002, tol=1e-6)
     _close(_grad(loss, logprobs), [[0.0, 0.0, 0.0], [1 / 6, 1 / 6, 1 / 6]])
     _close(metrics["clip_frac_high"], 2 / 5)
@@ -202,7 +199,7 @@ def test_gspo_matches_sequence_level_formula() -> None:
     logprobs = (old + torch.randn(3, 5, generator=gen) * 2e-4).requires_grad_()
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 1, 1, 1, 0]])
     adv = torch.tensor([0.7, -1.2, 0.4])
-    loss, _ = policy_loss("gspo", logprobs, old, old, adv, mask)
+    loss, _ = named_loss("gspo", logprobs, old, old, adv, mask)
     grad = torch.autograd.grad(loss, logprobs)[0]
     lengths = mask.sum(1)
     s = torch.exp(((logprobs - old) * mask).sum(1) / lengths)
@@ -225,7 +222,7 @@ def test_gppo_passes_gradient_through_clipped_tokens_where_ppo_passes_zero() -> 
     grads = {}
     for name in ("gppo", "grpo"):
         logprobs, old, inference = _inputs(GPPO_R, [[1.0] * 3])
-        loss, _ = policy_loss(name, logprobs, old, inference, GPPO_A, torch.ones(1, 3))
+        loss, _ = named_loss(name, logprobs, old, inference, GPPO_A, torch.ones(1, 3))
         _close(loss.item(), -1.58 / 3)
         grads[name] = _grad(loss, logprobs)
     _close(grads["gppo"], [[-1.28 / 3, 0.8 / 3, -1.1 / 3]])
@@ -236,7 +233,7 @@ def test_single_step_form_ratio_is_one() -> None:
     # old = logprobs.detach(): r = 1 in value, gradient A * M(k) (INTELLECT-3's form).
     logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     inference = logprobs.detach() - torch.tensor([[math.log(2.0), math.log(0.1)]])
-    loss, metrics = policy_loss(
+    loss, metrics = named_loss(
         "icepop", logprobs, logprobs.detach(), inference, torch.tensor([2.0]), torch.ones(1, 2)
     )
     # k = [2, 0.1]: J = (2 * 1 * 2 + 0) / 2 = 2; grad = -[2*2, 0] / 2.
@@ -261,7 +258,7 @@ def test_sft_on_correct_and_reference_kl_terms() -> None:
     _close(_grad(kl, lp), [[(1 - math.exp(-0.5)) / 2, (1 - math.e) / 2]])
     # Inside policy_loss: loss = policy part + 0.1 * sft + kl_coef * kl.
     logprobs.grad = None
-    loss, metrics = policy_loss(
+    loss, metrics = named_loss(
         "grpo",
         logprobs,
         logprobs.detach(),
@@ -299,13 +296,13 @@ def test_micro_batches_with_normalizer_sum_to_full_batch(name: str, agg: str) ->
     logprobs, old, inference, adv, mask = _random_batch(1)
     extra = {"agg": agg, "seq_reject_below": 0.5, "sft_on_correct": True}
     full_lp = logprobs.clone().requires_grad_()
-    full, _ = policy_loss(name, full_lp, old, inference, adv, mask, **extra)
+    full, _ = named_loss(name, full_lp, old, inference, adv, mask, **extra)
     full.backward()
     normalizer = float(mask.sum()) if agg == "token-mean" else float(mask.shape[0])
     split_lp = logprobs.clone().requires_grad_()
     total = torch.zeros(())
     for rows in (slice(0, 2), slice(2, 6)):
-        part, _ = policy_loss(
+        part, _ = named_loss(
             name,
             split_lp[rows],
             old[rows],
@@ -326,14 +323,14 @@ def test_packed_rows_with_segment_ids_equal_unpacked(name: str) -> None:
     logprobs, old, inference, adv, mask = _random_batch(2)
     extra = {"agg": "seq-mean-token-mean", "seq_reject_below": 0.5}
     lp = logprobs.clone().requires_grad_()
-    unpacked, m_unpacked = policy_loss(name, lp, old, inference, adv, mask, **extra)
+    unpacked, m_unpacked = named_loss(name, lp, old, inference, adv, mask, **extra)
     (grad_unpacked,) = torch.autograd.grad(unpacked, lp)
     # Pack rows (0,1), (2,3), (4,5) into 3 rows of 14 tokens with per-token advantages.
     pack = lambda t: t.reshape(3, 14)  # noqa: E731
     segments = torch.arange(6)[:, None].expand(6, 7)
     adv_tokens = adv[:, None].expand(6, 7)
     lp2 = logprobs.clone().requires_grad_()
-    packed, m_packed = policy_loss(
+    packed, m_packed = named_loss(
         name,
         pack(lp2),
         pack(old),
@@ -353,10 +350,10 @@ def test_packed_rows_with_segment_ids_equal_unpacked(name: str) -> None:
 def test_entropy_metric_and_empty_mask() -> None:
     logprobs, old, inference, adv, mask = _random_batch(3)
     entropy = torch.full_like(logprobs, 2.5)
-    _, metrics = policy_loss("icepop", logprobs, old, inference, adv, mask, entropy=entropy)
+    _, metrics = named_loss("icepop", logprobs, old, inference, adv, mask, entropy=entropy)
     _close(metrics["entropy"], 2.5)
     lp = logprobs.clone().requires_grad_()
-    loss, metrics = policy_loss("icepop", lp, old, inference, adv, torch.zeros_like(mask))
+    loss, metrics = named_loss("icepop", lp, old, inference, adv, torch.zeros_like(mask))
     assert loss.item() == 0.0 and metrics["num_tokens"] == 0.0
     loss.backward()
     assert lp.grad is not None and not lp.grad.any()
@@ -365,32 +362,32 @@ def test_entropy_metric_and_empty_mask() -> None:
 def test_bad_input_raises_clear_errors() -> None:
     logprobs, old, inference, adv, mask = _random_batch(4)
     with pytest.raises(ValueError, match="unknown loss 'ppo'"):
-        policy_loss("ppo", logprobs, old, inference, adv, mask)
+        named_loss("ppo", logprobs, old, inference, adv, mask)
     with pytest.raises(ValueError, match=r"params\.clip_c: Extra inputs .* \('icepop'\)"):
-        policy_loss("icepop", logprobs, old, inference, adv, mask, clip_c=2.0)
+        named_loss("icepop", logprobs, old, inference, adv, mask, clip_c=2.0)
     with pytest.raises(ValueError, match="params.agg: Input should be"):
-        policy_loss("grpo", logprobs, old, inference, adv, mask, agg="mean")
+        named_loss("grpo", logprobs, old, inference, adv, mask, agg="mean")
     with pytest.raises(ValueError, match="inference_logprobs must have the shape"):
-        policy_loss("grpo", logprobs, old, inference[:, :3], adv, mask)
+        named_loss("grpo", logprobs, old, inference[:, :3], adv, mask)
     with pytest.raises(ValueError, match="advantages must be"):
-        policy_loss("grpo", logprobs, old, inference, adv[:2], mask)
+        named_loss("grpo", logprobs, old, inference, adv[:2], mask)
     with pytest.raises(ValueError, match=r"logprobs must be \[B, T\]"):
-        policy_loss("grpo", logprobs[0], old[0], inference[0], adv, mask[0])
+        named_loss("grpo", logprobs[0], old[0], inference[0], adv, mask[0])
     with pytest.raises(ValueError, match="clip_c"):
-        policy_loss("grpo", logprobs, old, inference, adv, mask, clip_c=0.5)
+        named_loss("grpo", logprobs, old, inference, adv, mask, clip_c=0.5)
     with pytest.raises(ValueError, match="alpha"):
-        policy_loss("icepop", logprobs, old, inference, adv, mask, alpha=2.0)
+        named_loss("icepop", logprobs, old, inference, adv, mask, alpha=2.0)
     with pytest.raises(ValueError, match="ref_logprobs"):
-        policy_loss("icepop", logprobs, old, inference, adv, mask, kl_coef=0.1)
+        named_loss("icepop", logprobs, old, inference, adv, mask, kl_coef=0.1)
     with pytest.raises(ValueError, match="normalizer"):
-        policy_loss("icepop", logprobs, old, inference, adv, mask, normalizer=0)
+        named_loss("icepop", logprobs, old, inference, adv, mask, normalizer=0)
 
 
-def test_resolve_loss_gives_typed_defaults_for_config_checks() -> None:
-    entry, gspo = resolve_loss("gspo", {})
-    assert entry.fn is losses.gspo and isinstance(gspo, losses.GSPOParams)
-    assert gspo.agg == "seq-mean-token-mean" and gspo.eps_high == 4e-4
-    _, icepop = resolve_loss("icepop", {"beta": 3.0})
+def test_loss_config_resolves_typed_defaults_for_config_checks() -> None:
+    gspo = LossConfig(name="gspo").resolved
+    assert gspo.entry.fn is losses.gspo and isinstance(gspo.params, losses.GSPOParams)
+    assert gspo.params.agg == "seq-mean-token-mean" and gspo.params.eps_high == 4e-4
+    icepop = LossConfig(name="icepop", params={"beta": 3.0}).resolved.params
     assert (icepop.alpha, icepop.beta, icepop.agg) == (0.5, 3.0, "token-mean")
     with pytest.raises(ValueError, match="params.eps_high"):
-        resolve_loss("grpo", {"eps_high": -1.0})
+        LossConfig(name="grpo", params={"eps_high": -1.0})

@@ -28,7 +28,7 @@ path = "/tmp/model"
 [[env]]
 id = "reverse-text"
 [orchestrator]
-token_budget = 512
+c3po.token_budget = 512
 sampling = { max_tokens = 64 }
 """
 
@@ -50,9 +50,24 @@ def test_config_defaults_and_overrides(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("override", "field"),
     [
-        ("orchestrator.token_budget=-5", "orchestrator.token_budget"),
-        ("orchestrator.token_budget=10", "orchestrator.token_budget"),
-        ("orchestrator.capacity=2", "orchestrator.capacity"),
+        ("orchestrator.c3po.token_budget=-5", "orchestrator.c3po.token_budget"),
+        ("orchestrator.c3po.token_budget=10", "orchestrator.c3po.token_budget"),
+        ("orchestrator.c3po.capacity=2", "orchestrator.c3po.capacity"),
+        ("orchestrator.c3po.batch_groups=2", "orchestrator.c3po.batch_groups: Extra inputs"),
+        (
+            "orchestrator.capacity=16",
+            r"orchestrator\.capacity moved to \[orchestrator\.c3po\] "
+            r"\(orchestrator\.c3po\.capacity\)",
+        ),
+        (
+            "orchestrator.batch_groups=2",
+            r"orchestrator\.batch_groups moved to \[orchestrator\.sync\]",
+        ),
+        (
+            "orchestrator.scheduler_params.batch_groups=2",
+            r"orchestrator\.scheduler_params: the c3po scheduler's parameters go in "
+            r"\[orchestrator\.c3po\]",
+        ),
         ("orchestrator.schedular=sync", "orchestrator.schedular"),
         ("orchestrator.scheduler=fast", "orchestrator.scheduler"),
         ("trainer.run_dir=/x", "trainer.run_dir"),
@@ -71,7 +86,8 @@ def test_config_defaults_and_overrides(tmp_path: Path) -> None:
     ],
 )
 def test_bad_config_names_the_field(tmp_path: Path, override: str, field: str) -> None:
-    pattern = field if ".*" in field else field.replace(".", r"\.").replace("+", r"\+")
+    literal = ".*" not in field and "\\" not in field
+    pattern = field.replace(".", r"\.").replace("+", r"\+") if literal else field
     with pytest.raises(UsageError, match=pattern):
         config(tmp_path, overrides=[f"--{override}"])
 
@@ -88,9 +104,12 @@ def test_cli_bad_config_exits_2_and_starts_nothing(tmp_path: Path) -> None:
     assert "env.0.id" in proc.stderr
     assert not run_dir.exists()
     proc = subprocess.run(
-        [*cli, "--orchestrator.token_budget", "-1"], capture_output=True, text=True, timeout=120
+        [*cli, "--orchestrator.c3po.token_budget", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    assert proc.returncode == 2 and "orchestrator.token_budget" in proc.stderr
+    assert proc.returncode == 2 and "orchestrator.c3po.token_budget" in proc.stderr
     assert not run_dir.exists()
     proc = subprocess.run(
         [*cli, "--loss.params.beta", "0.5"], capture_output=True, text=True, timeout=120

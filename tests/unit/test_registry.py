@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rlkit.orchestrator.advantages import ADVANTAGES, group_advantages
-from rlkit.trainer.loss import LOSSES, LossParams, policy_loss
+from rlkit.trainer.loss import LOSSES, LossParams
+from tests.helpers.losses import named_loss
 
 USER_MODULE = """
 import torch
@@ -48,7 +49,7 @@ def test_user_loss_by_module_path_with_its_own_params(user_module: str) -> None:
     with pytest.raises(ValueError, match=r"params\.factor: Input should be greater than 0"):
         entry.validate({"factor": -1})
     logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
-    loss, _ = policy_loss(
+    loss, _ = named_loss(
         f"{user_module}:half_reinforce",
         logprobs,
         logprobs.detach(),

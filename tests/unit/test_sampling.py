@@ -37,7 +37,7 @@ def train_config(tmp_path: Path, sampling: str, overrides: list[str] | None = No
     path = tmp_path / "train.toml"
     path.write_text(
         f'[model]\npath = "/tmp/m"\n[[env]]\nid = "reverse-text"\n'
-        f"[orchestrator]\ntoken_budget = 4096\nsampling = {{ {sampling} }}\n"
+        f"[orchestrator]\nc3po.token_budget = 4096\nsampling = {{ {sampling} }}\n"
     )
     return load_config(RLJobConfig, path, overrides)
 

@@ -38,7 +38,7 @@ def test_multi_node_trainer_command() -> None:
         )
         for rank in (0, 1)
     ]
-    commands = [trainer_command("t.toml", launcher.trainer_launch(c), resume=True) for c in cfgs]
+    commands = [trainer_command("t.toml", launcher.trainer_ranks(c), resume=True) for c in cfgs]
     head = commands[0][: commands[0].index("rlkit.trainer.main") - 1]
     assert head[1:] == [
         "-m",
@@ -65,7 +65,7 @@ def test_multi_node_trainer_command() -> None:
     trainer_cfg = cfgs[0].trainer_config().model_dump()
     assert trainer_cfg["sharding"] == "hybrid"
     assert not {"nnodes", "node_rank", "rdzv_endpoint", "nproc_per_node"} & trainer_cfg.keys()
-    one = trainer_command("t.toml", launcher.trainer_launch(demo_config()), resume=False)
+    one = trainer_command("t.toml", launcher.trainer_ranks(demo_config()), resume=False)
     assert one[1:3] == ["-m", "rlkit.trainer.main"]
 
 

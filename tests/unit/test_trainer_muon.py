@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from rlkit.trainer.main import Launch
+from rlkit.trainer.main import TrainerRanks
 from rlkit.trainer.muon import Muon, assign_owners
 from rlkit.trainer.optim import MuonConfig, OptimConfig, build_optimizer, muon_split
 
@@ -134,7 +134,7 @@ def test_one_process_matches_torch_muon_and_adamw() -> None:
 def test_fsdp2_shards_match_one_process(ranks: int, tmp_path: Path) -> None:
     out = tmp_path / "ranks.pt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, *Launch(nproc=ranks).torchrun_args(), __file__, str(out)]
+    cmd = [sys.executable, *TrainerRanks(nproc=ranks).torchrun_args(), __file__, str(out)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_same(torch.load(out), reference())

@@ -74,8 +74,8 @@ def test_train_a_few_steps(vllm_server, tiny_model_dir: Path, tmp_path: Path) ->
             "--env.0.id=deep-research",
             "--env.0.args={ num_train_examples = 64, num_eval_examples = 4, max_turns = 2 }",
             "--orchestrator.max_steps=2",
-            "--orchestrator.capacity=16",
-            "--orchestrator.token_budget=128",
+            "--orchestrator.c3po.capacity=16",
+            "--orchestrator.c3po.token_budget=128",
             "--orchestrator.drop_zero_advantage=false",  # an untrained model solves nothing
             "--orchestrator.eval.at_start=false",
             "--orchestrator.eval.examples=4",

@@ -3,7 +3,7 @@
 rlkit's process never imports verifiers. `BridgeEnv` (env.py) is an rlkit `Environment` backed
 by a worker process (process.py, worker/vf_worker.py) running in a cached venv with one exact,
 tested verifiers version (venvs.py, versions.py), speaking the JSON-lines protocol in
-PROTOCOL.md. One shim per verifiers era lives in worker/. `doctor.py` is `rlkit env doctor`.
+PROTOCOL.md. One shim per verifiers era lives in worker/; `rlkit env doctor` is `rlkit.envs.doctor`.
 """
 
 from rlkit.envs.bridge.env import BridgeEnv

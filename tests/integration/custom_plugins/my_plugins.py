@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rlkit.orchestrator.scheduler import SCHEDULERS, Counters, Group
+from rlkit.orchestrator.scheduler import SCHEDULERS, Counters, Group, SchedulerParams
 from rlkit.protocol.weights import PublishedVersion
 from rlkit.sandbox.backends import BACKENDS, Bwrap
 from rlkit.sandbox.launch import Launch
@@ -23,11 +23,17 @@ from rlkit.sandbox.launch import Launch
 RECORD = "one_group_batches.jsonl"
 
 
-@SCHEDULERS.register("one-group")
+class OneGroupParams(SchedulerParams):
+    """The plugin's own table, `[orchestrator.scheduler_params]`."""
+
+    record: str = RECORD
+
+
+@SCHEDULERS.register("one-group", params=OneGroupParams)
 class OneGroupScheduler:
     """Written against the `Scheduler` protocol alone: each step trains on one group, generated
     after the previous step's weights are live (fully on-policy, nothing in flight while the
-    trainer works). Appends each batch's group uid to run_dir/one_group_batches.jsonl."""
+    trainer works). Appends each batch's group uid to run_dir/<record> (its own parameter)."""
 
     def __init__(self, source: Any, processor: Any, prompts: Any, version: int, record: Path):
         self.source = source
@@ -43,7 +49,8 @@ class OneGroupScheduler:
     def from_config(
         cls, cfg: Any, source: Any, processor: Any, prompts: Any, version: int
     ) -> OneGroupScheduler:
-        return cls(source, processor, prompts, version, Path(cfg.log.run_dir) / RECORD)
+        record = cfg.orchestrator.scheduler_settings.record
+        return cls(source, processor, prompts, version, Path(cfg.log.run_dir) / record)
 
     @staticmethod
     def groups_per_batch(o: Any, max_tokens: int) -> int:

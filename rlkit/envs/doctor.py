@@ -20,14 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlkit.envs.bridge.source import (
-    VfSource,
-    find_verifiers_source,
-    from_folder,
-    from_unpacked_wheel,
-)
+from rlkit.envs.bridge.source import VfSource, from_folder, from_unpacked_wheel
 from rlkit.envs.bridge.versions import era_of, select_version
 from rlkit.envs.check import check_environment_async
+from rlkit.envs.resolve import module_names, resolve_env_id
 from rlkit.errors import UsageError
 from rlkit.hub.base import HubError
 from rlkit.hub.names import parse_env_id
@@ -59,19 +55,17 @@ def _fetched(name: str, version: str | None, scratch: Path, find_links: Path | N
 
 
 def _locate(env_id: str, scratch: Path, find_links: Path | None) -> tuple[VfSource | None, str]:
-    """(the package's verifiers source or None, where the package was found)."""
-    from rlkit.envs.loader import env_folders, module_names
-
-    folder = Path(env_id)
-    if (folder / "pyproject.toml").is_file():
-        name = folder.resolve().name
-        return from_folder(folder, name, module_names(name)), f"local folder {folder.resolve()}"
+    """(the package's verifiers source or None, where the package was found): what
+    `resolve_env_id` finds here, else the package fetched from the index."""
+    try:
+        resolved = resolve_env_id(env_id)
+    except UsageError:  # not installed or local: fetched below
+        resolved = None
+    if resolved is not None:
+        return resolved.bridge, resolved.describe()
     ref = parse_env_id(env_id, require_owner=False)
     candidates = [ref.module] if ref.module else module_names(ref.name)
     explicit = ref.module is not None
-    found = find_verifiers_source(ref.name, env_folders(), candidates, explicit)
-    if found is not None:
-        return found, f"installed or local package (imported from {', '.join(found.sys_path)})"
     where = f"folder {find_links}" if find_links else "package index"
     try:
         root = _fetched(ref.name, ref.version, scratch, find_links)

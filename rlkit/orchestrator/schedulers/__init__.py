@@ -1,0 +1,1 @@
+"""The rollout schedulers, one file each; `rlkit.orchestrator.scheduler` is their face."""
