@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlkit.trainer.config import LoraConfig
+from rlkit.protocol.model import LoraConfig
 from rlkit.trainer.lora import add_lora, to_peft_state, write_adapter
 
 
