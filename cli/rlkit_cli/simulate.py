@@ -75,7 +75,8 @@ def _print(result: dict) -> None:
         console = Console(width=200)
     w = result["workload"]
     console.print(
-        f"{w['servers']} servers x {w['max_seqs']} sequences; lengths: mean {w['mean_length']:.0f}, "
+        f"{w['servers']} servers x {w['max_seqs']} sequences; "
+        f"lengths: mean {w['mean_length']:.0f}, "
         f"{w['share_at_cap']:.1%} at the {w['length_cap']}-token cap; G={w['group_size']}, "
         f"sync {w['batch_groups']} groups, c3po Omega={w['capacity']} Phi={w['token_budget']} "
         f"sigma={w['retention']}; seed {w['seed']}"

@@ -165,6 +165,7 @@ async def _simulate(
                 f.write(json.dumps(record) + "\n")
     elapsed = loop.time() - start
     result.summary = _summary(result, pool.utilisation(elapsed), elapsed, prompts, sim)
+    result.summary["failovers"] = pool.failovers
     await scheduler.close()
     return result
 
