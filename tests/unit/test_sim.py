@@ -193,7 +193,7 @@ def test_losing_a_tenth_of_the_servers_loses_no_prompt_and_trains_none_twice(
             and report.trained == result["schedulers"][name]["prompts_trained"]
         )
     assert report.dropped > 0  # c3po purged some: dropped, and accounted for
-    assert all(result["schedulers"][name]["failovers"] > 0 for name in ("sync", "c3po"))
+    assert result["schedulers"]["c3po"]["failovers"] > 0  # its requests in flight moved
 
 
 def test_losing_servers_sends_their_requests_to_the_others() -> None:
