@@ -32,6 +32,12 @@ class SimConfig(Config):
     update_s: float = Field(
         5.0, ge=0, description="Weight update: every server pauses this long per policy update."
     )
+    update_per_seq_s: float = Field(
+        0.0,
+        ge=0,
+        description="Extra weight-update pause per sequence the server has in flight (vLLM "
+        "CPU: ~1 ms, docs/benchmarks.md).",
+    )
     train_base_s: float = Field(30.0, ge=0, description="Trainer step time: fixed part.")
     train_per_token_s: float = Field(
         2e-4, ge=0, description="Trainer step time per trained completion token."

@@ -4,7 +4,8 @@ Each server decodes up to `max_seqs` sequences at once; one decode step advances
 sequence by one token and takes `tick_base_s + tick_per_seq_s * running` seconds, so a lone
 sequence decodes fast and a full batch gives the most tokens per second. Admitting a request
 prefills its prompt, which pauses the server's decoding for `prefill_per_token_s * prompt`.
-A weight update pauses every server for `update_s`; requests in flight continue afterwards
+A weight update pauses every server for `update_s` (plus `update_per_seq_s` per sequence in
+flight, as measured on vLLM CPU); requests in flight continue afterwards
 under the new policy version (vLLM's `keep` mode), so a request records the version it started
 and ended under, like the real client.
 
@@ -215,12 +216,16 @@ class SimPool:
             server.submit(requests)
 
     async def update_weights(self, version: int) -> None:
-        """Every server that is up pauses for `update_s` and then serves `version`."""
+        """Every server that is up pauses (`update_s`, plus `update_per_seq_s` per sequence in
+        flight) and serves `version`; the update is done when the slowest server is."""
         self.version = version
+        longest = self.sim.update_s
         for server in self.servers:
             if server.up:
-                server.pause(self.sim.update_s, version)
-        await asyncio.sleep(self.sim.update_s)
+                pause = self.sim.update_s + self.sim.update_per_seq_s * server.running
+                server.pause(pause, version)
+                longest = max(longest, pause)
+        await asyncio.sleep(longest)
 
     def lose(self, indices: list[int]) -> None:
         """Servers `indices` go down; their requests restart on the others."""
