@@ -156,7 +156,10 @@ async def _simulate(
             step_time_s=t3 - t0,
             idle_s=scheduler.take_idle_s(),
         )
-        record.update(trained_tokens=tokens, simulated_time_s=t3 - start)
+        # batch_tokens and tokens_per_s count record tokens (`token_unit` real ones each)
+        record.update(
+            trained_tokens=tokens, simulated_time_s=t3 - start, token_unit=work.token_unit
+        )
         result.steps.append(record)
         if layout is not None:
             with layout.trainer_metrics.open("a") as f:

@@ -19,6 +19,8 @@ from rlkit.orchestrator.prompts import Prompt
 from rlkit.sim.engine import GroupWait, Request, SimPool
 from rlkit.sim.workload import Lengths
 
+TURN_CACHE = 100_000
+
 
 def units(tokens: int, unit: int) -> int:
     """Record tokens standing for `tokens` real ones (rounded, at least one)."""
@@ -36,6 +38,7 @@ class SimSource:
         self.group_size = group_size
         self.token_unit = token_unit
         self.seed = seed
+        self._turns: dict[tuple[int, int, int, str], Turn] = {}
 
     async def next_group(self, prompt: Prompt) -> list[Rollout]:
         rng = random.Random(self.seed * 1_000_003 + prompt.draw)
@@ -45,23 +48,35 @@ class SimSource:
         try:
             await wait.future
         except asyncio.CancelledError:  # purged: free the slots it holds
-            for server in {r.server for r in requests if r.server is not None}:
+            for server in dict.fromkeys(r.server for r in requests if r.server is not None):
                 server.cancel([r for r in requests if r.server is server])
             for req in requests:
                 req.state = 3
             raise
         return [self._rollout(prompt, req, rng.random()) for req in requests]
 
-    def _rollout(self, prompt: Prompt, req: Request, reward: float) -> Rollout:
+    def _turn(self, req: Request) -> Turn:
+        """The record turn of a request; equal turns are one shared object (nothing downstream
+        mutates a turn), which saves most of the cost of building them."""
         n = units(req.length, self.token_unit)
-        turn = Turn(
-            prompt_token_ids=[1],
-            completion_token_ids=[2] * n,
-            completion_logprobs=[-1.0] * n,
-            finish_reason="length" if req.length >= self.lengths.cap else "stop",
-            policy_version_start=req.start_version,
-            policy_version_end=req.end_version,
-        )
+        finish = "length" if req.length >= self.lengths.cap else "stop"
+        key = (n, req.start_version, req.end_version, finish)
+        turn = self._turns.get(key)
+        if turn is None:
+            if len(self._turns) >= TURN_CACHE:
+                self._turns.clear()
+            turn = self._turns[key] = Turn(
+                prompt_token_ids=[1],
+                completion_token_ids=[2] * n,
+                completion_logprobs=[-1.0] * n,
+                finish_reason=finish,
+                policy_version_start=req.start_version,
+                policy_version_end=req.end_version,
+            )
+        return turn
+
+    def _rollout(self, prompt: Prompt, req: Request, reward: float) -> Rollout:
+        turn = self._turn(req)
         return Rollout(
             env_id=prompt.env_id,
             example_id=prompt.index,
