@@ -168,7 +168,10 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
             hist = {int(k): v for k, v in row[key].items()}
             total = sum(hist.values()) or 1
             ax.bar(
-                [k + i * width for k in hist], [v / total for v in hist.values()], width, label=name
+                [k - 0.4 + (i + 0.5) * width for k in hist],
+                [v / total for v in hist.values()],
+                width,
+                label=name,
             )
     axes[1].set(xlabel="staleness (policy versions)", ylabel="share of samples", title="staleness")
     axes[2].set(xlabel="retention (updates spanned)", ylabel="share of groups", title="retention")

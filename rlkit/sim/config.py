@@ -70,7 +70,10 @@ class SimConfig(Config):
     lose_fraction: float = Field(
         0.0, ge=0, lt=1, description="Share of servers lost at lose_at_step (0: none)."
     )
-    lose_at_step: int = Field(0, ge=0, description="Step at whose start the servers are lost.")
+    lose_at_step: int = Field(0, ge=0, description="Step in which the servers are lost.")
+    lose_after_s: float = Field(
+        0.0, ge=0, description="Seconds into that step when they go down (mid-batch if > 0)."
+    )
     rejoin_at_step: int = Field(0, ge=0, description="Step at whose start they rejoin (0: never).")
     schedulers: list[str] = Field(
         default_factory=lambda: ["sync", "c3po"],

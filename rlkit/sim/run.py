@@ -121,7 +121,7 @@ async def _simulate(
     start = loop.time()
     for step in range(1, steps + 1):
         if lost and step == sim.lose_at_step:
-            pool.lose(lost)
+            loop.call_later(sim.lose_after_s, pool.lose, lost)
         if lost and step == sim.rejoin_at_step:
             pool.rejoin(lost)
         t0 = loop.time()

@@ -183,7 +183,9 @@ def test_same_seed_same_table_and_another_seed_another() -> None:
 def test_losing_a_tenth_of_the_servers_loses_no_prompt_and_trains_none_twice(
     tmp_path: Path,
 ) -> None:
-    cfg, sim = small(lose_fraction=0.1, lose_at_step=2, rejoin_at_step=4, max_seqs=4)
+    cfg, sim = small(
+        lose_fraction=0.1, lose_at_step=2, lose_after_s=0.3, rejoin_at_step=4, max_seqs=4
+    )
     result = compare(cfg, sim, servers=20, seed=0, run_dir=tmp_path)
     for name in ("sync", "c3po"):
         report = audit_run(tmp_path / name)
@@ -193,7 +195,8 @@ def test_losing_a_tenth_of_the_servers_loses_no_prompt_and_trains_none_twice(
             and report.trained == result["schedulers"][name]["prompts_trained"]
         )
     assert report.dropped > 0  # c3po purged some: dropped, and accounted for
-    assert result["schedulers"]["c3po"]["failovers"] > 0  # its requests in flight moved
+    # lost 0.3 s into step 2, mid-batch for both: their requests in flight moved
+    assert all(result["schedulers"][name]["failovers"] > 0 for name in ("sync", "c3po"))
 
 
 def test_losing_servers_sends_their_requests_to_the_others() -> None:
