@@ -89,7 +89,8 @@ def _print(result: dict) -> None:
     for name, row in result["schedulers"].items():
         console.print(
             f"{name}: staleness {row['staleness']}, retention {row['retention']}, "
-            f"prompts trained {row['prompts_trained']}"
+            f"prompts trained {row['prompts_trained']}, purged {row['prompts_purged']}, "
+            f"dropped {row['prompts_dropped']}"
         )
     if "sweep" in result:
         best = result["sweep"]["best"]

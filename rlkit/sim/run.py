@@ -66,6 +66,7 @@ class RunResult:
     steps: list[dict[str, Any]] = field(default_factory=list)
     staleness: Counter[int] = field(default_factory=Counter)  # samples per staleness
     retention: Counter[int] = field(default_factory=Counter)  # trained groups per retention
+    dropped: Counter[str] = field(default_factory=Counter)  # prompts dropped, by reason
     summary: dict[str, Any] = field(default_factory=dict)
 
 
@@ -136,6 +137,7 @@ async def _simulate(
         for group in groups:
             result.retention[scheduler.version - group.start_version] += 1
         result.staleness.update(batch.meta["staleness"])
+        result.dropped.update(d["reason"] for d in batch.meta["dropped"])
         tokens = sum(r.usage["completion_tokens"] for g in groups for r in g.rollouts)
         t1 = loop.time()
         train_s = sim.train_base_s + sim.train_per_token_s * tokens
@@ -213,6 +215,8 @@ def _summary(
         "retention_mean": sum(k * n for k, n in result.retention.items()) / max(groups, 1),
         "retention": {str(k): n for k, n in sorted(result.retention.items())},
         "rollouts_purged": sum(r["rollouts_purged"] for r in steps),
+        "prompts_purged": result.dropped["purged"],
+        "prompts_dropped": dict(sorted(result.dropped.items())),
         "rollouts_stale": sum(r["rollouts_stale"] for r in steps),
         "prompts_trained": groups,
         "prompts_owed_at_end": len(prompts.out),

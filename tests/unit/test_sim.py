@@ -195,6 +195,7 @@ def test_losing_a_tenth_of_the_servers_loses_no_prompt_and_trains_none_twice(
             and report.trained == result["schedulers"][name]["prompts_trained"]
         )
     assert report.dropped > 0  # c3po purged some: dropped, and accounted for
+    assert result["schedulers"]["c3po"]["prompts_purged"] == report.dropped
     # lost 0.3 s into step 2, mid-batch for both: their requests in flight moved
     assert all(result["schedulers"][name]["failovers"] > 0 for name in ("sync", "c3po"))
 
