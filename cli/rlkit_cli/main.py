@@ -56,6 +56,12 @@ def _register() -> None:
     app.command(
         name="sft", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
     )(sft.sft)
+    from rlkit_cli import simulate
+
+    app.command(
+        name="simulate",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )(simulate.simulate)
 
 
 _register()

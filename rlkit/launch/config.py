@@ -25,6 +25,7 @@ from rlkit.orchestrator.loggers import check_sinks
 from rlkit.orchestrator.source import load_environments, max_rollout_tokens
 from rlkit.progress import phase, print_line
 from rlkit.protocol.credentials import read_token
+from rlkit.sim.config import SimConfig
 from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig, TrainerSettings
 from rlkit.trainer.routing import RoutingReplay
 
@@ -95,6 +96,9 @@ class RLJobConfig(RolloutJobConfig):
     ckpt: CkptConfig = Field(default_factory=CkptConfig, description="Checkpoints.")
     slurm: SlurmConfig = Field(
         default_factory=SlurmConfig, description="Cluster job for `rlkit train --slurm`."
+    )
+    simulate: SimConfig = Field(
+        default_factory=SimConfig, description="Simulated cluster of `rlkit simulate`."
     )
 
     @model_validator(mode="after")

@@ -17,6 +17,7 @@ once taken into a batch it leaves the pool, so no rollout is trained on twice.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -146,6 +147,15 @@ SCHEDULERS: Registry[type[Scheduler]] = Registry(
 )
 
 
+def _now() -> float:
+    """The running event loop's clock (time.monotonic() on asyncio's own loops, the virtual
+    clock under `rlkit simulate`); time.monotonic() outside a loop."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
+
+
 class SchedulerBase:
     """Bookkeeping the built-ins share: prompts, staleness, counters, idle time."""
 
@@ -166,7 +176,7 @@ class SchedulerBase:
         self.counters = Counters()
         self.error: BaseException | None = None  # a source failure that must stop the run
         self.active = 0  # groups generating right now
-        self._idle_since: float | None = time.monotonic()
+        self._idle_since: float | None = _now()
         self._idle_s = 0.0
 
     @classmethod
@@ -222,7 +232,7 @@ class SchedulerBase:
 
     def take_idle_s(self) -> float:
         """Seconds with no rollout in flight since the last call (inference idle time)."""
-        now = time.monotonic()
+        now = _now()
         idle = self._idle_s
         if self._idle_since is not None:
             idle += now - self._idle_since
@@ -233,14 +243,14 @@ class SchedulerBase:
     async def _run(self, group: Group) -> Group:
         self.active += 1
         if self._idle_since is not None:
-            self._idle_s += time.monotonic() - self._idle_since
+            self._idle_s += _now() - self._idle_since
             self._idle_since = None
         try:
             group.rollouts = await self.source.next_group(group.prompt)
         finally:
             self.active -= 1
             if self.active == 0:
-                self._idle_since = time.monotonic()
+                self._idle_since = _now()
         self.counters.finished += len(group.rollouts)
         self.processor(group)
         return group
