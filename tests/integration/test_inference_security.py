@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from rlkit.inference import InferenceClient, InferenceError, ServerProcess, start_server
+from rlkit.inference.admin import AdminClient
 from rlkit.inference.lifecycle import lora_server_args
 from rlkit.models import init_tiny
 from rlkit.protocol.credentials import write_token_file
@@ -85,7 +86,7 @@ def snapshot(*folders: Path) -> dict[str, float]:
 
 async def served(client: InferenceClient, model: str) -> tuple[int, list[int], list[float]]:
     gen = await client.completion(PROMPT_IDS, model=model, sampling=GREEDY)
-    version = int((await client.status())["policy_version"])
+    version = int((await AdminClient(client).status())["policy_version"])
     return version, gen.completion_token_ids, gen.completion_logprobs
 
 
@@ -101,7 +102,7 @@ async def test_no_or_wrong_credential_changes_nothing(secured: Secured) -> None:
         attacks = [
             ("/rlkit/update_weights", {"path": str(secured.outside)}),
             ("/rlkit/update_weights", {"path": str(secured.weights / "adapter")}),
-            ("/rlkit/receive_weights", {"path": str(secured.outside), "rank": 1}),
+            ("/rlkit/update_weights", {"path": str(secured.outside), "rank": 1}),
             ("/rlkit/load_adapter", {"name": "x", "path": str(secured.adapter), "version": 1}),
             ("/rlkit/unload_adapter", {"name": "x"}),
             ("/rlkit/pause", None),
@@ -123,7 +124,7 @@ async def test_no_or_wrong_credential_changes_nothing(secured: Secured) -> None:
                 assert secured.model not in resp.text
             assert http.get("/health").status_code == 200
         assert await served(owner, secured.model) == before
-        assert not (await owner.status())["paused"]
+        assert not (await AdminClient(owner).status())["paused"]
     assert snapshot(secured.weights, secured.outside) == files
 
 
@@ -138,7 +139,7 @@ async def test_no_development_routes_even_for_the_owner(secured: Secured) -> Non
         for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
             assert http.post(path, json=body, headers=secured.server.headers).status_code == 404
     async with secured.server.client() as owner:
-        assert "x" not in (await owner.status())["adapters"]
+        assert "x" not in (await AdminClient(owner).status())["adapters"]
 
 
 async def test_paths_outside_the_weight_roots_are_refused_alike(secured: Secured) -> None:
@@ -158,7 +159,7 @@ async def test_paths_outside_the_weight_roots_are_refused_alike(secured: Secured
             for path in escapes:
                 for route, body in (
                     ("/rlkit/update_weights", {"path": str(path), "version": 999999}),
-                    ("/rlkit/receive_weights", {"path": str(path), "rank": 1}),
+                    ("/rlkit/update_weights", {"path": str(path), "rank": 1}),
                     ("/rlkit/load_adapter", {"name": "evil", "path": str(path), "version": 9}),
                 ):
                     resp = http.post(route, json=body, headers=secured.server.headers)
@@ -168,7 +169,7 @@ async def test_paths_outside_the_weight_roots_are_refused_alike(secured: Secured
         status, text = answers.pop()
         assert status == 403 and "not inside" in text and str(outside) not in text
         assert await served(owner, secured.model) == before
-        assert "evil" not in (await owner.status())["adapters"]
+        assert "evil" not in (await AdminClient(owner).status())["adapters"]
 
 
 async def test_runs_sharing_a_server_touch_only_their_own_adapters(secured: Secured) -> None:
@@ -179,26 +180,26 @@ async def test_runs_sharing_a_server_touch_only_their_own_adapters(secured: Secu
         InferenceClient(url, api_key=secured.bob, adapter="run-a", max_retries=0) as b_as_a,
         secured.server.client() as owner,
     ):
-        assert await a.load_adapter(str(secured.adapter), 3) == 3
-        assert await b.load_adapter(str(secured.adapter), 5) == 5
+        assert await AdminClient(a).load_adapter(str(secured.adapter), 3) == 3
+        assert await AdminClient(b).load_adapter(str(secured.adapter), 5) == 5
         before = await a.completion(PROMPT_IDS, "run-a", GREEDY)
         with pytest.raises(InferenceError) as replaced:
-            await b_as_a.load_adapter(str(secured.adapter), 99)
+            await AdminClient(b_as_a).load_adapter(str(secured.adapter), 99)
         assert replaced.value.status == 403
         with pytest.raises(InferenceError) as unloaded:
-            await b_as_a.unload_adapter()
+            await AdminClient(b_as_a).unload_adapter()
         assert unloaded.value.status == 404  # as for an adapter that does not exist
         for tenant in (a, b):  # full weights and the engine are the owner's
             with pytest.raises(InferenceError) as update:
-                await tenant.update_weights(str(secured.weights / "adapter"))
+                await AdminClient(tenant).update_weights(str(secured.weights / "adapter"))
             assert update.value.status == 403
             with pytest.raises(InferenceError) as pause:
-                await tenant.pause()
+                await AdminClient(tenant).pause()
             assert pause.value.status == 403
 
-        assert (await a.status())["adapters"] == {"run-a": 3}  # each sees its own only
-        assert (await b.status())["adapters"] == {"run-b": 5}
-        assert (await owner.status())["adapters"] == {"run-a": 3, "run-b": 5}
+        assert (await AdminClient(a).status())["adapters"] == {"run-a": 3}  # each sees its own only
+        assert (await AdminClient(b).status())["adapters"] == {"run-b": 5}
+        assert (await AdminClient(owner).status())["adapters"] == {"run-a": 3, "run-b": 5}
         after = await a.completion(PROMPT_IDS, "run-a", GREEDY)
         assert after.completion_token_ids == before.completion_token_ids
         assert after.completion_logprobs == before.completion_logprobs
@@ -213,17 +214,17 @@ async def test_runs_sharing_a_server_touch_only_their_own_adapters(secured: Secu
             )
             assert resp.status_code == 200
             assert resp.headers["x-adapter-versions"] == '{"run-b":5}'
-        await b.unload_adapter()
-        await a.unload_adapter()
-        assert (await owner.status())["adapters"] == {}
+        await AdminClient(b).unload_adapter()
+        await AdminClient(a).unload_adapter()
+        assert (await AdminClient(owner).status())["adapters"] == {}
 
 
 async def test_the_owner_pauses_and_resumes_through_rlkit(secured: Secured) -> None:
     async with secured.server.client() as owner:
-        await owner.pause(mode="keep")
-        assert (await owner.status())["paused"]
-        await owner.resume()
-        assert not (await owner.status())["paused"]
+        await AdminClient(owner).pause(mode="keep")
+        assert (await AdminClient(owner).status())["paused"]
+        await AdminClient(owner).resume()
+        assert not (await AdminClient(owner).status())["paused"]
 
 
 def test_rlkit_eval_sends_the_token_file(
