@@ -44,7 +44,8 @@ async def load_adapters(servers: list[AdminClient], path: str, version: int) -> 
     for result in results:
         if isinstance(result, BaseException) and not isinstance(result, InferenceError):
             raise result
-        outcomes.append(Outcome(not isinstance(result, InferenceError), error=str(result)))
+        failed = isinstance(result, InferenceError)
+        outcomes.append(Outcome(not failed, error=str(result) if failed else ""))
     return outcomes
 
 

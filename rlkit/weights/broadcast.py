@@ -658,9 +658,11 @@ class Broadcast:
         members: list[tuple[int, int]] = []  # (server, its first rank)
         labels: list[str] = []
         for i, status in enumerate(statuses):
-            if isinstance(status, BaseException):
+            if isinstance(status, InferenceError):
                 outcomes[i] = Outcome(False, False, f"no status before the broadcast: {status}")
                 continue
+            if isinstance(status, BaseException):
+                raise status
             members.append((i, 1 + len(labels)))
             url = servers[i].base_url
             labels += [f"{url} worker {w}" for w in range(int(status.get("workers", 1)))]
