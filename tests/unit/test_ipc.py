@@ -161,3 +161,35 @@ def test_a_worker_killed_mid_update_leaves_no_hang_and_nothing_in_dev_shm(
     ipc.settle()  # never delivered: the trainer lets the buffer go after its timeout
     assert time.monotonic() - start < 5
     assert shm_entries() == before
+
+
+def test_delivering_a_version_whose_trainer_exited_stops_the_run_resumably(
+    tmp_path: Path,
+) -> None:
+    """The orchestrator's side: no server is asked to map a buffer whose holder is gone; the
+    run stops with a RunStopped naming the trainer and --resume."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from rlkit.errors import RunStopped
+    from rlkit.weights.ipc import TrainerGone
+
+    ipc, record = publish(tmp_path)
+    try:
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        orphan = record.model_copy(update={"delivery": {**record.delivery, "pid": gone.pid}})
+
+        class Unreachable:  # a server the transport must not call
+            base_url, token = "http://unused", None
+
+            async def update_weights(self, *args: object, **kwargs: object) -> int:
+                raise AssertionError("a server was asked to load a gone trainer's buffer")
+
+        with pytest.raises(TrainerGone, match=f"pid {gone.pid}.*--resume") as stopped:
+            asyncio.run(Ipc.deliver([Unreachable()], str(tmp_path), orphan))
+        assert isinstance(stopped.value, RunStopped)
+    finally:
+        handoff.mark_delivered(tmp_path)
+        ipc.settle()
