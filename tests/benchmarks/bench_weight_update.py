@@ -4,17 +4,18 @@ the same bytes, tiny and small models, side by side in one run.
     python tests/benchmarks/bench_weight_update.py [--repeats 5] [--sizes tiny,small]
 
 Per model size, this process plays the trainer's exporting rank and the orchestrator against
-one running vLLM CPU server: two versions (the model's tensors and a perturbed copy) are
-published alternately through each transport's trainer side (`publish`: files written, a
-broadcast planned, a shared buffer filled; then `published`: a broadcast starts sending) and
-delivered through its orchestrator side (`deliver`: the server pauses, receives, checks the
-tensor table, reloads in place, bumps its version, resumes). The update's time is publish +
-deliver; the server reports its worker's split (receive / verify / vLLM's reload), from which
-the reload share is given. The raw baseline copies every tensor of the same version into a
-preallocated tensor of the same shape and dtype (before the server starts: timed right after
-an update, with vLLM's processes busy, the copies took 20-60x longer). Prints one JSON line:
-per size and transport the median seconds, the worker's split, and the ratios to filesystem
-and to the raw copy.
+one running vLLM CPU server: two versions (the model's tensors and a perturbed copy, their tensor
+tables made beforehand: every transport's trainer computes the same one) are published
+alternately through each transport's trainer side (`publish_s`: files written, a broadcast
+planned, a shared buffer filled, the record signed and written; a broadcast then starts sending)
+and delivered through its orchestrator side (`deliver_s`: the server checks the caller's token,
+the path and the signature, pauses, receives, checks the tensor table, reloads in place, bumps
+its version, resumes). `update_s` = publish + deliver; the server reports its worker's split
+(receive / verify / vLLM's reload), from which the reload share is given. The raw baseline
+copies every tensor of the same version into a preallocated tensor of the same shape and dtype
+(before the server starts: timed right after an update, with vLLM's processes busy, the copies
+took 20-60x longer). Prints one JSON line: per size and transport the median seconds, the
+worker's split, and the ratios to filesystem and to the raw copy.
 """
 
 from __future__ import annotations
@@ -53,17 +54,19 @@ def raw_copy_s(tensors: list[tuple[str, torch.Tensor]], targets: dict[str, torch
 
 
 async def one_update(
-    name: str, transport, admin: AdminClient, root: Path, version: int, tensors
-) -> tuple[float, dict]:
-    """(publish + deliver seconds, the worker's split) of one version through `transport`."""
+    name: str, transport, admin: AdminClient, root: Path, version: int, tensors, table
+) -> tuple[float, float, dict]:
+    """(publish seconds, deliver seconds, the worker's split) of one version through
+    `transport`; its tensor table (the same for every transport) is made beforehand."""
     out = root / f"{name}-{version}"
     out.mkdir()
     t0 = time.perf_counter()
-    record = PublishedVersion(version=version, transport=name, tensors=tensor_table(tensors))
-    record = transport.publish(out, record, tensors)
+    record = PublishedVersion(version=version, transport=name, tensors=table)
+    record = transport.publish(out, record, tensors).signed(admin.token)  # the run's token
     record.write(out)
     handoff.mark_published(out)
     transport.published(out, record, tensors)
+    t1 = time.perf_counter()
     split: dict = {}
     original = admin.update_weights
 
@@ -84,13 +87,15 @@ async def one_update(
         admin.update_weights = original  # type: ignore[method-assign]
     assert all(o.loaded for o in outcomes), outcomes
     transport.settle()
-    return time.perf_counter() - t0, split
+    return t1 - t0, time.perf_counter() - t1, split
 
 
 async def measure_server(server, root: Path, pair, repeats: int) -> dict[str, dict]:
-    settings = TransportSettings(timeout_s=300)
+    settings = TransportSettings(timeout_s=300, token=server.token)  # the run's, as a trainer
     transports = {name: transport_class(name)(settings, None) for name in TRANSPORTS}
-    times: dict[str, list[float]] = {name: [] for name in TRANSPORTS}
+    tables = [tensor_table(tensors) for tensors in pair]
+    publish: dict[str, list[float]] = {name: [] for name in TRANSPORTS}
+    deliver: dict[str, list[float]] = {name: [] for name in TRANSPORTS}
     splits: dict[str, list[dict]] = {name: [] for name in TRANSPORTS}
     async with server.client(timeout=600) as client:
         admin = AdminClient(client)
@@ -98,17 +103,22 @@ async def measure_server(server, root: Path, pair, repeats: int) -> dict[str, di
         for i in range(repeats + 1):  # the first round warms caches
             for name, transport in transports.items():  # interleaved: same conditions
                 version += 1
-                s, split = await one_update(
-                    name, transport, admin, root, version, pair[version % 2]
+                p, d, split = await one_update(
+                    name, transport, admin, root, version, pair[version % 2], tables[version % 2]
                 )
                 if i:
-                    times[name].append(s)
+                    publish[name].append(p)
+                    deliver[name].append(d)
                     splits[name].append(split)
     out = {}
     for name in TRANSPORTS:
         load = statistics.median(s["load"] for s in splits[name])
         out[name] = {
-            "update_s": statistics.median(times[name]),
+            "update_s": statistics.median(
+                p + d for p, d in zip(publish[name], deliver[name], strict=True)
+            ),
+            "publish_s": statistics.median(publish[name]),
+            "deliver_s": statistics.median(deliver[name]),
             "worker_receive_s": statistics.median(s["receive"] for s in splits[name]),
             "worker_verify_s": statistics.median(s["verify"] for s in splits[name]),
             "worker_reload_s": load,
