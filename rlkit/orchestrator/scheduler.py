@@ -53,11 +53,4 @@ PROTOCOL_METHODS = (
 
 def scheduler_class(name: str) -> type[Scheduler]:
     """The scheduler class `name` names; ValueError when it is unknown or not a `Scheduler`."""
-    cls = SCHEDULERS.get(name).fn
-    missing = [m for m in PROTOCOL_METHODS if not callable(getattr(cls, m, None))]
-    if not isinstance(cls, type) or missing:
-        raise ValueError(
-            f"scheduler {name!r} is not a Scheduler class (rlkit.orchestrator.scheduler."
-            f"Scheduler): it lacks {', '.join(missing) or 'a class'}"
-        )
-    return cls
+    return SCHEDULERS.get_class(name, PROTOCOL_METHODS, "rlkit.orchestrator.scheduler.Scheduler")
