@@ -11,8 +11,11 @@ record travels as JSON, never a pickle.
 The trainer keeps a version's buffer until the orchestrator has delivered it to every server
 (`handoff.mark_delivered`) and its next version is published, so a server that rejoins in
 between loads the same buffer; waiting for that acknowledgement is bounded by the transport's
-timeout. On a GPU host the buffer is host memory, which the workers copy to their devices as
-they load (CUDA IPC handles between a trainer and an engine sharing one GPU are not built).
+timeout. The next version is packed into the same buffer (its pages stay allocated: an update
+costs a copy, not an allocation); a worker still holding the older record then reads bytes its
+tensor table refuses. On a GPU host the buffer is host memory, which the workers copy to their
+devices as they load (CUDA IPC handles between a trainer and an engine sharing one GPU are not
+built).
 """
 
 from __future__ import annotations
@@ -79,10 +82,10 @@ class IpcDelivery(BaseModel):
 
 
 class SharedBuffer:
-    """One version's packed tensors in a memfd owned by this process."""
+    """Packed tensors in a memfd owned by this process (one version's at a time)."""
 
-    def __init__(self, version: int, size: int) -> None:
-        self.name = f"rlkit-weights-{version}-{secrets.token_hex(8)}"
+    def __init__(self, size: int) -> None:
+        self.name = f"rlkit-weights-{secrets.token_hex(8)}"
         self.fd = os.memfd_create(self.name, os.MFD_CLOEXEC)
         self.size = max(size, 1)
         os.ftruncate(self.fd, self.size)
@@ -136,36 +139,46 @@ class Ipc:
 
     def __init__(self, settings: TransportSettings, model_files: ModelFiles | None = None) -> None:
         self.settings = settings
-        self.live: list[tuple[Path | None, SharedBuffer]] = []  # (published dir, its buffer)
+        self.current: tuple[Path | None, SharedBuffer] | None = None  # (its directory, buffer)
+        self.spare: SharedBuffer | None = None  # a settled version's buffer, to fill again
 
     def publish(
         self, tmp: Path, record: PublishedVersion, tensors: list[Named]
     ) -> PublishedVersion:
         self.settle()
         offsets, size = packed_offsets(record.tensors)
-        shared = SharedBuffer(record.version, size)
+        shared, self.spare = self.spare, None
+        if shared is None or shared.size != max(size, 1):
+            if shared is not None:
+                shared.close()
+            shared = SharedBuffer(size)
         shared.fill(tensors, offsets)
-        self.live.append((None, shared))
+        self.current = (None, shared)
         delivery = IpcDelivery(
             pid=os.getpid(), fd=shared.fd, name=shared.name, size=shared.size, offsets=offsets
         )
         return record.model_copy(update={"delivery": delivery.model_dump()})
 
     def published(self, out: Path, record: PublishedVersion, tensors: list[Named]) -> None:
-        self.live[-1] = (out, self.live[-1][1])
+        assert self.current is not None
+        self.current = (out, self.current[1])
 
     def settle(self) -> None:
-        """Wait (bounded) until the orchestrator delivered the newest buffer, then free every
-        buffer: the next version replaces them, or the trainer exits."""
+        """Wait (bounded) until the orchestrator delivered the newest buffer; from then on it
+        is the spare the next version fills again (its pages stay: no new allocation, no page
+        zeroing per update). A worker that maps it later gets that next version's bytes, which
+        its record's tensor table refuses."""
+        if self.current is None:
+            return
+        out, shared = self.current
         deadline = time.monotonic() + self.settings.timeout_s
-        for out, _ in self.live[-1:]:
-            while out is not None and not handoff.is_delivered(out):
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(0.05)
-        for _, shared in self.live:
-            shared.close()
-        self.live.clear()
+        while out is not None and not handoff.is_delivered(out):
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        if self.spare is not None:
+            self.spare.close()
+        self.spare, self.current = shared, None
 
     @classmethod
     def receive(

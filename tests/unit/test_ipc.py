@@ -35,6 +35,11 @@ def shm_entries() -> set[str]:
     return {n for n in names if "rlkit" in n or n.startswith("torch_")}
 
 
+def reversed_tensors() -> list[tuple[str, torch.Tensor]]:
+    """The next version: the same names, shapes and dtypes, other values."""
+    return [(n, t.flip(0).contiguous() if t.dim() else t) for n, t in TENSORS]
+
+
 def publish(tmp: Path, version: int = 1, timeout_s: float = 5.0) -> tuple[Ipc, PublishedVersion]:
     ipc = Ipc(TransportSettings(timeout_s=timeout_s))
     record = PublishedVersion(version=version, transport="ipc", tensors=tensor_table(TENSORS))
@@ -77,9 +82,13 @@ def test_another_process_maps_exactly_the_published_tensors(tmp_path: Path) -> N
     assert in_worker(record) == []  # every tensor arrived, checksums equal
     assert shm_entries() == before  # a memfd has no name in /dev/shm
     handoff.mark_delivered(tmp_path)
-    ipc.settle()  # delivered: the buffer is let go at once
-    result = in_worker(record)
-    assert isinstance(result, str) and "no longer holds its buffer" in result
+    ipc.settle()  # delivered: the buffer waits for the next version
+    newer = PublishedVersion(version=2, transport="ipc", tensors=tensor_table(reversed_tensors()))
+    newer = ipc.publish(tmp_path, newer, reversed_tensors())
+    assert IpcDelivery.of(newer).fd == delivery.fd  # the same pages, filled again
+    stale = in_worker(record)  # a worker still holding version 1's record
+    assert isinstance(stale, list) and stale, "version 2's bytes passed version 1's table"
+    assert in_worker(newer) == []
 
 
 def test_the_copy_on_write_mapping_cannot_change_the_trainers_bytes(tmp_path: Path) -> None:
@@ -111,7 +120,7 @@ def test_settle_waits_for_delivery_but_not_forever(tmp_path: Path) -> None:
     start = time.monotonic()
     ipc.settle()  # nobody marks it delivered: bounded by the transport's timeout
     assert 0.4 < time.monotonic() - start < 5
-    assert ipc.live == []
+    assert ipc.current is None and ipc.spare is not None  # settled: kept to fill again
 
 
 def trainer_publishes_then_hangs(tmp: str, queue: mp.Queue) -> None:
