@@ -89,17 +89,17 @@ class SharedBuffer:
         self.fd = os.memfd_create(self.name, os.MFD_CLOEXEC)
         self.size = max(size, 1)
         os.ftruncate(self.fd, self.size)
-        self.map = mmap.mmap(self.fd, self.size)
 
     def fill(self, tensors: list[Named], offsets: list[int]) -> None:
-        buffer = torch.frombuffer(self.map, dtype=torch.uint8)
+        """Write each tensor's bytes at its offset (plain writes into the file's pages: no
+        mapping of our own whose page tables the workers' mappings could make costly)."""
         for (_, tensor), offset in zip(tensors, offsets, strict=True):
-            raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-            buffer[offset : offset + raw.numel()].copy_(raw)
-        del buffer  # the mapping can close only once no tensor views it
+            raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+            view, done = memoryview(raw), 0
+            while done < len(view):
+                done += os.pwrite(self.fd, view[done:], offset + done)
 
     def close(self) -> None:
-        self.map.close()
         os.close(self.fd)
 
 
