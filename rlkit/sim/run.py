@@ -81,9 +81,15 @@ def with_orchestrator(cfg: RolloutJobConfig, changes: dict[str, Any]) -> Rollout
 
 
 def scaled_config(cfg: RolloutJobConfig, unit: int) -> RolloutJobConfig:
-    """The config the scheduler is built from: Phi counted in record tokens (`token_unit`)."""
-    budget = max(1, math.ceil(cfg.orchestrator.c3po.token_budget / unit))
-    return with_orchestrator(cfg, {"c3po": {"token_budget": budget}})
+    """The config the scheduler is built from: Phi and the length cap counted in record tokens
+    (`token_unit`), so that the config's own checks (a rollout fits the budget) hold as they do
+    in real tokens."""
+    o = cfg.orchestrator
+    budget = max(1, math.ceil(o.c3po.token_budget / unit))
+    changes: dict[str, Any] = {"c3po": {"token_budget": budget}}
+    if o.sampling.max_tokens:
+        changes["sampling"] = {"max_tokens": max(1, math.ceil(o.sampling.max_tokens / unit))}
+    return with_orchestrator(cfg, changes)
 
 
 def _trainer_record(step: int, train_s: float, tokens: int) -> dict[str, Any]:

@@ -322,3 +322,16 @@ def test_simulate_refuses_a_run_dir_that_holds_something(tmp_path, monkeypatch, 
         monkeypatch, capsys, "simulate", str(config), "--run-dir", str(tmp_path / "old")
     )
     assert code == 2 and "--run-dir" in out
+
+
+def test_the_shipped_example_simulates(monkeypatch, capsys):
+    """examples/simulate/ring1t.toml as the README runs it (a few steps on a few servers): its
+    64k completions and Phi, scaled to record tokens, still pass the config's own checks."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "simulate" / "ring1t.toml"
+    code, out = run_cli(
+        monkeypatch, capsys, "simulate", str(example), "--servers", "4", "--steps", "2", "--json"
+    )
+    assert code in (0, None), out
+    result = json.loads(out)
+    assert result["workload"]["length_cap"] == 65536
+    assert all(row["step_s"] > 0 for row in result["schedulers"].values())
