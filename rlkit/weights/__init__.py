@@ -29,7 +29,7 @@ an update happens and checks it afterwards with the logprob canary (`rlkit.infer
 
 from __future__ import annotations
 
-from rlkit.weights import broadcast, filesystem, ipc
+from rlkit.weights import broadcast, filesystem, ipc  # noqa: F401  (they register themselves)
 from rlkit.weights.transport import (
     EXIT_MID_UPDATE_ENV,
     TRANSPORTS,
@@ -52,7 +52,6 @@ __all__ = [
     "WeightTransport",
     "transport_class",
 ]
-BUILT_IN = (filesystem.Filesystem, broadcast.Broadcast, ipc.Ipc)
 PROTOCOL_METHODS = ("publish", "published", "settle", "receive", "deliver", "catch_up")
 
 
