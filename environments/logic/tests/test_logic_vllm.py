@@ -19,7 +19,7 @@ def test_eval_every_task_and_level_on_vllm(
     code, out = run_cli(
         monkeypatch, capsys, "eval", "logic", "-m", str(tiny_model_dir),
         "-b", f"{vllm_server.url}/v1", "-n", str(combos), "-r", "1", "-t", "24", "-T", "1.0",
-        "-o", str(tmp_path),
+        "-o", str(tmp_path), "--token-file", str(vllm_server.token_file),
     )  # fmt: skip
     assert code == 0, out
     run_dir = only_run_dir(tmp_path)

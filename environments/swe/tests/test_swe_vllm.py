@@ -29,7 +29,8 @@ def test_eval_against_the_real_tiny_model(
 ) -> None:
     code, output = run_cli(
         monkeypatch, capsys, "eval", "swe", "-m", str(tiny_model_dir),
-        "-b", vllm_server.url, "-n", "3", "-r", "2", "-t", "32",
+        "-b", vllm_server.url, "--token-file", str(vllm_server.token_file),
+        "-n", "3", "-r", "2", "-t", "32",
         "-a", json.dumps({**ENV_ARGS, "repos": ["parse"]}), "-o", str(tmp_path / "out"),
     )  # fmt: skip
     assert code == 0, output
