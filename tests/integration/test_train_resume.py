@@ -9,12 +9,14 @@ handed out but untrained (in flight or waiting in the pool).
 
 One run per scheduler is killed (SIGKILL to the launcher's process group, as `kill -9 -PGID`)
 and resumed three times:
-1. before the first checkpoint (resumes from scratch),
-2. right after the checkpoint of step 10 (c3po: with prompts in flight),
-3. at step 15 or later, 5+ steps after that checkpoint (ckpt.interval 10: the orchestrator's
-   state of step 10 must still be there),
-then runs to step 20 and is compared with one uninterrupted run of the same config. (This
-replaces the liveness test that SIGKILLed the launcher once, mid-run, and resumed.)
+1. before the first checkpoint (resumes from scratch); this run launched its own inference
+   server, which must die with it,
+2. right after the checkpoint of step 6 (c3po: with prompts in flight),
+3. at step 9 or later, 3+ steps after that checkpoint (ckpt.interval 6: the orchestrator's
+   state of step 6 must still be there),
+then runs to step 12 and is compared with one uninterrupted run of the same config. The resumed
+runs and the reference use the session's server (an engine start less each). (This replaces the
+liveness test that SIGKILLed the launcher once, mid-run, and resumed.)
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ from tests.helpers.train_runs import records, start
 
 pytestmark = pytest.mark.slow
 
-STEPS = 20
-INTERVAL = 10
+STEPS = 12
+INTERVAL = 6
+AFTER = 3  # kill point 3: this many steps after the checkpoint, before the next
 COMMON = [
     f"--orchestrator.max_steps={STEPS}",
     f"--ckpt.interval={INTERVAL}",
@@ -137,7 +140,7 @@ def kill_run(proc: subprocess.Popen, run_dir: Path) -> None:
 
 
 def test_sigkill_at_three_points_and_resume_trains_every_prompt_once(
-    reference: tuple[str, Path], tiny_model_dir: Path, tmp_path: Path
+    reference: tuple[str, Path], vllm_server, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     scheduler, ref_dir = reference
     run_dir = tmp_path / "run"
@@ -149,36 +152,41 @@ def test_sigkill_at_three_points_and_resume_trains_every_prompt_once(
         proc.log = log  # type: ignore[attr-defined]
         return proc
 
+    def pids() -> dict[str, list[int]]:
+        return json.loads((run_dir / "pids.json").read_text())
+
     def logged() -> int:
         return max((r["step"] for r in records(run_dir)), default=0)
 
-    # 1. before the first checkpoint
+    # 1. before the first checkpoint, with the run's own server
     proc = launch()
     wait_until(proc, lambda: logged() >= 1, "step 1")
+    assert pids()["inference"], "the first run launched no server of its own"
     kill_run(proc, run_dir)
     assert latest_checkpoint(run_dir) is None
 
-    # 2. right after the checkpoint of step 10
-    proc = launch("--resume")
-    wait_until(proc, lambda: latest_checkpoint(run_dir) is not None, "checkpoint")
-    kill_run(proc, run_dir)
-    assert "resume: rolled back to the start" in proc.log.read_text()
-    assert latest_checkpoint(run_dir) == f"step_{INTERVAL:06d}"
-    state = json.loads((run_dir / "orchestrator" / f"step_{INTERVAL:06d}.json").read_text())
-    if scheduler == "c3po":
-        assert state["prompts"]["owed"], "no prompt in flight or pooled at the checkpoint"
+    with on_session_server(vllm_server, tiny_model_dir) as urls:  # the server is restored
+        # 2. right after the checkpoint of step 6
+        proc = launch("--resume", *urls)
+        wait_until(proc, lambda: latest_checkpoint(run_dir) is not None, "checkpoint")
+        kill_run(proc, run_dir)
+        assert "resume: rolled back to the start" in proc.log.read_text()
+        assert latest_checkpoint(run_dir) == f"step_{INTERVAL:06d}"
+        state = json.loads((run_dir / "orchestrator" / f"step_{INTERVAL:06d}.json").read_text())
+        if scheduler == "c3po":
+            assert state["prompts"]["owed"], "no prompt in flight or pooled at the checkpoint"
 
-    # 3. 5+ steps after the last checkpoint
-    proc = launch("--resume")
-    wait_until(proc, lambda: logged() >= INTERVAL + 5, f"step {INTERVAL + 5}")
-    kill_run(proc, run_dir)
-    text = proc.log.read_text()
-    assert f"resume: rolled back to step {INTERVAL}'s checkpoint" in text
-    assert f"{len(state['prompts']['owed'])} prompts handed out but untrained" in text
-    assert latest_checkpoint(run_dir) == f"step_{INTERVAL:06d}", "killed too late"
+        # 3. 3+ steps after the last checkpoint
+        proc = launch("--resume", *urls)
+        wait_until(proc, lambda: logged() >= INTERVAL + AFTER, f"step {INTERVAL + AFTER}")
+        kill_run(proc, run_dir)
+        text = proc.log.read_text()
+        assert f"resume: rolled back to step {INTERVAL}'s checkpoint" in text
+        assert f"{len(state['prompts']['owed'])} prompts handed out but untrained" in text
+        assert latest_checkpoint(run_dir) == f"step_{INTERVAL:06d}", "killed too late"
 
-    proc = launch("--resume")
-    assert proc.wait(timeout=300) == 0, proc.log.read_text()[-3000:]
+        proc = launch("--resume", *urls)
+        assert proc.wait(timeout=300) == 0, proc.log.read_text()[-3000:]
     assert f"resume: rolled back to step {INTERVAL}'s checkpoint, discarding steps" in (
         proc.log.read_text()
     )
