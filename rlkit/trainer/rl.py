@@ -23,6 +23,7 @@ from rlkit.protocol.batch import TrainBatch, read_batch
 from rlkit.protocol.credentials import token_from_env
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.routing import decode_routing
+from rlkit.protocol.weights import PublishedVersion
 from rlkit.trainer import dist
 from rlkit.trainer.config import TrainerConfig
 from rlkit.trainer.export import prune_weights
@@ -131,6 +132,16 @@ class Publisher:
             handoff.ring(self.run_dir, handoff.ORCHESTRATOR)
             prune_weights(self.run_dir, self.trainer.cfg.weights.keep_last)
 
+    def signed_elsewhere(self, step: int) -> bool:
+        """Collective: whether version `step`'s record was signed with another credential than
+        this run's (decided on the exporting rank)."""
+        elsewhere = 0.0
+        if dist.is_main():
+            record = PublishedVersion.read(RunLayout(self.run_dir).weights_version(step))
+            token = token_from_env()
+            elsewhere = float(bool(record and token and not record.signed_by(token)))
+        return dist.all_reduce_sum([elsewhere])[0] > 0
+
     def settle(self) -> None:
         """The update in flight reaches the servers (bounded by the transport's timeout)."""
         if self.transport is not None:
@@ -151,6 +162,10 @@ def run_rl(cfg: TrainerConfig) -> None:
         publisher = Publisher(trainer, run_dir) if cfg.weights.publish else None
         if not step and cfg.model.lora.enabled and publisher is not None:
             publisher.publish(0)  # the initial adapter (B = 0: the base's policy)
+        if step and publisher is not None and publisher.signed_elsewhere(step):
+            # resumed with another credential (on other servers): the servers refuse the old
+            # signature, so the checkpoint's version is published again, signed with this one
+            publisher.publish(step)
         metrics = MetricsLog(RunLayout(run_dir).trainer_metrics, step, enabled=dist.is_main())
         doorbell = handoff.Doorbell(run_dir, f"{handoff.TRAINER}{dist.rank()}")
         while not cfg.max_steps or step < cfg.max_steps:

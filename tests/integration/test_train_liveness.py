@@ -79,10 +79,11 @@ def test_no_signal_run_stops_with_a_checkpoint(
 
 
 def test_all_servers_lost_stops_with_a_checkpoint_and_resumes(
-    tiny_model_dir: Path, tmp_path: Path
+    vllm_server, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """The only server SIGKILLed and not relaunched: after `recover_timeout_s` the run stops with
-    a one-line error, exit code 1 and a checkpoint; `--resume` (with a new server) finishes it."""
+    a one-line error, exit code 1 and a checkpoint; `--resume` on another server (the session's:
+    an engine start less) finishes it."""
     run_dir = tmp_path / "run"
     steps = 6
     cmd = tiny_train_cmd(
@@ -105,6 +106,11 @@ def test_all_servers_lost_stops_with_a_checkpoint_and_resumes(
     assert 2 <= stopped < steps
 
     resumed = tmp_path / "resumed.log"
-    assert run([*cmd, "--resume"], resumed, timeout=600) == 0, resumed.read_text()[-3000:]
+    with on_session_server(vllm_server, tiny_model_dir) as urls:
+        # the trainer publishes step `stopped` again, signed with the session server's
+        # credential (the run's own signed it first): the server is back once it has
+        again = [*cmd, "--resume", *urls, "--inference.recover_timeout_s=300"]
+        code = run(again, resumed, timeout=600)
+    assert code == 0, resumed.read_text()[-3000:]
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records][-1] == steps

@@ -26,6 +26,7 @@ from rlkit.protocol.batch import read_batch
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.weights import published_bytes
 from tests.helpers.cli import tiny_train_cmd
+from tests.helpers.session_server import reset_lora_server
 from tests.helpers.train_runs import records, start, wait_for_step
 
 pytestmark = pytest.mark.slow
@@ -39,7 +40,9 @@ def lora_cmd(model: Path, run_dir: Path, *extra: str) -> list[str]:
     )
 
 
-def test_lora_train_kill_resume(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_lora_train_kill_resume(lora_server, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The killed run launched its own LoRA server; the resumed one runs on the session's (an
+    engine start less), which has never seen its adapter: the checkpoint's adapter is loaded."""
     run_dir = tmp_path / "run"
     common = ["--orchestrator.max_steps=5", "--ckpt.interval=2", "--orchestrator.eval.at_end=false"]
     proc = start(lora_cmd(tiny_model_dir, run_dir, *common), tmp_path / "first.log")
@@ -49,8 +52,14 @@ def test_lora_train_kill_resume(tiny_model_dir: Path, tmp_path: Path) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert (run_dir / "checkpoints" / "latest").is_file()
-    proc = start(lora_cmd(tiny_model_dir, run_dir, *common, "--resume"), tmp_path / "resume.log")
-    assert proc.wait(timeout=900) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    shared = [f"--inference.urls=['{lora_server.url}']"]
+    shared += [f"--inference.token_file={lora_server.token_file}"]
+    resume = lora_cmd(tiny_model_dir, run_dir, *common, *shared, "--resume")
+    try:
+        proc = start(resume, tmp_path / "resume.log")
+        assert proc.wait(timeout=900) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    finally:
+        asyncio.run(reset_lora_server(lora_server, tiny_model_dir))
     assert "resuming at step" in (tmp_path / "resume.log").read_text()
 
     recs = {r["step"]: r for r in records(run_dir)}
