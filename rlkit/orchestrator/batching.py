@@ -15,7 +15,7 @@ It also accumulates the per-step statistics the metrics logger reports.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlkit.envs.rollout import Rollout, TrainingTokens
@@ -74,7 +74,7 @@ class GroupProcessor:
     def __call__(self, group: Group) -> None:
         stats = self.stats
         stats.groups += 1
-        valid: list[tuple[Rollout, TrainingTokens]] = []
+        valid: list[tuple[Rollout, TrainingTokens, int]] = []  # with its trained tokens
         errors: list[str] = []
         for rollout in group.rollouts:
             stats.completion_tokens += sum(len(t.completion_token_ids) for t in rollout.turns)
@@ -88,7 +88,8 @@ class GroupProcessor:
             if error is None:
                 try:
                     sample = rollout.training_sample()
-                    if sum(sample.loss_mask) == 0:
+                    trained = sum(sample.loss_mask)
+                    if trained == 0:
                         error = "rollout has no model tokens"
                 except ValueError as exc:
                     error = str(exc)
@@ -98,26 +99,26 @@ class GroupProcessor:
                 if len(stats.errors) < 5:
                     stats.errors.append(f"{group.env_id}: {error}")
                 continue
-            valid.append((rollout, sample))
+            valid.append((rollout, sample, trained))
             stats.rewards[group.env_id].append(rollout.reward)
             stats.solved[group.env_id].append(float(rollout.reward >= self.solve_threshold))
             if rollout.info.get("task") is not None:  # environments with named tasks (logic)
                 stats.task_rewards[f"{group.env_id}/{rollout.info['task']}"].append(rollout.reward)
         if self.sampler is not None and group.index >= 0:
-            self.sampler.observe(group.env_id, group.index, [r.reward for r, _ in valid])
+            self.sampler.observe(group.env_id, group.index, [r.reward for r, _, _ in valid])
         group.samples, group.tokens = [], 0
         if self.watchdog is not None:  # may raise NoSignalError, which stops the run
-            self.watchdog.observe(group.env_id, [r.reward for r, _ in valid], errors)
+            self.watchdog.observe(group.env_id, [r.reward for r, _, _ in valid], errors)
         if not valid:
             return
-        rewards = [r.reward for r, _ in valid]
+        rewards = [r.reward for r, _, _ in valid]
         if self.drop_zero_advantage and max(rewards) - min(rewards) <= 1e-8:
             stats.zero_advantage_groups += 1
             return
         advantages = group_advantages(
             rewards, len(rewards), method=self.advantage, params=self.advantage_params
         )
-        for (rollout, sample), adv in zip(valid, advantages, strict=True):
+        for (rollout, sample, trained), adv in zip(valid, advantages, strict=True):
             group.samples.append(
                 TrainSample(
                     token_ids=sample.token_ids,
@@ -132,7 +133,7 @@ class GroupProcessor:
                     **routing_fields(sample),
                 )
             )
-            group.tokens += sum(sample.loss_mask)
+            group.tokens += trained
 
 
 def routing_fields(sample: TrainingTokens) -> dict[str, Any]:
@@ -170,7 +171,7 @@ def make_batch(
 def prompt_record(group: Group) -> dict[str, Any]:
     """What a batch records of a trained group's prompt."""
     return {
-        **asdict(group.prompt),
+        **group.prompt.record(),
         "example_id": group.samples[0].example_id if group.samples else None,
         "samples": len(group.samples),
     }

@@ -9,6 +9,7 @@ F(tau), IcePop masked fractions, gradient norm, learning rate).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from collections import Counter
@@ -31,6 +32,13 @@ PLOT_PANELS = (
     ("IcePop masked fraction", ("icepop_masked_low_frac", "icepop_masked_high_frac")),
     ("step time (s)", ("rollout_time_s", "train_time_s")),
 )
+
+
+def _pstdev(values: list[float]) -> float:
+    """Population std in floats: `statistics.pstdev` computes it exactly in fractions, ~8x
+    slower, which a simulated run of 1,000 rollouts a step pays every step."""
+    mean = math.fsum(values) / len(values)
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
 
 
 def _frac(count: int, total: int) -> float | None:
@@ -60,7 +68,7 @@ def step_record(
     record["reward_mean"] = statistics.fmean(all_rewards) if all_rewards else None
     for env_id, rewards in sorted(stats.rewards.items()):
         record[f"reward_mean/{env_id}"] = statistics.fmean(rewards)
-        record[f"reward_std/{env_id}"] = statistics.pstdev(rewards)
+        record[f"reward_std/{env_id}"] = _pstdev(rewards)
         record[f"solve_rate/{env_id}"] = statistics.fmean(stats.solved[env_id])
     for env_task, rewards in sorted(stats.task_rewards.items()):
         record[f"reward_mean/{env_task}"] = statistics.fmean(rewards)

@@ -248,9 +248,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if args.engine == "vllm":
         from rlkit.inference import start_server
         from rlkit.models import init_tiny
+        from rlkit.protocol.credentials import TOKEN_FILE_ENV, ensure_token_file
         from tests.helpers.published import publish_files
 
         tmp = Path(tempfile.mkdtemp(prefix="bench-scheduler-"))
+        # one credential for the server and the version record it loads (a record signed
+        # with another token is refused: 403 on /rlkit/update_weights)
+        token_file = tmp / "token"
+        ensure_token_file(token_file)
+        os.environ[TOKEN_FILE_ENV] = str(token_file)
         model_dir = publish_files(init_tiny(tmp / "model", arch="qwen3", size="tiny", seed=0))
         seqs = max(args.capacity_factor * args.batch_groups * args.group_size, 64)
         server = start_server(  # room for every rollout C3PO++ keeps in flight

@@ -335,3 +335,29 @@ def test_the_shipped_example_simulates(monkeypatch, capsys):
     result = json.loads(out)
     assert result["workload"]["length_cap"] == 65536
     assert all(row["step_s"] > 0 for row in result["schedulers"].values())
+
+
+def test_through_the_cli_a_tenth_lost_and_rejoining_audits_clean_and_a_seed_repeats(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """What a user runs: `rlkit simulate --run-dir` with 1 of 10 servers lost mid-step (a group
+    on every server) and back two steps later, then `rlkit runs audit` on each scheduler's
+    records; the same command again prints the same JSON to the character."""
+    config = write_config(tmp_path)
+    args = [
+        "simulate", str(config), "--servers", "10", "--seed", "5", "--json", "--steps", "6",
+        "--orchestrator.sync.batch_groups", "10", "--orchestrator.c3po.capacity", "40",
+        "--simulate.lose_fraction", "0.1", "--simulate.lose_at_step", "2",
+        "--simulate.lose_after_s", "0.2", "--simulate.rejoin_at_step", "4",
+    ]  # fmt: skip
+    code, first = run_cli(monkeypatch, capsys, *args, "--run-dir", str(tmp_path / "run"))
+    assert code in (0, None), first
+    result = json.loads(first)
+    assert sum(row["failovers"] for row in result["schedulers"].values()) > 0
+    for name in ("sync", "c3po"):
+        code, out = run_cli(monkeypatch, capsys, "runs", "audit", str(tmp_path / "run" / name))
+        trained = result["schedulers"][name]["prompts_trained"]
+        assert code in (0, None) and "OK:" in out, out
+        assert f"{trained} trained" in out and "at step 6" in out, out
+    code, again = run_cli(monkeypatch, capsys, *args)
+    assert code in (0, None) and again == first

@@ -77,7 +77,9 @@ class C3POScheduler(SchedulerBase):
             return
         g = self.source.group_size
         room = max(self.capacity, g)
-        while self.in_flight() + g <= room and self.pool_tokens() < self.token_budget:
+        if self.pool_tokens() >= self.token_budget:  # the pool does not change in the loop
+            return
+        while self.in_flight() + g <= room:
             group = self._new_group()
             task = asyncio.create_task(self._run(group))
             self.tasks[task] = group
