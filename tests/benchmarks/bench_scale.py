@@ -130,6 +130,11 @@ def dir_bytes(path: Path) -> int:
 
 
 def build_model(size: str, out: Path) -> int:
+    """Build the model of `size` in `out`, or reuse the one a `--keep` run left there."""
+    meta = out / "rlkit_model.json"
+    if meta.is_file() and json.loads(meta.read_text())["size"] == size:
+        progress(f"reusing {out}")
+        return json.loads(meta.read_text())["parameters"]
     progress(f"init {size} -> {out}")
     t = time.monotonic()
     subprocess.run([RLKIT, "model", "init-tiny", "--size", size, "--out", str(out)], check=True)
