@@ -16,16 +16,30 @@ class Arch(StrEnum):
     QWEN3_MOE = "qwen3-moe"
 
 
-class Size(StrEnum):
-    TINY = "tiny"
-    SMALL = "small"
+# the toy shapes, then the real ones (rlkit.models.shapes); typer names them on a bad value
+Size = StrEnum(
+    "Size",
+    {
+        name: name
+        for name in ["tiny", "small", "medium", "qwen3-0.6b", "qwen3-1.7b", "qwen3-30b-a3b"]
+    },
+)
 
 
 @app.command("init-tiny")
 def init_tiny_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Directory to write the HF model into."),
-    arch: Arch = typer.Option(Arch.QWEN3, help="Architecture."),
-    size: Size = typer.Option(Size.TINY, help="tiny (<1M parameters, tests) or small (~30M)."),
+    arch: Arch | None = typer.Option(
+        None, help="Architecture of a toy size (default qwen3); a real size has its own."
+    ),
+    size: Size = typer.Option(
+        "tiny",
+        help="tiny (<1M parameters, tests), small (~34M), medium (~65M, the real vocabulary), "
+        "or a real shape: qwen3-0.6b, qwen3-1.7b, qwen3-30b-a3b (Qwen3-MoE).",
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", help="Any HF config.json to build instead of a named size."
+    ),
     seed: int = typer.Option(0, help="Seed for the random weights (deterministic)."),
     force: bool = typer.Option(False, help="Overwrite a non-empty output directory."),
     tie_embeddings: bool = typer.Option(False, help="Share input and output embeddings."),
@@ -34,12 +48,19 @@ def init_tiny_cmd(
     from rlkit.models import init_tiny
 
     path = init_tiny(
-        out, arch=arch.value, size=size.value, seed=seed, force=force, tie_embeddings=tie_embeddings
+        out,
+        arch=arch.value if arch else None,
+        size=size.value,
+        seed=seed,
+        force=force,
+        tie_embeddings=tie_embeddings,
+        config_file=config,
     )
     import json
 
     meta = json.loads((path / "rlkit_model.json").read_text())
-    Console().print(f"wrote {arch}/{size} model ({meta['parameters']:,} parameters) to {path}")
+    shape = f"{meta['arch']}/{meta['size']}"
+    Console().print(f"wrote {shape} model ({meta['parameters']:,} parameters) to {path}")
 
 
 @app.command("merge")

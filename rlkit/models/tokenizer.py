@@ -129,3 +129,16 @@ def save_hf_tokenizer(tok: Tokenizer, out: Path, model_max_length: int) -> None:
         additional_special_tokens=SPECIAL_TOKENS[1:],
     )
     hf.save_pretrained(out)
+
+
+def pad_vocabulary(tok: Tokenizer, vocab_size: int) -> Tokenizer:
+    """`tok` with plain vocabulary entries `<|reserved_N|>` appended up to `vocab_size`, so every
+    id a model of a real vocabulary samples decodes (to that text). Encoding never produces them:
+    they have no merges. Real Qwen3 checkpoints likewise carry ids past their trained merges."""
+    import json
+
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    for i in range(tok.get_vocab_size(), vocab_size):
+        vocab[f"<|reserved_{i}|>"] = i
+    return Tokenizer.from_str(json.dumps(spec))

@@ -11,6 +11,7 @@ once. Per-step files are named `step_{N:06d}` (`step_name`), so they sort by ste
     orchestrator/step_N.json    the orchestrator's state after step N (prompt sampler, ledger)
     metrics.jsonl, metrics.png  one orchestrator record per step (`rlkit runs show`), plotted
     trainer_metrics.jsonl       one trainer record per step, written before its weights
+    trainer_costs.jsonl         seconds the trainer spent exporting, checkpointing, resuming
     samples.jsonl, eval.jsonl   sample rollouts, interleaved evaluations (`eval/step_N.jsonl`)
     STOP, TRAINER_FAILED        notes between the processes (`protocol.handoff`)
     .doorbells/                 wake-ups between the processes (`protocol.handoff`)
@@ -55,6 +56,7 @@ class RunLayout:
         self.metrics = root / "metrics.jsonl"
         self.metrics_plot = root / "metrics.png"
         self.trainer_metrics = root / "trainer_metrics.jsonl"
+        self.trainer_costs = root / "trainer_costs.jsonl"
         self.samples = root / "samples.jsonl"
         self.evals = root / "eval.jsonl"
         self.doorbells = root / ".doorbells"

@@ -55,6 +55,16 @@ def add_lora(lm: nn.Module, cfg: LoraConfig) -> nn.Module:
     return lm
 
 
+def store_frozen_in(lm: nn.Module, dtype: torch.dtype) -> None:
+    """Keep the frozen base's parameters in `dtype`, the checkpoint's own (bf16 for rlkit's and
+    Qwen3's): they never change, so nothing is lost, and a bf16 base takes half an fp32 one's
+    memory (2 of a LoRA trainer's ~5 bytes per base parameter). FSDP2 still computes in its
+    `param_dtype`: each layer's gather casts. A wider `dtype` than the model's is left alone."""
+    for param in lm.parameters():
+        if not param.requires_grad and dtype.itemsize < param.dtype.itemsize:
+            param.data = param.data.to(dtype)
+
+
 def to_peft_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The adapter tensors of a model state dict (keys relative to the HF model) under PEFT's
     saved names: `model.layers.0.q_proj.lora_A.default.weight` ->

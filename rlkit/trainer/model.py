@@ -21,7 +21,7 @@ from rlkit.errors import UsageError
 from rlkit.protocol.model import LoraConfig, ModelConfig
 from rlkit.trainer.dist import is_main, world_size
 from rlkit.trainer.logprobs import chunked_logprobs
-from rlkit.trainer.lora import add_lora
+from rlkit.trainer.lora import add_lora, store_frozen_in
 from rlkit.trainer.routing import RouterControl
 
 
@@ -76,6 +76,12 @@ def decoder_layers(lm: nn.Module) -> list[nn.Module]:
     if layers is None:
         raise UsageError(f"{type(lm).__name__}: cannot find decoder layers at .model.layers")
     return list(layers)
+
+
+def stored_dtype(hf_config: Any) -> torch.dtype:
+    """The dtype of the checkpoint's tensors, as its config.json records it (fp32 if unsaid)."""
+    dtype = getattr(hf_config, "dtype", None) or torch.float32
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
 def compute_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
@@ -145,12 +151,14 @@ def load_policy(
     attn = attention_implementation(cfg, device)
     source = _from_pretrained(cfg, dtype="auto", attn_implementation="sdpa") if is_main() else None
     hf_config = AutoConfig.from_pretrained(cfg.path)
+    stored = stored_dtype(hf_config)  # before from_config, which sets the config's dtype
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(
             hf_config, dtype=torch.float32, attn_implementation=attn
         )
         if cfg.lora.enabled:
             add_lora(lm, cfg.lora)
+            store_frozen_in(lm, stored)
     if cfg.lora.enabled and source is not None:  # rank 0 draws the initial A (B = 0) for all
         add_lora(source, cfg.lora)
     lm.config.use_cache = False

@@ -85,13 +85,17 @@ def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
 
 @OPTIMIZERS.register("adamw")
 def adamw(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """torch.optim.AdamW over every trainable parameter."""
+    """torch.optim.AdamW over every trainable parameter, fused on CPU and CUDA: the per-tensor
+    form allocates two temporaries the size of each parameter (the 151,936-token embedding:
+    1.2 GB at Qwen3-0.6B, 2 bytes per parameter at the trainer's peak); the fused one none."""
+    params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
+        params,
         lr=cfg.lr,
         betas=cfg.betas,
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
+        fused=all(p.device.type in ("cpu", "cuda") for p in params) or None,
     )
 
 

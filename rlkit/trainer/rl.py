@@ -156,9 +156,14 @@ def run_rl(cfg: TrainerConfig) -> None:
     loss = cfg.loss.resolved
     trainer = Trainer(cfg, total_steps=cfg.max_steps)
     try:
+        t_resume = time.perf_counter()
         step, _ = trainer.maybe_resume()
+        resume_s = time.perf_counter() - t_resume
+        # what the step's record leaves out, after its weights: publishing, checkpoints, resume
+        costs = MetricsLog(RunLayout(run_dir).trainer_costs, step, enabled=dist.is_main())
         if step and dist.is_main():
             console.print(f"resumed from step {step}")
+            costs.append({"step": step, "resume_s": resume_s})
         publisher = Publisher(trainer, run_dir) if cfg.weights.publish else None
         if not step and cfg.model.lora.enabled and publisher is not None:
             publisher.publish(0)  # the initial adapter (B = 0: the base's policy)
@@ -186,10 +191,16 @@ def run_rl(cfg: TrainerConfig) -> None:
             record["batch_wait_s"] = batch_wait_s  # idle: waiting for (and reading) the batch
             if dist.is_main():  # before the weights: the orchestrator reads both at once
                 metrics.append(record)
+            cost: dict[str, float] = {"step": step}
+            t_cost = time.perf_counter()
             if publisher is not None:
                 publisher.publish(step)
+                cost["export_s"] = time.perf_counter() - t_cost
             if cfg.ckpt.interval and step % cfg.ckpt.interval == 0:
+                t_cost = time.perf_counter()
                 trainer.save_checkpoint(step, {"next_batch": step + 1})
+                cost["checkpoint_s"] = time.perf_counter() - t_cost
+            costs.append(cost)
             if dist.is_main():
                 note = " [red]skipped (non-finite loss or grad)[/]" if result.skipped else ""
                 console.print(

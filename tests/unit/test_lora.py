@@ -89,6 +89,9 @@ def test_lora_trains_adapter_only_resumes_and_exports_peft(
         trainable = {n for n, p in trainer.policy.named_parameters() if p.requires_grad}
         assert trainable and all(".lora_" in n for n in trainable)
         assert len(trainer.params) == len(trainable) == 2 * 3 * 2  # A, B x 3 modules x 2 layers
+        # the frozen base stays in the checkpoint's bf16 (half of fp32's memory); A and B fp32
+        dtypes = {p.requires_grad: p.dtype for p in trainer.policy.parameters()}
+        assert dtypes == {False: torch.bfloat16, True: torch.float32}
         frozen = {n: p.detach().full_tensor().clone() for n, p in trainer.policy.named_parameters()}
         for _ in range(2):
             assert not trainer.train_step(data, sft_loss, normalizer=64.0).skipped
