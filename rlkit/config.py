@@ -108,14 +108,21 @@ def validate(model: type[C], data: dict[str, Any], source: str = "config") -> C:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = f"unknown field{_suggest(model, err['loc'])}"
-            lines.append(f"  {loc}: {msg}")
+        lines = [f"  {loc}: {msg}" for loc, msg in field_errors(model, exc)]
         raise UsageError(f"invalid {source}:\n" + "\n".join(lines)) from exc
+
+
+def field_errors(model: type[BaseModel], exc: ValidationError) -> list[tuple[str, str]]:
+    """(dotted field, problem) for each error of validating `model`; an unknown field names the
+    closest known one."""
+    errors = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown field{_suggest(model, err['loc'])}"
+        errors.append((loc, msg))
+    return errors
 
 
 def _suggest(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
