@@ -13,6 +13,7 @@ once. Per-step files are named `step_{N:06d}` (`step_name`), so they sort by ste
     trainer_metrics.jsonl       one trainer record per step, written before its weights
     samples.jsonl, eval.jsonl   sample rollouts, interleaved evaluations (`eval/step_N.jsonl`)
     STOP, TRAINER_FAILED        notes between the processes (`protocol.handoff`)
+    COMPLETE                    the run trained to max_steps (`launch.resume`)
     .doorbells/                 wake-ups between the processes (`protocol.handoff`)
     logs/, pids.json            the launcher's per-process logs and process ids
     token                       the run's credential for its servers, mode 0600
@@ -60,6 +61,7 @@ class RunLayout:
         self.doorbells = root / ".doorbells"
         self.stop = root / "STOP"
         self.trainer_failed = root / "TRAINER_FAILED"
+        self.complete = root / "COMPLETE"
         self.logs = root / "logs"
         self.pids = root / "pids.json"
         self.token = root / "token"  # the run's credential, mode 0600 (`protocol.credentials`)
