@@ -35,7 +35,7 @@ from rlkit.inference.polling import busy_loop_env
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.launch import gpus
 from rlkit.launch.config import RLJobConfig, check_role
-from rlkit.launch.resume import clear_complete, finished_line, mark_complete
+from rlkit.launch.resume import clear_complete, finished_line, mark_complete, record_resume
 from rlkit.launch.roles import Role
 from rlkit.lifetime import die_with_parent_preexec
 from rlkit.orchestrator.config import run_token, run_token_file
@@ -252,6 +252,7 @@ def prepare_run_dir(
     if resume:
         start_step, state = prepare_resume(run_dir, report=lambda line: print_line(console, line))
         clear_complete(run_dir)  # trained further than it was
+        record_resume(run_dir, start_step)  # `rlkit runs show` marks it on every plot
     else:
         check_fresh_run_dir(run_dir)
         start_step, state = 0, None

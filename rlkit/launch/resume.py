@@ -57,6 +57,12 @@ def clear_complete(run_dir: str | Path) -> None:
     RunLayout(run_dir).complete.unlink(missing_ok=True)
 
 
+def record_resume(run_dir: str | Path, step: int) -> None:
+    """Note that the run continued from `step` (a marker on the report's plots)."""
+    with open(RunLayout(run_dir).resumes, "a") as f:
+        f.write(json.dumps({"step": step}) + "\n")
+
+
 def finished_line(cfg: RLJobConfig) -> str | None:
     """For a run already trained to `cfg`'s max_steps: the line that says so; else None."""
     path = RunLayout(cfg.log.run_dir).complete
