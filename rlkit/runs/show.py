@@ -292,7 +292,7 @@ def _svg(run: RunView, title: str, keys: tuple[str, ...], w: int = 460, h: int =
     x = left
     for label, color in legend:  # below the axes: never over the curves, never cut off
         parts.append(f'<text x="{x}" y="{h - 6}" fill="{color}">■ {html.escape(label)}</text>')
-        x += 12 + 6.5 * len(label)
+        x += 18 + 7 * len(label)
     parts.append("</svg>")
     return "".join(parts)
 
