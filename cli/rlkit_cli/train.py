@@ -59,7 +59,8 @@ def train(
     try:
         result = run_train(cfg, role=role, resume=resume)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the launcher turns it into one)
-        err.print(interrupted_line(cfg.log.run_dir), markup=False, soft_wrap=True)
+        if role != Role.INFERENCE:  # a role that trains: say how to continue
+            err.print(interrupted_line(cfg.log.run_dir), markup=False, soft_wrap=True)
         raise typer.Exit(130) from None
     evals = result.get("eval") or {}
     if len(evals) >= 2:
