@@ -3,7 +3,9 @@
 Every config model derives from `Config`, which forbids unknown fields so a typo is an error
 that names the field. `load_config(Model, path, overrides)` reads TOML, applies overrides such
 as ``["--trainer.lr", "1e-5", "--env.0.weight=2"]`` (values parsed as TOML literals, falling back
-to plain strings) and validates; any problem raises `UsageError` naming the field.
+to plain strings) and validates; any problem raises `UsageError` naming the field, and an
+unknown field with a close known one says "did you mean" (`did_you_mean`, the one spelling
+helper every command's config errors go through).
 
 Every command that takes a config (`rlkit train`, `rlkit sft`, `python -m rlkit.trainer.main`)
 accepts the same overrides after the config path: `--section.field VALUE` or
@@ -12,7 +14,10 @@ accepts the same overrides after the config path: `--section.field VALUE` or
 
 from __future__ import annotations
 
+import difflib
 import tomllib
+import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -91,16 +96,80 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise UsageError(f"{path}: invalid TOML: {exc}") from exc
 
 
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """'; did you mean X?' for the known names closest to a misspelt `name`, else ''."""
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
 def validate(model: type[C], data: dict[str, Any], source: str = "config") -> C:
-    """Validate `data` into `model`, turning pydantic errors into a UsageError naming fields."""
+    """Validate `data` into `model`, turning pydantic errors into a UsageError naming fields;
+    an unknown field says which known field of its section it is closest to."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-            lines.append(f"  {loc}: {err['msg']}")
+        lines = [f"  {loc}: {msg}" for loc, msg in field_errors(model, exc)]
         raise UsageError(f"invalid {source}:\n" + "\n".join(lines)) from exc
+
+
+def field_errors(model: type[BaseModel], exc: ValidationError) -> list[tuple[str, str]]:
+    """(dotted field, problem) for each error of validating `model`; an unknown field names the
+    closest known one."""
+    errors = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown field{_suggest(model, err['loc'])}"
+        errors.append((loc, msg))
+    return errors
+
+
+def _suggest(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """A close field of the unknown field's own section, else a close field anywhere in
+    `model` by its full dotted path (`trainer.lrr` -> `trainer.optim.lr`)."""
+    name = str(loc[-1])
+    section = _model_at(model, loc[:-1])
+    hint = did_you_mean(name, section.model_fields if section else ())
+    if hint:
+        return hint
+    paths = _field_paths(model)
+    close = difflib.get_close_matches(name, [p.rsplit(".", 1)[-1] for p in paths], cutoff=0.7)
+    matches = [p for p in paths if p.rsplit(".", 1)[-1] in close]
+    return f"; did you mean {' or '.join(matches[:3])}?" if matches else ""
+
+
+def _field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every field of `model` and of the config sections inside it, as dotted paths."""
+    paths = []
+    for name, field in model.model_fields.items():
+        paths.append(prefix + name)
+        inner = _model_in(field.annotation)
+        if inner is not None and inner is not model:
+            paths += _field_paths(inner, f"{prefix}{name}.")
+    return paths
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The config model that the section at `loc` (field names and list indices) validates as."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int) or current is None:
+            continue
+        field = current.model_fields.get(str(part))
+        current = _model_in(field.annotation) if field else None
+    return current
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The BaseModel inside an annotation like `X`, `X | None`, `list[X]`, `dict[str, X]`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def load_config(

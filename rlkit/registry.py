@@ -19,6 +19,8 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from rlkit.config import field_errors
+
 F = TypeVar("F", bound=Callable[..., Any])
 ENTRY_ATTR = "__rlkit_entry__"
 
@@ -38,8 +40,7 @@ class Entry(Generic[F]):
             return self.params.model_validate(values)
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join([where, *(str(p) for p in err['loc'])])}: {err['msg']}"
-                for err in exc.errors()
+                f"{where}.{loc}: {msg}" for loc, msg in field_errors(self.params, exc)
             )
             raise ValueError(f"{problems} ({self.name!r})") from None
 

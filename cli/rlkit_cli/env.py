@@ -172,9 +172,11 @@ def init_cmd(
 ) -> None:
     """Scaffold a working single-turn environment package."""
     from rlkit.hub import init_env
+    from rlkit.hub.scaffold import next_steps
 
     dest = init_env(name, path, description)
-    console.print(f"created {dest}")
+    console.print(f"created {dest}", markup=False)
+    console.print(next_steps(dest), markup=False, soft_wrap=True)
 
 
 @app.command("build")

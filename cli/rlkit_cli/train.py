@@ -32,8 +32,15 @@ def train(
     """
     from rlkit.config import load_config
     from rlkit.launch.config import RLJobConfig, check_role
+    from rlkit.launch.resume import interrupted_line, resumed_config
 
-    cfg = load_config(RLJobConfig, config, list(ctx.args))
+    err = Console(stderr=True)
+    if resume:  # the run's saved config; the overrides change it
+        cfg, changes = resumed_config(config, list(ctx.args))
+        for line in changes:
+            err.print(line, markup=False, soft_wrap=True)
+    else:
+        cfg = load_config(RLJobConfig, config, list(ctx.args))
     if slurm:
         from rlkit.errors import UsageError
         from rlkit.launch.slurm import launch
@@ -49,7 +56,12 @@ def train(
         return
     from rlkit.launch import run_train
 
-    result = run_train(cfg, role=role, resume=resume)
+    try:
+        result = run_train(cfg, role=role, resume=resume)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the launcher turns it into one)
+        if role != Role.INFERENCE:  # a role that trains: say how to continue
+            err.print(interrupted_line(cfg.log.run_dir), markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     evals = result.get("eval") or {}
     if len(evals) >= 2:
         first, last = min(evals), max(evals)

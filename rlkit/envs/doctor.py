@@ -128,7 +128,10 @@ def doctor(
             return False
         report(Finding("package", True, where))
         if source is None:
-            detail = "declares no verifiers requirement (base or extra): not a verifiers package"
+            detail = (
+                "declares no verifiers requirement (base or extra): not a verifiers package; "
+                f"an rlkit environment needs no bridge: rlkit env check {env_id} --gold"
+            )
             report(Finding("verifiers requirement", False, detail))
             return False
         report(Finding("verifiers requirement", True, f"verifiers{source.verifiers_spec or ''}"))

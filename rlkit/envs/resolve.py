@@ -20,6 +20,7 @@ for, in order:
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import importlib
@@ -39,6 +40,7 @@ from rlkit.envs.bridge.source import VfSource, find_verifiers_source, from_folde
 from rlkit.errors import UsageError
 from rlkit.hub.install import ensure_installed, install_from_index
 from rlkit.hub.names import parse_env_id
+from rlkit.hub.wheel_defaults import read_installed_defaults
 
 ENV_PATH_VAR = "RLKIT_ENV_PATH"
 
@@ -168,7 +170,12 @@ def _find(
         project = _project_folder(file, {name, module.__name__})
         source: EnvSource = "hub" if fresh else "installed"
         version = _installed_version(module.__name__, name, project)
-        return _record(env_id, name, source, module.__name__, project, version=version)
+        found = _record(env_id, name, source, module.__name__, project, version=version)
+        if found.eval_defaults or project is not None:
+            return found
+        # installed from a wheel: the defaults `rlkit env build` put in its metadata
+        defaults = read_installed_defaults(_dist_names(module.__name__, name))
+        return dataclasses.replace(found, eval_defaults=defaults)
     for folder in env_folders():
         for sub in dict.fromkeys([name, name.replace("_", "-"), name.replace("-", "_")]):
             module_name = _module_in(folder / sub, candidates)
@@ -274,13 +281,18 @@ def _installed_version(module: str, name: str, project: Path | None) -> str | No
     """The distribution's version (names like the environment's), else the project folder's,
     else (a module named unlike its distribution) through the module -> distribution map
     (1-2 s: it reads every installed package's file list; built once per process)."""
-    top = module.split(".")[0]
-    names = dict.fromkeys([name, name.replace("_", "-"), top, top.replace("_", "-")])
+    names = _dist_names(module, name)
     return (
         _dist_version(names)
         or _project_version(project)
-        or _dist_version(_packages_distributions().get(top, []))
+        or _dist_version(_packages_distributions().get(module.split(".")[0], []))
     )
+
+
+def _dist_names(module: str, name: str) -> list[str]:
+    """Distribution names an environment's package may go by."""
+    top = module.split(".")[0]
+    return list(dict.fromkeys([name, name.replace("_", "-"), top, top.replace("_", "-")]))
 
 
 def _dist_version(names: Iterable[str]) -> str | None:
@@ -321,6 +333,11 @@ def _requirement_names(requires: list[str]) -> set[str]:
 
 
 def _unknown(env_id: str, name: str, candidates: list[str]) -> UsageError:
+    if (Path.cwd() / env_id / "pyproject.toml").is_file():  # `rlkit env init NAME`'s folder
+        return UsageError(
+            f"unknown environment {env_id!r}; the package folder here is named by its path: "
+            f"./{env_id}"
+        )
     known = list_environments()
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""

@@ -15,15 +15,54 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
-from rlkit.config import Config
+from rlkit.config import Config, did_you_mean
+
+# The other sampling arguments a request may carry, passed to the server as they are: the
+# sampling fields of vLLM's chat completion request (a test keeps this a subset of them). A key
+# outside them is a typo (`max_token`), refused with the closest name rather than sent and
+# ignored.
+SERVER_SAMPLING_ARGS = frozenset(
+    {
+        "allowed_token_ids",
+        "bad_words",
+        "chat_template_kwargs",
+        "frequency_penalty",
+        "ignore_eos",
+        "include_stop_str_in_output",
+        "length_penalty",
+        "logit_bias",
+        "logprobs",
+        "max_completion_tokens",
+        "min_p",
+        "min_tokens",
+        "n",
+        "presence_penalty",
+        "reasoning_effort",
+        "repetition_penalty",
+        "response_format",
+        "seed",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "stop",
+        "stop_token_ids",
+        "structured_outputs",
+        "thinking_token_budget",
+        "top_k",
+        "top_logprobs",
+        "top_p",
+        "truncate_prompt_tokens",
+        "vllm_xargs",
+    }
+)
 
 
 class SamplingConfig(Config):
     """Sampling arguments sent with every request; unset fields fall through (see module).
 
-    Any other key (top_p, top_k, seed, chat_template_kwargs, ...) is passed to the server as is.
+    Any other server sampling argument (top_p, top_k, seed, chat_template_kwargs, ...:
+    `SERVER_SAMPLING_ARGS`) is passed to the server as is; an unknown key is an error.
     """
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
@@ -34,6 +73,14 @@ class SamplingConfig(Config):
     max_tokens: int | None = Field(
         None, gt=0, description="Max completion tokens per turn (unset: the environment's)."
     )
+
+    @model_validator(mode="after")
+    def _known_args(self) -> SamplingConfig:
+        known = [*SERVER_SAMPLING_ARGS, *type(self).model_fields]
+        for key in self.model_extra or {}:
+            if key not in SERVER_SAMPLING_ARGS:
+                raise ValueError(f"unknown sampling argument {key!r}{did_you_mean(key, known)}")
+        return self
 
     def request_args(self) -> dict[str, Any]:
         """The fields this layer sets, as request arguments."""

@@ -11,8 +11,9 @@
 Top-level keys fill EvalConfig fields the user did not set; `sampling` sits just above the
 environment's own sampling defaults (so -t/-T/-S still win). The table is read when the id is
 resolved (`ResolvedEnv.eval_defaults`, from the package's folder: local environment folders,
-editable installs and sdists); a wheel carries no pyproject.toml, so an environment installed
-from one uses rlkit's defaults.
+editable installs and sdists); a wheel carries no pyproject.toml, so `rlkit env build` puts the
+table in the wheel's metadata and an installed copy reads it from there
+(`rlkit.hub.wheel_defaults`): the installed package and its folder evaluate the same.
 """
 
 from __future__ import annotations

@@ -17,19 +17,23 @@ from packaging.utils import parse_sdist_filename, parse_wheel_filename
 from rlkit.atomic import atomic_dir
 from rlkit.errors import UsageError
 from rlkit.hub.names import module_name, normalize, validate_name, validate_version
+from rlkit.hub.wheel_defaults import embed_eval_defaults
 
 _TEMPLATES = {
     "pyproject.toml.jinja": "pyproject.toml",
     "README.md.jinja": "README.md",
     "module.py.jinja": "{module}/__init__.py",
-    "data.jsonl.jinja": "{module}/data.jsonl",
+    "train.jsonl.jinja": "{module}/train.jsonl",
+    "eval.jsonl.jinja": "{module}/eval.jsonl",
     "test_env.py.jinja": "tests/test_{module}.py",
+    "conftest.py.jinja": "tests/conftest.py",
     "gitignore.jinja": ".gitignore",
 }
 
 
 def init_env(name: str, parent: Path, description: str = "") -> Path:
-    """Create `parent/NAME/`, a working single-turn environment package; returns its path."""
+    """Create `parent/NAME/`, a working single-turn environment package (train and eval splits,
+    a gold completion, tests that pass from any folder); returns its path."""
     validate_name(name)
     dest = Path(parent) / name
     if dest.exists() and any(dest.iterdir()):
@@ -51,6 +55,15 @@ def init_env(name: str, parent: Path, description: str = "") -> Path:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(jinja.get_template(template).render(context))
     return dest
+
+
+def next_steps(dest: Path) -> str:
+    """What to run after `rlkit env init`: the folder is the environment's id until published."""
+    folder = str(dest) if Path(dest).is_absolute() else f"./{Path(dest).as_posix()}"
+    return (
+        f"next: rlkit env check {folder} --gold   (then: pytest {Path(dest) / 'tests'}; "
+        f"rlkit eval {folder} -m MODEL --base-url URL; rlkit env push {folder})"
+    )
 
 
 def project_metadata(path: Path) -> tuple[str, str]:
@@ -88,6 +101,7 @@ def dist_files(path: Path) -> list[Path]:
 
 def build_env(path: Path, isolation: bool = True) -> list[Path]:
     """Build wheel + sdist into `path/dist/` with `python -m build`; returns the two files.
+    The wheel carries the package's `[tool.rlkit.eval]` defaults (`rlkit.hub.wheel_defaults`).
 
     Isolated builds install the declared build requirements from the package index into a
     temporary environment; `isolation=False` uses the current interpreter's setuptools.
@@ -104,4 +118,8 @@ def build_env(path: Path, isolation: bool = True) -> list[Path]:
     files = dist_files(path)
     if len(files) != 2:
         raise UsageError(f"build of {path} produced {[f.name for f in files]}, not wheel + sdist")
+    table = tomllib.loads((path / "pyproject.toml").read_text()).get("tool", {})
+    defaults = table.get("rlkit", {}).get("eval")
+    if defaults:
+        embed_eval_defaults(next(f for f in files if f.suffix == ".whl"), defaults)
     return files

@@ -35,6 +35,7 @@ from rlkit.inference.polling import busy_loop_env
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.launch import gpus
 from rlkit.launch.config import RLJobConfig, check_role
+from rlkit.launch.resume import clear_complete, finished_line, mark_complete, record_resume
 from rlkit.launch.roles import Role
 from rlkit.lifetime import die_with_parent_preexec
 from rlkit.orchestrator.config import run_token, run_token_file
@@ -250,6 +251,8 @@ def prepare_run_dir(
     run_dir = Path(cfg.log.run_dir)
     if resume:
         start_step, state = prepare_resume(run_dir, report=lambda line: print_line(console, line))
+        clear_complete(run_dir)  # trained further than it was
+        record_resume(run_dir, start_step)  # `rlkit runs show` marks it on every plot
     else:
         check_fresh_run_dir(run_dir)
         start_step, state = 0, None
@@ -265,6 +268,9 @@ def run_train(
     role = Role(role)
     console = Console(stderr=True)
     run_dir = Path(cfg.log.run_dir)
+    if resume and role in (Role.ALL, Role.ORCHESTRATOR) and (done := finished_line(cfg)):
+        print_line(console, done)  # before anything starts: no server, no eval, no record
+        return {}
     if role == "orchestrator" and not cfg.inference.urls:
         raise UsageError("inference.urls: --role orchestrator needs the servers' URLs")
     envs = check_role(cfg, role)  # an unknown env id fails here, before anything starts
@@ -294,8 +300,12 @@ def run_train(
         orchestrator = Orchestrator.build(
             cfg, list(cfg.inference.urls), start_step=start_step, state=state, envs=envs
         )
-        return asyncio.run(orchestrator.run())
-    return _run_all(cfg, run_dir, start_step, state, envs, resume, console, devices)
+        result = asyncio.run(orchestrator.run())
+    else:
+        result = _run_all(cfg, run_dir, start_step, state, envs, resume, console, devices)
+    if cfg.orchestrator.max_steps:
+        mark_complete(run_dir, cfg.orchestrator.max_steps)
+    return result
 
 
 def _run_trainer_node(

@@ -14,6 +14,8 @@ once. Per-step files are named `step_{N:06d}` (`step_name`), so they sort by ste
     trainer_costs.jsonl         seconds the trainer spent exporting, checkpointing, resuming
     samples.jsonl, eval.jsonl   sample rollouts, interleaved evaluations (`eval/step_N.jsonl`)
     STOP, TRAINER_FAILED        notes between the processes (`protocol.handoff`)
+    COMPLETE                    the run trained to max_steps (`launch.resume`)
+    resumes.jsonl               one line per `--resume`: the step it continued from
     .doorbells/                 wake-ups between the processes (`protocol.handoff`)
     logs/, pids.json            the launcher's per-process logs and process ids
     token                       the run's credential for its servers, mode 0600
@@ -62,6 +64,8 @@ class RunLayout:
         self.doorbells = root / ".doorbells"
         self.stop = root / "STOP"
         self.trainer_failed = root / "TRAINER_FAILED"
+        self.complete = root / "COMPLETE"
+        self.resumes = root / "resumes.jsonl"
         self.logs = root / "logs"
         self.pids = root / "pids.json"
         self.token = root / "token"  # the run's credential, mode 0600 (`protocol.credentials`)

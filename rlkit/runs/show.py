@@ -26,9 +26,14 @@ SPARKS = "▁▂▃▄▅▆▇█"
 # (title, keys) of the HTML plots: the curves people look at
 PLOTS = (
     *PLOT_PANELS,
+    ("loss", ("loss",)),
+    ("gradient norm", ("grad_norm",)),
+    ("entropy (nats per token)", ("entropy",)),
+    ("learning rate", ("lr",)),
     ("throughput (completion tokens/s)", ("tokens_per_s",)),
     ("errored rollouts", ("rollouts_errored",)),
 )
+Z95 = 1.96  # eval error bars: a 95% interval of the mean over the eval's examples
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
 
 
@@ -57,6 +62,7 @@ class RunView:
     weights: list[Path]
     stopped: str | None = None
     notes: list[str] = field(default_factory=list)
+    resumes: list[int] = field(default_factory=list)  # steps a `--resume` continued from
 
     def series(self, key: str) -> list[tuple[int, float]]:
         return [
@@ -68,6 +74,18 @@ class RunView:
     def mean(self, key: str) -> float | None:
         values = [v for _, v in self.series(key)]
         return statistics.fmean(values) if values else None
+
+    def eval_points(self) -> list[tuple[str, int, float, float]]:
+        """(env_id, step, reward mean, 95% half-width) of every evaluation; the width treats
+        the examples as the independent units (rollouts of one example are correlated)."""
+        points = []
+        for record in self.evals:
+            mean, std = record.get("reward_mean"), record.get("reward_std")
+            if mean is None:
+                continue
+            n = max(int(record.get("num_examples") or 1), 1)
+            points.append((record.get("env_id", "?"), record["step"], mean, ci95(std, n)))
+        return points
 
     def eval_before_after(self) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
         """env_id -> (first evaluation, last evaluation)."""
@@ -107,7 +125,13 @@ def load_run(run_dir: str | Path) -> RunView:
         checkpoints=layout.checkpoint_dirs(),
         weights=layout.weights_versions(),
         stopped=stopped,
+        resumes=[int(r["step"]) for r in _jsonl(layout.resumes)],
     )
+
+
+def ci95(std: float | None, n: int) -> float:
+    """Half-width of a normal 95% interval of a mean of `n` units with deviation `std`."""
+    return Z95 * (std or 0.0) / n**0.5
 
 
 def sparkline(values: list[float], width: int = 60) -> str:
@@ -147,9 +171,14 @@ def summary_lines(run: RunView) -> list[str]:
             f"max {max(rewards):.3f})  {sparkline(rewards)}"
         )
     for env, (first, final) in sorted(run.eval_before_after().items()):
+        note = (
+            f"; ± is a 95% interval over its {final.get('num_examples')} examples"
+            if final.get("reward_std") is not None
+            else ""
+        )
         lines.append(
-            f"eval {env}: reward {_num(first.get('reward_mean'))} (step {first['step']}) -> "
-            f"{_num(final.get('reward_mean'))} (step {final['step']})"
+            f"eval {env}: reward {_eval_num(first)} (step {first['step']}) -> "
+            f"{_eval_num(final)} (step {final['step']}){note}"
         )
     lines.append(
         f"throughput {_num(run.mean('tokens_per_s'), '.0f')} completion tok/s, "
@@ -167,7 +196,10 @@ def summary_lines(run: RunView) -> list[str]:
     errored = sum(int(v) for _, v in run.series("rollouts_errored"))
     finished = sum(int(v) for _, v in run.series("rollouts_finished"))
     purged = sum(int(v) for _, v in run.series("rollouts_purged"))
-    lines.append(f"rollouts {finished} finished, {errored} errored, {purged} purged")
+    lines.append(
+        f"rollouts {finished} finished, {errored} errored (scored 0), {purged} purged "
+        "(dropped unused: too far off-policy to train on)"
+    )
     if run.stopped:
         lines.append(f"stopped: {run.stopped}")
     lines.append(
@@ -178,11 +210,23 @@ def summary_lines(run: RunView) -> list[str]:
     return lines
 
 
-def _svg(run: RunView, title: str, keys: tuple[str, ...], w: int = 460, h: int = 220) -> str:
-    """One line plot as inline SVG: axes with min/max labels, a polyline per key, a legend."""
-    left, right, top, bottom = 66, 10, 28, 30
+def _eval_num(record: dict[str, Any]) -> str:
+    mean = record.get("reward_mean")
+    if mean is None or record.get("reward_std") is None:
+        return _num(mean)
+    width = ci95(record.get("reward_std"), max(int(record.get("num_examples") or 1), 1))
+    return f"{mean:.3f} ± {width:.3f}"
+
+
+def _svg(run: RunView, title: str, keys: tuple[str, ...], w: int = 460, h: int = 240) -> str:
+    """One line plot as inline SVG: axes with three labelled ticks each, a polyline per key,
+    the evaluations (with 95% error bars) on the reward plot, resumed steps as dashed lines,
+    and a legend below the axes."""
+    left, right, top, bottom = 66, 10, 28, 48
     series = [(key, run.series(key)) for key in keys]
+    evals = run.eval_points() if "reward_mean" in keys else []
     points = [p for _, s in series for p in s]
+    points += [(step, m + d) for _, step, m, d in evals] + [(step, m - d) for _, step, m, d in evals]
     parts = [
         f'<svg class="plot" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
         'xmlns="http://www.w3.org/2000/svg" role="img">',
@@ -203,12 +247,25 @@ def _svg(run: RunView, title: str, keys: tuple[str, ...], w: int = 460, h: int =
         y = top + (1 - (value - y0) / (y1 - y0)) * (h - top - bottom)
         return f"{x:.1f},{y:.1f}"
 
-    parts += [
-        f'<text x="{left - 4}" y="{top + 10}" text-anchor="end">{y1:.3g}</text>',
-        f'<text x="{left - 4}" y="{h - bottom}" text-anchor="end">{y0:.3g}</text>',
-        f'<text x="{left}" y="{h - 10}">step {x0}</text>',
-        f'<text x="{w - right}" y="{h - 10}" text-anchor="end">step {x1}</text>',
-    ]
+    for frac in (0.0, 0.5, 1.0):  # three ticks per axis, labelled
+        value, step = y0 + frac * (y1 - y0), x0 + frac * (x1 - x0)
+        y = float(xy(x0, value).split(",")[1])
+        x = float(xy(step, y0).split(",")[0])
+        anchor = ("start", "middle", "end")[int(frac * 2)]
+        parts += [
+            f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{value:.3g}</text>',
+            f'<text x="{x:.1f}" y="{h - bottom + 14}" text-anchor="{anchor}">{step:.0f}</text>',
+        ]
+    parts.append(f'<text x="{left + (w - left - right) / 2}" y="{h - bottom + 27}" '
+                 'text-anchor="middle">step</text>')
+    for step in run.resumes:
+        if x0 <= step <= x1:
+            x = xy(step, y0).split(",")[0]
+            parts.append(
+                f'<line x1="{x}" y1="{top}" x2="{x}" y2="{h - bottom}" class="resume">'
+                f"<title>resumed from step {step}</title></line>"
+            )
+    legend = []
     for i, (key, s) in enumerate(series):
         if not s:
             continue
@@ -218,11 +275,24 @@ def _svg(run: RunView, title: str, keys: tuple[str, ...], w: int = 460, h: int =
         if len(s) == 1:
             cx, cy = xy(*s[0]).split(",")
             parts.append(f'<circle cx="{cx}" cy="{cy}" r="3" fill="{color}"/>')
-        if len(series) > 1:
-            parts.append(
-                f'<text x="{left + 6}" y="{top + 14 + 13 * i}" fill="{color}">'
-                f"{html.escape(key)}</text>"
-            )
+        legend.append((key, color))
+    for _env, step, mean, width in evals:
+        cx, cy = xy(step, mean).split(",")
+        _, hi = xy(step, mean + width).split(",")
+        _, lo = xy(step, mean - width).split(",")
+        parts.append(
+            f'<line x1="{cx}" y1="{hi}" x2="{cx}" y2="{lo}" class="eval"/>'
+            f'<rect x="{float(cx) - 3:.1f}" y="{float(cy) - 3:.1f}" width="6" height="6" '
+            'class="eval"/>'
+        )
+    if evals:
+        legend.append(("eval reward (95% interval)", "#000"))
+    if run.resumes:
+        legend.append(("resumed", "#888"))
+    x = left
+    for label, color in legend:  # below the axes: never over the curves, never cut off
+        parts.append(f'<text x="{x}" y="{h - 6}" fill="{color}">■ {html.escape(label)}</text>')
+        x += 18 + 7 * len(label)
     parts.append("</svg>")
     return "".join(parts)
 
@@ -236,6 +306,8 @@ h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 24px; }
 .plot { border: 1px solid #ddd; border-radius: 6px; background: #fff; font-size: 11px; }
 .plot .title { font-size: 13px; font-weight: 600; }
 .plot .frame { fill: none; stroke: #bbb; }
+.plot .eval { stroke: #000; fill: #000; stroke-width: 1.5; }
+.plot .resume { stroke: #888; stroke-dasharray: 4 3; }
 table { border-collapse: collapse; font-size: 12px; }
 td, th { border: 1px solid #ddd; padding: 4px 8px; vertical-align: top; text-align: left; }
 td.text { white-space: pre-wrap; max-width: 480px; font-family: monospace; }
@@ -247,8 +319,8 @@ def render_html(run: RunView) -> str:
     esc = html.escape
     plots = "".join(_svg(run, title, keys) for title, keys in PLOTS)
     evals = "".join(
-        f"<tr><td>{esc(env)}</td><td>{first['step']}</td><td>{_num(first.get('reward_mean'))}"
-        f"</td><td>{final['step']}</td><td>{_num(final.get('reward_mean'))}</td></tr>"
+        f"<tr><td>{esc(env)}</td><td>{first['step']}</td><td>{_eval_num(first)}"
+        f"</td><td>{final['step']}</td><td>{_eval_num(final)}</td></tr>"
         for env, (first, final) in sorted(run.eval_before_after().items())
     )
     samples = "".join(

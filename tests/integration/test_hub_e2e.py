@@ -176,7 +176,7 @@ def test_server_end_to_end(hub_server: tuple[str, Path, str], fresh_python: str,
         ["env", "pull", "alice/adder-env@0.1.0", "-d", str(tmp_path / "src"), "--hub", url]
     )
     assert "adder_env-0.1.0" in pulled.stdout
-    assert (tmp_path / "src" / "adder_env-0.1.0" / "adder_env" / "data.jsonl").is_file()
+    assert (tmp_path / "src" / "adder_env-0.1.0" / "adder_env" / "train.jsonl").is_file()
 
 
 @pytest.mark.slow

@@ -25,7 +25,13 @@ def test_init_writes_a_complete_package(tmp_path: Path) -> None:
     assert "rlkit" in project["project"]["dependencies"] and project["project"]["keywords"]
     assert project["tool"]["rlkit"]["eval"]["rollouts_per_example"] >= 1
     assert project["build-system"]["build-backend"] == "setuptools.build_meta"
-    for rel in ["README.md", "my_env/__init__.py", "my_env/data.jsonl", "tests/test_my_env.py"]:
+    for rel in [
+        "README.md",
+        "my_env/__init__.py",
+        "my_env/train.jsonl",
+        "my_env/eval.jsonl",
+        "tests/test_my_env.py",
+    ]:
         assert (root / rel).is_file(), rel
     with pytest.raises(UsageError, match="not empty"):
         init_env("my-env", tmp_path)

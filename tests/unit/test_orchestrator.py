@@ -53,7 +53,11 @@ def test_config_defaults_and_overrides(tmp_path: Path) -> None:
         ("orchestrator.c3po.token_budget=-5", "orchestrator.c3po.token_budget"),
         ("orchestrator.c3po.token_budget=10", "orchestrator.c3po.token_budget"),
         ("orchestrator.c3po.capacity=2", "orchestrator.c3po.capacity"),
-        ("orchestrator.c3po.batch_groups=2", "orchestrator.c3po.batch_groups: Extra inputs"),
+        (
+            "orchestrator.c3po.batch_groups=2",
+            "orchestrator.c3po.batch_groups: unknown field; did you mean "
+            "orchestrator.sync.batch_groups",
+        ),
         (
             "orchestrator.capacity=16",
             r"orchestrator\.capacity moved to \[orchestrator\.c3po\] "
@@ -78,7 +82,7 @@ def test_config_defaults_and_overrides(tmp_path: Path) -> None:
         ("loss.name=ppo", "loss.name: .*unknown loss 'ppo'"),
         ("loss.name=no_such_module_xyz:fn", "loss.name: .*cannot import no_such_module_xyz"),
         ("loss.params.alpha=2", "loss: .*params.alpha: Input should be less than or equal to 1"),
-        ("loss.params.clip_c=3", "loss: .*params.clip_c: Extra inputs"),
+        ("loss.params.clip_c=3", "loss: .*params.clip_c: unknown field"),
         ("loss.mismatch_correction=mask", "loss.mismatch_correction"),
         ("trainer.mini_batches=0", "trainer.mini_batches"),
         ("orchestrator.advantage=ppo", "orchestrator: .*unknown advantage estimator 'ppo'"),

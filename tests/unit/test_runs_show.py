@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.runs.show import load_run, render_html, sparkline, summary_lines
+from rlkit.runs.show import PLOTS, load_run, render_html, sparkline, summary_lines
 from tests.helpers.cli import run_cli
 
 
@@ -39,12 +39,15 @@ def test_summary_of_a_run_directory(tmp_path: Path) -> None:
     assert "reward 0.250 -> 0.750 (min 0.250, max 0.750)  ▁▄█" in lines
     assert "eval e: reward 0.100 (step 0) -> 0.600 (step 3)" in lines
     assert any(line.startswith("throughput 100 completion tok/s") for line in lines)
-    assert "rollouts 0 finished, 2 errored, 0 purged" in lines
+    assert (
+        "rollouts 0 finished, 2 errored (scored 0), 0 purged (dropped unused: too far "
+        "off-policy to train on)"
+    ) in lines
     assert "stopped: 3 consecutive groups without learning signal" in lines
     assert f"checkpoints {tmp_path / 'checkpoints' / 'step_000002'}" in lines
     page = render_html(load_run(tmp_path))
     assert (
-        page.count("<svg") == 6
+        page.count("<svg") == len(PLOTS)
         and "<script" not in page
         and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     )
@@ -57,3 +60,38 @@ def test_a_directory_that_is_not_a_run_is_a_usage_error(
     assert code == 2 and "is not a training run directory" in output
     code, output = run_cli(monkeypatch, capsys, "runs", "show", str(tmp_path / "nope"))
     assert code == 2 and "no such run directory" in output
+
+
+def test_the_html_report_answers_did_training_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Issue 45: loss, gradient norm, entropy and learning rate panels, evaluations with 95%
+    intervals on the reward plot, resumed steps marked, every axis labelled at three ticks, the
+    legend below the axes, and the summary's counts explained."""
+    run = tmp_path / "run"
+    run.mkdir()
+    steps = [
+        {"step": s, "reward_mean": 0.1 * s, "loss": 1.0 / s, "grad_norm": 2.0, "entropy": 1.5,
+         "lr": 1e-5, "tokens_per_s": 100.0, "rollouts_finished": 8, "rollouts_purged": 1}
+        for s in range(1, 7)
+    ]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    evals = [
+        {"step": 0, "env_id": "e", "reward_mean": 0.2, "reward_std": 0.4, "num_examples": 16},
+        {"step": 6, "env_id": "e", "reward_mean": 0.5, "reward_std": 0.5, "num_examples": 16},
+    ]
+    (run / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    (run / "resumes.jsonl").write_text('{"step": 3}\n')
+    (run / "config.toml").write_text('[orchestrator]\nmax_steps = 6\n[[env]]\nid = "e"\n')
+    out_html = tmp_path / "report.html"
+    code, out = run_cli(monkeypatch, capsys, "runs", "show", str(run), "--html", str(out_html))
+    assert code in (None, 0), out
+    assert "eval e: reward 0.200 ± 0.196 (step 0) -> 0.500 ± 0.245 (step 6); ± is a 95% " in out
+    assert "6 purged (dropped unused: too far off-policy to train on)" in out
+    page = out_html.read_text()
+    for title in ("loss", "gradient norm", "entropy (nats per token)", "learning rate"):
+        assert f'class="title">{title}</text>' in page
+    assert page.count('<line x1="') >= 2 and 'class="eval"' in page  # error bars
+    assert "eval reward (95% interval)" in page
+    assert "resumed from step 3" in page and page.count('class="resume"') >= 5
+    assert ">step</text>" in page and 'text-anchor="middle">3</text>' in page  # mid tick

@@ -67,7 +67,7 @@ def test_bad_loss_config_fails_before_any_work(tmp_path: Path) -> None:
 
     from rlkit.trainer.main import main
 
-    with pytest.raises(ValidationError, match=r"params\.alpah: Extra inputs"):
+    with pytest.raises(ValidationError, match=r"params\.alpah: unknown field; did you mean alpha"):
         LossConfig(name="icepop", params={"alpah": 0.3})
     with pytest.raises(ValidationError, match="unknown loss 'ppo'"):
         LossConfig(name="ppo")
