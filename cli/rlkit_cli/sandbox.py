@@ -49,6 +49,9 @@ def serve_cmd(
         help="Token file (mode 0600) clients must present [$RLKIT_HOME/sandbox/PORT/token, "
         "created].",
     ),
+    tenant: list[str] = typer.Option(
+        [], "--tenant", help="A client with its own token file and sessions (repeatable)."
+    ),
     profile: list[str] = typer.Option(
         ["30:512"],
         "--profile",
@@ -68,8 +71,9 @@ def serve_cmd(
     `[sandbox] url = "http://HOST:PORT"` and `token_file` (or RLKIT_SANDBOX_URL and
     RLKIT_SANDBOX_TOKEN_FILE).
     """
-    from rlkit.inference.auth import ServerSecurity
-    from rlkit.protocol.credentials import ensure_token_file
+    from rlkit.inference.auth import ServerSecurity, load_tenants
+    from rlkit.inference.lifecycle import infer_credentials
+    from rlkit.protocol.credentials import read_token
     from rlkit.sandbox.pool import Profile
     from rlkit.sandbox.runner import configure
     from rlkit.sandbox.service import ServiceSettings, serve
@@ -78,8 +82,10 @@ def serve_cmd(
     if token_file is None:
         home = Path(os.environ.get("RLKIT_HOME") or "~/.rlkit").expanduser()
         token_file = home / "sandbox" / str(port) / "token"
-        token_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    token = ensure_token_file(token_file)
+    creds = infer_credentials(port, token_file, tenant)
+    security = ServerSecurity(
+        owner_token=read_token(creds.token_file), tenants=load_tenants(creds.tenants_dir)
+    )
     config = ServiceSettings(
         profiles=tuple(Profile(*_profile(p)) for p in profile),
         pool_size=pool_size,
@@ -89,5 +95,7 @@ def serve_cmd(
         session_idle_s=session_idle_s,
     )
     typer.echo(f"sandbox service on http://{host}:{port}")
-    typer.echo(f"token file: {token_file.resolve()}", err=False)
-    serve(host, port, ServerSecurity(owner_token=token), config)
+    typer.echo(f"token file: {creds.token_file}")
+    for name, path in creds.tenant_files.items():
+        typer.echo(f"tenant {name}: {path}")
+    serve(host, port, security, config)

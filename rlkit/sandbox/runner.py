@@ -52,8 +52,8 @@ _settings: dict[str, object] = {
 # The service `run` and `PythonSession` use, when one is configured (else None: in-process).
 _service: SandboxClient | None = None
 _service_address = (
-    os.environ.get("RLKIT_SANDBOX_URL"),
-    os.environ.get("RLKIT_SANDBOX_TOKEN_FILE"),
+    os.environ.get("RLKIT_SANDBOX_URL") or None,
+    os.environ.get("RLKIT_SANDBOX_TOKEN_FILE") or None,
 )
 # One semaphore per event loop: asyncio primitives cannot be shared across loops.
 _semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (

@@ -88,23 +88,27 @@ class Admission:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.concurrency)
         slots = self._slots
-        if slots.locked() and self.waiting >= self.queue:
-            self.rejected += 1
-            raise Busy(self.retry_after())
-        self.waiting += 1
         began = time.monotonic()
-        try:
-            await asyncio.wait_for(slots.acquire(), max_wait)
-        except TimeoutError:
-            self.rejected += 1
-            raise Busy(self.retry_after()) from None
-        finally:
-            self.waiting -= 1
-        waited = time.monotonic() - began
-        if waited > 0.001:
+        if slots.locked():
+            if self.waiting >= self.queue:
+                self.rejected += 1
+                raise Busy(self.retry_after())
+            self.waiting += 1
+            try:
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation
+                async with asyncio.timeout(max_wait):
+                    await slots.acquire()
+            except TimeoutError:
+                self.rejected += 1
+                raise Busy(self.retry_after()) from None
+            finally:
+                self.waiting -= 1
             self.waits += 1
-            self.wait_s_total += waited
-            self.wait_s_max = max(self.wait_s_max, waited)
+        else:
+            await slots.acquire()  # free: returns at once
+        waited = time.monotonic() - began
+        self.wait_s_total += waited
+        self.wait_s_max = max(self.wait_s_max, waited)
         self.running += 1
         try:
             yield
