@@ -11,11 +11,14 @@ from pathlib import Path
 
 import pytest
 from datasets import Dataset
+from transformers import AutoTokenizer
 
 from rlkit.envs.check import ScriptedClient
 from rlkit.envs.mcp import MCPToolEnv
 from rlkit.envs.rubric import Rubric
+from rlkit.eval import load_run
 from rlkit.sandbox import backends
+from tests.helpers.cli import only_run_dir, run_cli
 from tests.helpers.mcp_servers import broken_server_dir, install_mcp_server_time
 from tests.helpers.system import require_system
 
@@ -119,3 +122,51 @@ async def test_a_server_that_does_not_start_errors_only_its_rollout() -> None:
         env.rollout(env.eval_dataset[0], ScriptedClient(script), "m", {}), 90
     )
     assert rollout.error is not None and "no_such_module_xyz" in rollout.error
+
+
+ENV_MODULE = """
+from datasets import Dataset
+from transformers import AutoTokenizer
+
+from rlkit.envs.mcp import MCPToolEnv
+from rlkit.envs.rubric import Rubric
+from rlkit.eval import load_run
+
+CITIES = ["Europe/Paris", "Asia/Tokyo", "America/New_York"]
+
+
+def named_the_zone(completion, answer) -> float:
+    return float(any(answer in str(m.get("content")) for m in completion))
+
+
+def load_environment(server_dir: str, **kwargs):
+    rows = Dataset.from_list(
+        [{"question": f"What time is it in {c}? Call get_current_time.", "answer": c}
+         for c in CITIES]
+    )
+    command = ["python3", "-m", "mcp_server_time", "--local-timezone", "UTC"]
+    server = {"name": "time", "command": command, "pythonpath": [server_dir]}
+    return MCPToolEnv(eval_dataset=rows, rubric=Rubric([named_the_zone]),
+                      mcp_servers=[server], max_turns=2)
+"""
+
+
+def test_rlkit_eval_of_an_mcp_environment_against_the_real_tiny_model(
+    time_server, vllm_server, tiny_model_dir, tmp_path, monkeypatch, capsys
+) -> None:
+    (tmp_path / "pkgs").mkdir()
+    (tmp_path / "pkgs" / "mcp_time_env.py").write_text(ENV_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    code, output = run_cli(
+        monkeypatch, capsys, "eval", "mcp-time-env", "-m", str(tiny_model_dir),
+        "-b", vllm_server.url, "--token-file", str(vllm_server.token_file),
+        "-n", "3", "-r", "1", "-t", "32", "-a", json.dumps({"server_dir": str(time_server)}),
+        "-o", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert code == 0, output
+    run = load_run(only_run_dir(tmp_path / "out"))
+    assert len(run.results) == 3 and run.metadata.summary["errors"] == 0
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for result in run.results:
+        prompt = tokenizer.decode(result.rollout.turns[0].prompt_token_ids)
+        assert "get_current_time" in prompt and "convert_time" in prompt  # schemas rendered
