@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rlkit.ports import SANDBOX_PORT
+
 app = typer.Typer(help="Inspect or serve the untrusted-code sandbox.", no_args_is_help=True)
 
 
@@ -42,7 +44,7 @@ def _profile(text: str) -> tuple[float, int]:
 @app.command("serve")
 def serve_cmd(
     host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
-    port: int = typer.Option(8790, help="TCP port."),
+    port: int = typer.Option(SANDBOX_PORT, help="TCP port."),
     token_file: Path | None = typer.Option(
         None,
         "--token-file",
