@@ -3,3 +3,4 @@
 
 INFERENCE_PORT = 8000  # `rlkit infer` (vLLM's own default; `rlkit eval -b` expects it)
 HUB_PORT = 8080  # `rlkit hub serve`
+SANDBOX_PORT = 8790  # `rlkit sandbox serve`

@@ -1,14 +1,18 @@
-"""`rlkit sandbox ...`: inspect the untrusted-code sandbox on this machine."""
+"""`rlkit sandbox ...`: inspect the untrusted-code sandbox on this machine, or serve it."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(help="Inspect the untrusted-code sandbox.", no_args_is_help=True)
+from rlkit.ports import SANDBOX_PORT
+
+app = typer.Typer(help="Inspect or serve the untrusted-code sandbox.", no_args_is_help=True)
 
 
 @app.command("check")
@@ -27,3 +31,73 @@ def check_cmd() -> None:
     Console().print(table)
     if not all(f.ok for f in findings):
         raise typer.Exit(1)
+
+
+def _profile(text: str) -> tuple[float, int]:
+    timeout, _, memory = text.partition(":")
+    try:
+        return float(timeout), int(memory)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: expected TIMEOUT_S:MEMORY_MB, e.g. 30:512") from None
+
+
+@app.command("serve")
+def serve_cmd(
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
+    port: int = typer.Option(SANDBOX_PORT, help="TCP port."),
+    token_file: Path | None = typer.Option(
+        None,
+        "--token-file",
+        help="Token file (mode 0600) clients must present [$RLKIT_HOME/sandbox/PORT/token, "
+        "created].",
+    ),
+    tenant: list[str] = typer.Option(
+        [], "--tenant", help="A client with its own token file and sessions (repeatable)."
+    ),
+    profile: list[str] = typer.Option(
+        ["30:512"],
+        "--profile",
+        help="A warm pool's limits, TIMEOUT_S:MEMORY_MB (repeatable); requests may ask for "
+        "less, never more than the largest.",
+    ),
+    pool_size: int = typer.Option(4, min=0, help="Warm sandboxes kept ready per profile."),
+    concurrency: int = typer.Option(4, min=1, help="Programs and cells running at once."),
+    queue: int = typer.Option(256, min=0, help="Requests waiting for a slot; more get 429."),
+    session_idle_s: float = typer.Option(300.0, min=1, help="Close sessions unused this long."),
+    max_sessions: int = typer.Option(256, min=1, help="Open sessions at most."),
+    backend: str | None = typer.Option(None, help="Sandbox backend [bwrap]."),
+) -> None:
+    """Serve the sandbox over HTTP: warm pools, a shared concurrency limit, sessions, metrics.
+
+    Every route but /health needs the token in the printed token file; clients set
+    `[sandbox] url = "http://HOST:PORT"` and `token_file` (or RLKIT_SANDBOX_URL and
+    RLKIT_SANDBOX_TOKEN_FILE).
+    """
+    from rlkit.inference.auth import ServerSecurity, load_tenants
+    from rlkit.inference.lifecycle import infer_credentials
+    from rlkit.protocol.credentials import read_token
+    from rlkit.sandbox.pool import Profile
+    from rlkit.sandbox.runner import configure
+    from rlkit.sandbox.service import ServiceSettings, serve
+
+    configure(backend=backend, url="")  # the service runs its sandboxes itself
+    if token_file is None:
+        home = Path(os.environ.get("RLKIT_HOME") or "~/.rlkit").expanduser()
+        token_file = home / "sandbox" / str(port) / "token"
+    creds = infer_credentials(port, token_file, tenant)
+    security = ServerSecurity(
+        owner_token=read_token(creds.token_file), tenants=load_tenants(creds.tenants_dir)
+    )
+    config = ServiceSettings(
+        profiles=tuple(Profile(*_profile(p)) for p in profile),
+        pool_size=pool_size,
+        concurrency=concurrency,
+        queue=queue,
+        max_sessions=max_sessions,
+        session_idle_s=session_idle_s,
+    )
+    typer.echo(f"sandbox service on http://{host}:{port}")
+    typer.echo(f"token file: {creds.token_file}")
+    for name, path in creds.tenant_files.items():
+        typer.echo(f"tenant {name}: {path}")
+    serve(host, port, security, config)

@@ -1,8 +1,9 @@
-"""`[sandbox]` in eval and train configs: the backend and memory cap, applied at run start."""
+"""`[sandbox]` in eval and train configs: the backend and memory cap, or a sandbox service;
+applied at run start."""
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlkit.config import Config
 from rlkit.sandbox.backends import backend_class
@@ -23,6 +24,21 @@ class SandboxConfig(Config):
         None, ge=1, description="Memory cap of one sandbox's whole process tree (default 2048)."
     )
 
+    url: str | None = Field(
+        None,
+        description="A sandbox service (`rlkit sandbox serve`), e.g. http://127.0.0.1:8790: "
+        "programs and Python sessions run there; unset: RLKIT_SANDBOX_URL, else in-process.",
+    )
+    token_file: str | None = Field(
+        None, description="The sandbox service's token file (mode 0600); required with url."
+    )
+
+    @model_validator(mode="after")
+    def _url_has_token(self) -> SandboxConfig:
+        if self.url and not self.token_file:
+            raise ValueError("sandbox.token_file is required with sandbox.url")
+        return self
+
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, name: str | None) -> str | None:
@@ -33,4 +49,9 @@ class SandboxConfig(Config):
     def apply(self) -> None:
         """Configure the sandbox before the run loads its environments; those that run
         untrusted code call `rlkit.sandbox.require()` when they load."""
-        configure(backend=self.backend, total_memory_mb=self.total_memory_mb)
+        configure(
+            backend=self.backend,
+            total_memory_mb=self.total_memory_mb,
+            url=self.url,
+            token_file=self.token_file,
+        )

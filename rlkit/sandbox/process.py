@@ -104,11 +104,24 @@ async def execute(launch: Launch, stdin: str, timeout: float, output_limit: int)
         proc = await spawn(launch)
     except OSError as exc:
         return SandboxResult(status="sandbox_error", stderr=f"cannot start sandbox: {exc}")
+    return await supervise(proc, launch, stdin.encode(), timeout, output_limit, start)
+
+
+async def supervise(
+    proc: asyncio.subprocess.Process,
+    launch: Launch,
+    stdin: bytes,
+    timeout: float,
+    output_limit: int,
+    start: float,
+) -> SandboxResult:
+    """Feed `stdin` to a started sandbox, read its capped output until it ends or a limit
+    strikes, kill its tree and classify how it ended (a fresh or a warm sandbox alike)."""
     assert proc.stdin and proc.stdout and proc.stderr
     out = _CappedReader(proc.stdout, output_limit)
     err = _CappedReader(proc.stderr, output_limit)
     tasks = [
-        asyncio.ensure_future(_feed(proc.stdin, stdin.encode())),
+        asyncio.ensure_future(_feed(proc.stdin, stdin)),
         asyncio.ensure_future(out.run(lambda: kill_tree(proc.pid))),
         asyncio.ensure_future(err.run(lambda: kill_tree(proc.pid))),
     ]

@@ -7,6 +7,11 @@ runs only when the user chooses it explicitly (`RLKIT_SANDBOX_BACKEND=local`, a 
 `[sandbox] backend = "local"`, or `configure`), and every run start that resolves it logs a
 warning. `RLKIT_SANDBOX_CONCURRENCY` and `RLKIT_SANDBOX_TOTAL_MEMORY_MB` override the other
 defaults.
+
+With a sandbox service configured (`configure(url=..., token_file=...)`, `[sandbox] url`, or
+`RLKIT_SANDBOX_URL` + `RLKIT_SANDBOX_TOKEN_FILE`), `run` and `PythonSession` send their work to
+`rlkit sandbox serve` instead (`rlkit.sandbox.client`); a run with `mounts` (host directories)
+still runs here, since a service on another machine cannot see them.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from rich.console import Console
 
 from rlkit.errors import SystemRequirementError
 from rlkit.sandbox.backends import Backend, backend_class
+from rlkit.sandbox.client import SandboxClient
 from rlkit.sandbox.launch import Mounts
 from rlkit.sandbox.limits import DEFAULT_TOTAL_MEMORY_MB, MIB, Limits
 from rlkit.sandbox.process import execute
@@ -43,6 +49,12 @@ _settings: dict[str, object] = {
     ),
     "output_limit": 1 * MIB,
 }
+# The service `run` and `PythonSession` use, when one is configured (else None: in-process).
+_service: SandboxClient | None = None
+_service_address = (
+    os.environ.get("RLKIT_SANDBOX_URL") or None,
+    os.environ.get("RLKIT_SANDBOX_TOKEN_FILE") or None,
+)
 # One semaphore per event loop: asyncio primitives cannot be shared across loops.
 _semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
     weakref.WeakKeyDictionary()
@@ -55,11 +67,13 @@ def configure(
     concurrency: int | None = None,
     total_memory_mb: int | None = None,
     output_limit_bytes: int | None = None,
+    url: str | None = None,
+    token_file: str | None = None,
 ) -> None:
     """Change the process-wide sandbox settings (the backend: a registered name or
     `module:Class`; parallel runs; the memory cap of one sandbox's whole process tree; the
-    per-stream output cap)."""
-    global _backend_name
+    per-stream output cap; a sandbox service's URL and token file, "" for in-process)."""
+    global _backend_name, _service, _service_address
     if backend is not None:
         backend_class(backend)  # ValueError: unknown, unimportable, or not a Backend
         _backend_name = backend
@@ -75,6 +89,29 @@ def configure(
         _settings["total_memory_mb"] = total_memory_mb
     if output_limit_bytes is not None:
         _settings["output_limit"] = output_limit_bytes
+    if url is not None:
+        if url and not token_file:
+            raise ValueError("a sandbox service url needs its token_file")
+        _service_address = (url or None, token_file or None)
+        _service = None
+
+
+def settings() -> dict[str, object]:
+    """The process-wide settings (concurrency, total_memory_mb, output_limit)."""
+    return dict(_settings)
+
+
+def service() -> SandboxClient | None:
+    """The configured sandbox service's client, or None when the sandbox runs in-process."""
+    global _service
+    url, token_file = _service_address
+    if url is None:
+        return None
+    if _service is None:
+        if not token_file:
+            raise SandboxUnavailable("RLKIT_SANDBOX_URL is set without RLKIT_SANDBOX_TOKEN_FILE")
+        _service = SandboxClient(url, token_file)
+    return _service
 
 
 def limits(timeout: float, memory_mb: int) -> Limits:
@@ -113,9 +150,12 @@ def warn_unsafe(name: str) -> None:
     Console(stderr=True).print(f"[bold red]WARNING:[/] {message}", highlight=False)
 
 
-def require() -> Backend:
+def require() -> Backend | None:
     """Called at the start of every run that will execute untrusted code (an environment's
-    load, `rlkit eval`, `rlkit train`): fails early with the fix, or logs the unsafe choice."""
+    load, `rlkit eval`, `rlkit train`): fails early with the fix, or logs the unsafe choice.
+    With a service configured, the service checked its own backend when it started (None)."""
+    if service() is not None:
+        return None
     active_backend.cache_clear()
     return active_backend()
 
@@ -145,6 +185,9 @@ async def run(
     """
     if timeout <= 0 or memory_mb <= 0:
         raise ValueError("sandbox timeout and memory_mb must be positive")
+    remote = service() if mounts is None else None
+    if remote is not None:
+        return await remote.run(code, language, stdin, timeout, memory_mb, files)
     run_limits = limits(timeout, memory_mb)
     backend = active_backend()
     async with _semaphore():

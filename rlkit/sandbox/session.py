@@ -4,7 +4,8 @@ One `python3` in the chosen sandbox backend (`rlkit.sandbox.backends`; bubblewra
 runs `repl_server.py` for the session's lifetime; cells go over stdin as JSON lines and answers
 come back the same way. A cell that exceeds its wall-clock timeout or crashes the interpreter
 kills the whole sandbox; the next cell starts a fresh one (its state is gone, and the result
-says so).
+says so). With a sandbox service configured the interpreter lives on the service
+(`RemoteSession`), with the same results; a service that fails answers "sandbox_error".
 """
 
 from __future__ import annotations
@@ -12,17 +13,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+from rlkit.sandbox.client import ServiceError
 from rlkit.sandbox.launch import Launch
 from rlkit.sandbox.process import classify, kill_tree, spawn
 from rlkit.sandbox.result import Status
-from rlkit.sandbox.runner import active_backend, limits
+from rlkit.sandbox.runner import active_backend, limits, service
+from rlkit.sandbox.wire import DEFAULT_MAX_QUEUE_S, encode_files
 
+logger = logging.getLogger(__name__)
 REPL_SOURCE = (Path(__file__).parent / "repl_server.py").read_text()
 # Interpreter start is slow on a loaded machine; it is waited for separately from cell timeouts.
 STARTUP_TIMEOUT_S = 60.0
@@ -52,7 +57,9 @@ class PythonSession:
         output_limit: int = 16384,
         lifetime_cpu_s: float = 600.0,
         files: dict[str, str | bytes] | None = None,
+        local: bool = False,
     ) -> None:
+        """`local`: run here even when a service is configured (the service's own sessions)."""
         self.timeout = timeout
         self.output_limit = output_limit
         # rlimits cover the whole interpreter lifetime, so CPU is a session budget.
@@ -62,6 +69,7 @@ class PythonSession:
         self._stack: contextlib.ExitStack | None = None
         self._launch: Launch | None = None  # how the backend reads the interpreter's end
         self._lock = asyncio.Lock()
+        self._remote = None if local else RemoteSession.configured(self)
 
     async def __aenter__(self) -> PythonSession:
         return self
@@ -98,6 +106,9 @@ class PythonSession:
 
     async def execute(self, code: str, timeout: float | None = None) -> CellResult:
         """Run one cell in the session's namespace; never raises for what the cell does."""
+        if self._remote is not None:
+            async with self._lock:
+                return await self._remote.execute(code, timeout)
         async with self._lock:
             start = time.monotonic()
             if not self.alive:
@@ -152,6 +163,9 @@ class PythonSession:
 
     async def close(self) -> None:
         """Kill the interpreter and everything it started; the next cell starts a new one."""
+        if self._remote is not None:
+            await self._remote.close()
+            return
         proc, self._proc = self._proc, None
         if proc is not None:
             kill_tree(proc.pid)
@@ -162,3 +176,60 @@ class PythonSession:
             self._stack.close()
             self._stack = None
         self._launch = None
+
+
+class RemoteSession:
+    """A `PythonSession`'s interpreter on the sandbox service, opened at its first cell."""
+
+    def __init__(self, session: PythonSession) -> None:
+        client = service()
+        assert client is not None
+        self.client = client
+        self.options = {
+            "timeout": session.timeout,
+            "memory_mb": session.limits.memory_mb,
+            "output_limit": session.output_limit,
+            "lifetime_cpu_s": session.limits.timeout,
+            "files": encode_files(session.files),
+        }
+        self.session_id: str | None = None
+
+    @classmethod
+    def configured(cls, session: PythonSession) -> RemoteSession | None:
+        return None if service() is None else cls(session)
+
+    async def execute(self, code: str, timeout: float | None) -> CellResult:
+        start = time.monotonic()
+        work_s = timeout or float(self.options["timeout"])
+        body = {"code": code, "timeout": timeout, "max_queue_s": DEFAULT_MAX_QUEUE_S}
+        restarted = False
+        try:
+            if self.session_id is None:
+                opened = await self.client.call("POST", "/sessions", self.options, work_s)
+                self.session_id = opened["id"]
+            try:
+                path = f"/sessions/{self.session_id}/execute"
+                answer = await self.client.call("POST", path, body, work_s)
+            except KeyError:  # expired on the service: a fresh interpreter, state lost
+                self.session_id = None
+                restarted = True
+                opened = await self.client.call("POST", "/sessions", self.options, work_s)
+                self.session_id = opened["id"]
+                path = f"/sessions/{self.session_id}/execute"
+                answer = await self.client.call("POST", path, body, work_s)
+        except (ServiceError, KeyError) as exc:
+            self.session_id = None  # whatever state the service held is out of reach
+            logger.warning("python session on the sandbox service failed: %s", exc)
+            return CellResult(
+                status="sandbox_error",
+                duration=time.monotonic() - start,
+                restarted=True,
+            )
+        result = CellResult.model_validate(answer)
+        return result.model_copy(update={"restarted": result.restarted or restarted})
+
+    async def close(self) -> None:
+        session_id, self.session_id = self.session_id, None
+        if session_id is not None:
+            with contextlib.suppress(ServiceError, KeyError, ValueError):
+                await self.client.call("DELETE", f"/sessions/{session_id}", None, 10.0)

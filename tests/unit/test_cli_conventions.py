@@ -10,7 +10,7 @@ import pytest
 import typer
 from rlkit_cli.main import app
 
-from rlkit.ports import HUB_PORT, INFERENCE_PORT
+from rlkit.ports import HUB_PORT, INFERENCE_PORT, SANDBOX_PORT
 from rlkit.trainer.main import trainer_command
 from tests.helpers.cli import ROOT, run_cli
 
@@ -27,7 +27,8 @@ def _default(path: list[str], option: str) -> object:
 def test_no_two_servers_default_to_the_same_port() -> None:
     assert _default(["infer"], "port") == INFERENCE_PORT
     assert _default(["hub", "serve"], "port") == HUB_PORT
-    assert INFERENCE_PORT != HUB_PORT
+    assert _default(["sandbox", "serve"], "port") == SANDBOX_PORT
+    assert len({INFERENCE_PORT, HUB_PORT, SANDBOX_PORT}) == 3
 
 
 def test_sft_takes_the_same_overrides_and_process_count_as_train(monkeypatch, capsys) -> None:

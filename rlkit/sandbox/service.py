@@ -1,0 +1,379 @@
+"""`rlkit sandbox serve`: the sandbox as an HTTP service, for every process of a run (or other
+machines) to share one pool, one concurrency limit and one set of metrics.
+
+Routes (JSON only; every one but `GET /health` needs `Authorization: Bearer TOKEN`, checked
+before the body is read, as on `rlkit infer`): `POST /run` (a program in a fresh sandbox:
+`rlkit.sandbox.run`'s arguments, a `SandboxResult` back), `POST /sessions`,
+`POST /sessions/{id}/execute`, `DELETE /sessions/{id}` (a `PythonSession` kept on the service,
+usable only by the caller that opened it, closed after `session_idle_s` unused), `GET /metrics`.
+
+Backpressure: at most `concurrency` programs or cells run at once and at most `queue` requests
+wait for a slot; beyond that, or after a request's `max_queue_s` of waiting, the answer is 429
+with `Retry-After`. A request over the service's limits (timeout, memory, body size) is a 400 or
+413 that names the limit. Programs run in warm sandboxes (`rlkit.sandbox.pool`), one per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from rlkit.inference.auth import RequireToken, ServerSecurity, caller
+from rlkit.sandbox.pool import Profile, WarmPool
+from rlkit.sandbox.runner import active_backend, limits, settings
+from rlkit.sandbox.session import PythonSession
+from rlkit.sandbox.wire import CellRequest, RunRequest, SessionRequest, decode_files
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """What one service allows and keeps ready."""
+
+    profiles: tuple[Profile, ...] = (Profile(timeout=30.0, memory_mb=1024),)
+    pool_size: int = 4  # warm sandboxes kept ready per profile
+    concurrency: int = 4  # programs and cells running at once
+    queue: int = 256  # requests waiting for a slot at most; more get 429
+    max_request_bytes: int = 16 << 20
+    max_sessions: int = 256
+    session_idle_s: float = 300.0
+
+
+class Busy(Exception):
+    """No slot now and the queue is full (or the wait ran out): 429."""
+
+    def __init__(self, retry_after: int) -> None:
+        self.retry_after = retry_after
+
+
+class Refused(Exception):
+    """A request the service will not run (over its limits, malformed): 400 / 413."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status, self.message = status, message
+
+
+@dataclass
+class Admission:
+    """The concurrency limit with its bounded queue, and what waiting cost."""
+
+    concurrency: int
+    queue: int
+    waiting: int = 0
+    running: int = 0
+    rejected: int = 0
+    waits: int = 0  # requests that had to wait for a slot
+    wait_s_total: float = 0.0
+    wait_s_max: float = 0.0
+    durations: list[float] = field(default_factory=list)  # recent run times, for Retry-After
+    _slots: asyncio.Semaphore | None = None
+
+    def retry_after(self) -> int:
+        mean = sum(self.durations) / len(self.durations) if self.durations else 1.0
+        return max(1, math.ceil(mean * (self.waiting + 1) / self.concurrency))
+
+    @contextlib.asynccontextmanager
+    async def slot(self, max_wait: float) -> AsyncIterator[None]:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.concurrency)
+        slots = self._slots
+        began = time.monotonic()
+        if slots.locked():
+            if self.waiting >= self.queue:
+                self.rejected += 1
+                raise Busy(self.retry_after())
+            self.waiting += 1
+            try:
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation
+                async with asyncio.timeout(max_wait):
+                    await slots.acquire()
+            except TimeoutError:
+                self.rejected += 1
+                raise Busy(self.retry_after()) from None
+            finally:
+                self.waiting -= 1
+            self.waits += 1
+        else:
+            await slots.acquire()  # free: returns at once
+        waited = time.monotonic() - began
+        self.wait_s_total += waited
+        self.wait_s_max = max(self.wait_s_max, waited)
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
+            self.durations = [*self.durations[-99:], time.monotonic() - began - waited]
+            slots.release()
+
+
+@dataclass
+class Hosted:
+    """A session kept on the service for the caller that opened it."""
+
+    session: PythonSession
+    owner: str
+    last_used: float = field(default_factory=time.monotonic)
+    busy: bool = False
+
+
+class SandboxService:
+    """The service's state: pools, admission, sessions and counters."""
+
+    def __init__(self, config: ServiceSettings) -> None:
+        self.config = config
+        backend = active_backend()  # fails closed here, before the port opens
+        self.pools = [WarmPool(p, config.pool_size, backend) for p in config.profiles]
+        self.admission = Admission(config.concurrency, config.queue)
+        self.sessions: dict[str, Hosted] = {}
+        self.counts = {"runs": 0, "cells": 0, "sandbox_errors": 0, "sessions_expired": 0}
+        self._expiry: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        for pool in self.pools:
+            pool.fill()
+        self._expiry = asyncio.ensure_future(self._expire_sessions())
+
+    async def stop(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+        for pool in self.pools:
+            await pool.close()
+        for hosted in list(self.sessions.values()):
+            await hosted.session.close()
+        self.sessions.clear()
+
+    def _pool_for(self, timeout: float, memory_mb: int) -> WarmPool:
+        for pool in sorted(self.pools, key=lambda p: (p.profile.memory_mb, p.profile.timeout)):
+            if pool.profile.covers(timeout, memory_mb):
+                return pool
+        most = max(self.pools, key=lambda p: (p.profile.memory_mb, p.profile.timeout)).profile
+        raise Refused(
+            400,
+            f"over the service's limits: timeout {timeout} s / memory_mb {memory_mb} "
+            f"(at most {most.timeout} s and {most.memory_mb} MiB)",
+        )
+
+    async def run(self, request: RunRequest) -> dict[str, Any]:
+        pool = self._pool_for(request.timeout, request.memory_mb)
+        try:
+            files = decode_files(request.files)
+            run_limits = limits(request.timeout, request.memory_mb)
+        except ValueError as exc:
+            raise Refused(400, str(exc)) from None
+        async with self.admission.slot(request.max_queue_s):
+            sandbox = await pool.take()
+            self.counts["runs"] += 1
+            if sandbox is None:
+                self.counts["sandbox_errors"] += 1
+                return {"status": "sandbox_error", "stderr": "the sandbox did not start"}
+            try:
+                result = await sandbox.run(
+                    request.code,
+                    request.language,
+                    request.stdin,
+                    files,
+                    run_limits,
+                    int(settings()["output_limit"]),
+                )
+            except ValueError as exc:  # a file name outside the working directory
+                raise Refused(400, str(exc)) from None
+        if result.status == "sandbox_error":
+            self.counts["sandbox_errors"] += 1
+        return result.model_dump()
+
+    def open_session(self, request: SessionRequest, owner: str) -> dict[str, Any]:
+        self._pool_for(request.timeout, request.memory_mb)  # the same limits as programs
+        if len(self.sessions) >= self.config.max_sessions:
+            raise Busy(max(1, int(self.config.session_idle_s)))
+        try:
+            session = PythonSession(
+                timeout=request.timeout,
+                memory_mb=request.memory_mb,
+                output_limit=request.output_limit,
+                lifetime_cpu_s=request.lifetime_cpu_s,
+                files=decode_files(request.files),
+                local=True,
+            )
+        except ValueError as exc:
+            raise Refused(400, str(exc)) from None
+        session_id = secrets.token_urlsafe(24)
+        self.sessions[session_id] = Hosted(session, owner)
+        return {"id": session_id}
+
+    def _owned(self, session_id: str, owner: str) -> Hosted:
+        hosted = self.sessions.get(session_id)
+        if hosted is None or hosted.owner != owner:
+            raise Refused(404, "no such session (closed, expired, or another caller's)")
+        return hosted
+
+    async def execute(self, session_id: str, request: CellRequest, owner: str) -> dict[str, Any]:
+        hosted = self._owned(session_id, owner)
+        timeout = request.timeout or hosted.session.timeout
+        self._pool_for(timeout, hosted.session.limits.memory_mb)
+        async with self.admission.slot(request.max_queue_s):
+            hosted.busy = True
+            try:
+                result = await hosted.session.execute(request.code, request.timeout)
+            finally:
+                hosted.busy = False
+                hosted.last_used = time.monotonic()
+        self.counts["cells"] += 1
+        if result.status == "sandbox_error":
+            self.counts["sandbox_errors"] += 1
+        return result.model_dump()
+
+    async def close_session(self, session_id: str, owner: str) -> None:
+        hosted = self._owned(session_id, owner)
+        del self.sessions[session_id]
+        await hosted.session.close()
+
+    async def _expire_sessions(self) -> None:
+        period = max(0.5, min(5.0, self.config.session_idle_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for session_id, hosted in list(self.sessions.items()):
+                if not hosted.busy and now - hosted.last_used > self.config.session_idle_s:
+                    del self.sessions[session_id]
+                    self.counts["sessions_expired"] += 1
+                    await hosted.session.close()
+
+    def metrics(self) -> dict[str, Any]:
+        adm = self.admission
+        return {
+            "pools": [
+                {
+                    "timeout": pool.profile.timeout,
+                    "memory_mb": pool.profile.memory_mb,
+                    "size": pool.size,
+                    "ready": len(pool.ready),
+                    "starting": pool.starting,
+                    "warm_starts": pool.stats.warm_starts,
+                    "cold_starts": pool.stats.cold_starts,
+                    "start_failures": pool.stats.start_failures,
+                    "start_s_mean": _mean(pool.stats.start_seconds),
+                }
+                for pool in self.pools
+            ],
+            "concurrency": adm.concurrency,
+            "running": adm.running,
+            "waiting": adm.waiting,
+            "queue": adm.queue,
+            "rejected": adm.rejected,
+            "waits": adm.waits,
+            "wait_s_mean": adm.wait_s_total / adm.waits if adm.waits else 0.0,
+            "wait_s_max": adm.wait_s_max,
+            "sessions": len(self.sessions),
+            **self.counts,
+        }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+async def _body(request: Request, model: type[BaseModel], cap: int) -> Any:
+    """The request's JSON body as `model`, read up to `cap` bytes (413 beyond)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > cap:
+        raise Refused(413, f"request body over the service's limit of {cap} bytes")
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > cap:
+            raise Refused(413, f"request body over the service's limit of {cap} bytes")
+    try:
+        return model.model_validate_json(bytes(data))
+    except ValidationError as exc:
+        raise Refused(400, f"bad request: {exc.errors(include_url=False)}") from None
+
+
+def _errors(handler: Any) -> Any:
+    """Refused / Busy as JSON answers (429 with Retry-After)."""
+
+    async def route(request: Request) -> JSONResponse:
+        try:
+            return JSONResponse(await handler(request))
+        except Refused as exc:
+            return JSONResponse({"error": exc.message}, status_code=exc.status)
+        except Busy as exc:
+            return JSONResponse(
+                {"error": "sandbox service busy: retry later"},
+                status_code=429,
+                headers={"Retry-After": str(exc.retry_after)},
+            )
+
+    return route
+
+
+def build_app(service: SandboxService, security: ServerSecurity) -> Any:
+    """The ASGI app: routes behind the token check (`rlkit.inference.auth.RequireToken`)."""
+    cap = service.config.max_request_bytes
+
+    async def health(request: Request) -> dict[str, Any]:
+        return {"ok": True}
+
+    async def run(request: Request) -> dict[str, Any]:
+        return await service.run(await _body(request, RunRequest, cap))
+
+    async def open_session(request: Request) -> dict[str, Any]:
+        body = await _body(request, SessionRequest, cap)
+        return service.open_session(body, caller(request).name)
+
+    async def execute(request: Request) -> dict[str, Any]:
+        body = await _body(request, CellRequest, cap)
+        return await service.execute(request.path_params["sid"], body, caller(request).name)
+
+    async def close_session(request: Request) -> dict[str, Any]:
+        await service.close_session(request.path_params["sid"], caller(request).name)
+        return {"closed": True}
+
+    async def metrics(request: Request) -> dict[str, Any]:
+        return service.metrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = Starlette(
+        routes=[
+            Route("/health", _errors(health), methods=["GET"]),
+            Route("/run", _errors(run), methods=["POST"]),
+            Route("/sessions", _errors(open_session), methods=["POST"]),
+            Route("/sessions/{sid}/execute", _errors(execute), methods=["POST"]),
+            Route("/sessions/{sid}", _errors(close_session), methods=["DELETE"]),
+            Route("/metrics", _errors(metrics), methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    return RequireToken(app, security)
+
+
+def serve(host: str, port: int, security: ServerSecurity, config: ServiceSettings) -> None:
+    """Run the service until interrupted (uvicorn, one process, one event loop)."""
+    import uvicorn
+
+    service = SandboxService(config)
+    uvicorn.run(
+        build_app(service, security),
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+    )

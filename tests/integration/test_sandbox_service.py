@@ -1,0 +1,245 @@
+"""`rlkit sandbox serve` through the path a user runs: the CLI subprocess, the `rlkit.sandbox`
+API with `[sandbox] url`, and raw HTTP from callers without (or with the wrong) credential."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rlkit import sandbox
+from rlkit.sandbox import runner
+from rlkit.sandbox.session import PythonSession
+from tests.helpers.sandbox_service import Service, sandbox_service
+
+pytestmark = [pytest.mark.system, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    folder = tmp_path_factory.mktemp("sandbox-service")
+    args = ["--concurrency", "2", "--pool-size", "2", "--queue", "8", "--session-idle-s", "2"]
+    with sandbox_service(folder, *args, "--tenant", "alice", "--tenant", "bob") as svc:
+        yield svc
+
+
+@pytest.fixture
+def use_service(service: Service) -> Iterator[Service]:
+    runner.configure(url=service.url, token_file=str(service.token_file))
+    yield service
+    runner.configure(url="")
+
+
+def _marker() -> str:
+    """A `sleep` argument no other process on the host uses."""
+    return f"{random.randint(10**6, 10**7)}.{random.randint(10**5, 10**6)}"
+
+
+def _pids_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+async def _wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition never held"
+        await asyncio.sleep(0.1)
+
+
+def test_every_route_but_health_needs_the_token(service: Service) -> None:
+    assert httpx.get(f"{service.url}/health").status_code == 200
+    wrong = {"Authorization": "Bearer " + "x" * 43}
+    for method, path in [
+        ("POST", "/run"),
+        ("GET", "/metrics"),
+        ("POST", "/sessions"),
+        ("POST", "/sessions/abc/execute"),
+        ("DELETE", "/sessions/abc"),
+    ]:
+        anonymous = httpx.request(method, service.url + path, json={"code": "print(1)"})
+        assert anonymous.status_code == 401, path
+        assert anonymous.headers["www-authenticate"] == "Bearer"
+        assert httpx.request(method, service.url + path, headers=wrong).status_code == 403
+    basic = {"Authorization": f"Basic {service.token}"}
+    assert httpx.post(f"{service.url}/run", headers=basic, json={}).status_code == 401
+
+
+async def test_programs_end_as_they_do_in_process(use_service: Service) -> None:
+    cases = [
+        dict(code="print(input()[::-1])", stdin="hello\n"),
+        dict(code="import sys; sys.exit(3)"),
+        dict(code="1/0"),
+        dict(code="while True: pass", timeout=1.0),
+        dict(code="x = bytearray(600 << 20)", memory_mb=256),
+        dict(code="print('x' * 3_000_000)"),
+        dict(code="print(open('data/in.bin', 'rb').read())", files={"data/in.bin": b"\x00\xff"}),
+        dict(code="echo hi; cat", language="bash", stdin="there"),
+        dict(code="import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)"),
+    ]
+    remote = [await sandbox.run(**case) for case in cases]
+    runner.configure(url="")
+    local = [await sandbox.run(**case) for case in cases]
+    for case, got, want in zip(cases, remote, local, strict=True):
+        assert (got.status, got.exit_code, got.stdout) == (want.status, want.exit_code, want.stdout)
+        assert got.stderr.splitlines()[-1:] == want.stderr.splitlines()[-1:], case
+    assert [r.status for r in remote[:6]] == [
+        "ok",
+        "runtime_error",
+        "runtime_error",
+        "timeout",
+        "memory",
+        "output_limit",
+    ]
+    assert remote[0].stdout == "olleh\n" and remote[6].stdout == "b'\\x00\\xff'\n"
+    assert "ZeroDivisionError" in remote[2].stderr and "main.py" in remote[2].stderr
+
+
+async def test_requests_over_the_limits_are_refused(use_service: Service) -> None:
+    with pytest.raises(ValueError, match="over the service's limits"):
+        await sandbox.run("print(1)", timeout=600)
+    with pytest.raises(ValueError, match="over the service's limits"):
+        await sandbox.run("print(1)", memory_mb=4096)
+    with pytest.raises(ValueError, match="body over the service's limit"):
+        await sandbox.run("print(1)", files={"big": b"\x00" * (17 << 20)})
+    with pytest.raises(ValueError, match="relative path"):
+        await sandbox.run("print(1)", files={"../escape": "x"})
+    headers = {"Authorization": f"Bearer {use_service.token}"}
+    bad = httpx.post(f"{use_service.url}/run", headers=headers, content=b"\x80pickle")
+    assert bad.status_code == 400
+    extra = httpx.post(f"{use_service.url}/run", headers=headers, json={"code": "", "argv": []})
+    assert extra.status_code == 400
+    assert (await sandbox.run("print('still serving')")).stdout == "still serving\n"
+
+
+async def test_a_sandbox_killed_mid_request_answers_and_the_service_goes_on(
+    use_service: Service,
+) -> None:
+    marker = _marker()
+    code = f"import subprocess; subprocess.run(['sleep', '{marker}'])"
+    task = asyncio.ensure_future(sandbox.run(code, timeout=25))
+    await _wait_for(lambda: bool(_pids_with(marker)))
+    (sleeper,) = _pids_with(marker)
+    sandboxes = [pid for pid in use_service.descendants() if _parent(pid) == use_service.proc.pid]
+    (victim,) = [pid for pid in sandboxes if sleeper in _subtree(use_service, pid)]
+    began = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    result = await asyncio.wait_for(task, 15)
+    assert time.monotonic() - began < 10
+    assert result.status != "ok" and result.exit_code != 0
+    assert (await sandbox.run("print(7)")).stdout == "7\n"
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _subtree(service: Service, root: int) -> set[int]:
+    found, todo = set(), [root]
+    everyone = service.descendants()
+    while todo:
+        parent = todo.pop()
+        for pid in everyone:
+            if pid not in found and _parent(pid) == parent:
+                found.add(pid)
+                todo.append(pid)
+    return found
+
+
+async def test_a_burst_is_answered_in_full(service: Service) -> None:
+    """Far more concurrent requests than slots and queue: each gets a result or a 429 with
+    Retry-After, none is lost or left hanging."""
+    headers = {"Authorization": f"Bearer {service.token}"}
+    body = {"code": "import time; time.sleep(0.05); print('done')", "max_queue_s": 1.0}
+    limits = httpx.Limits(max_connections=300)
+    async with httpx.AsyncClient(headers=headers, limits=limits, timeout=120) as client:
+        answers = await asyncio.gather(
+            *[client.post(f"{service.url}/run", json=body) for _ in range(300)]
+        )
+    codes = [a.status_code for a in answers]
+    assert len(codes) == 300 and set(codes) <= {200, 429}
+    assert codes.count(429) > 0 and codes.count(200) >= 2
+    assert all(int(a.headers["retry-after"]) >= 1 for a in answers if a.status_code == 429)
+    assert all(a.json()["stdout"] == "done\n" for a in answers if a.status_code == 200)
+    metrics = service.metrics()
+    assert metrics["rejected"] >= codes.count(429)
+    assert metrics["running"] == 0 and metrics["waiting"] == 0
+    assert metrics["pools"][0]["warm_starts"] > 0 and metrics["waits"] > 0
+
+
+async def test_the_client_retries_a_busy_service(use_service: Service) -> None:
+    results = await asyncio.gather(
+        *[sandbox.run("import time; time.sleep(0.05); print(1)") for _ in range(40)]
+    )
+    assert [r.status for r in results] == ["ok"] * 40
+
+
+async def test_sessions_keep_state_belong_to_their_caller_and_expire(
+    use_service: Service,
+) -> None:
+    async with PythonSession() as py:
+        assert (await py.execute("x = 41")).status == "ok"
+        assert (await py.execute("x + 1")).output == "42\n"
+        await asyncio.sleep(4.0)  # the service closes sessions idle for 2 s
+        expired = await py.execute("x")
+        assert expired.restarted and expired.status == "runtime_error"
+        assert "NameError" in expired.output
+        assert (await py.execute("y = 1; y")).output == "1\n"
+    alice = {"Authorization": f"Bearer {use_service.tenant_file('alice').read_text().strip()}"}
+    bob = {"Authorization": f"Bearer {use_service.tenant_file('bob').read_text().strip()}"}
+    owner = {"Authorization": f"Bearer {use_service.token}"}
+    async with httpx.AsyncClient(base_url=use_service.url, timeout=60) as client:
+        opened = await client.post("/sessions", headers=alice, json={})
+        sid = opened.json()["id"]
+        cell = {"code": "secret = 'alice'"}
+        assert (await client.post(f"/sessions/{sid}/execute", headers=alice, json=cell)).is_success
+        for other in (bob, owner):
+            peek = {"code": "secret"}
+            answer = await client.post(f"/sessions/{sid}/execute", headers=other, json=peek)
+            assert answer.status_code == 404 and "alice" not in answer.text
+            assert (await client.delete(f"/sessions/{sid}", headers=other)).status_code == 404
+        mine = await client.post(f"/sessions/{sid}/execute", headers=alice, json={"code": "secret"})
+        assert mine.json()["output"] == "'alice'\n"
+        assert (await client.delete(f"/sessions/{sid}", headers=alice)).status_code == 200
+
+
+async def test_a_service_killed_mid_run_errors_its_requests(tmp_path: Path) -> None:
+    marker = _marker()
+    with sandbox_service(tmp_path, "--pool-size", "1") as svc:
+        runner.configure(url=svc.url, token_file=str(svc.token_file))
+        try:
+            session = PythonSession()
+            assert (await session.execute("z = 1")).status == "ok"
+            code = f"import subprocess; subprocess.run(['sleep', '{marker}'])"
+            task = asyncio.ensure_future(sandbox.run(code, timeout=25))
+            await _wait_for(lambda: bool(_pids_with(marker)))
+            svc.proc.kill()
+            began = time.monotonic()
+            result = await asyncio.wait_for(task, 15)
+            assert result.status == "sandbox_error" and "sandbox service" in result.stderr
+            after = await sandbox.run("print(1)")
+            assert after.status == "sandbox_error"
+            cell = await session.execute("z")
+            assert cell.status == "sandbox_error" and cell.restarted
+            assert time.monotonic() - began < 10
+            await session.close()
+            # the sandboxes die with the service (bubblewrap's --die-with-parent)
+            await _wait_for(lambda: not _pids_with(marker), timeout=10)
+        finally:
+            runner.configure(url="")

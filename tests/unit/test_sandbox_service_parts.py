@@ -1,0 +1,99 @@
+"""The sandbox service's parts that need no bubblewrap: admission (limit, bounded queue,
+Retry-After), configuration, wire encoding, and a client whose service is not there."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from rlkit import sandbox
+from rlkit.inference.lifecycle import free_port
+from rlkit.protocol.credentials import write_token_file
+from rlkit.sandbox import runner
+from rlkit.sandbox.config import SandboxConfig
+from rlkit.sandbox.pool import Profile
+from rlkit.sandbox.service import Admission, Busy
+from rlkit.sandbox.session import PythonSession
+from rlkit.sandbox.wire import decode_files, encode_files
+
+
+async def test_admission_runs_the_limit_queues_the_rest_and_refuses_beyond() -> None:
+    admission = Admission(concurrency=1, queue=1)
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with admission.slot(10):
+            await release.wait()
+
+    holder = asyncio.ensure_future(hold())
+    await asyncio.sleep(0)
+    waiter = asyncio.ensure_future(hold())
+    await asyncio.sleep(0)
+    assert admission.running == 1 and admission.waiting == 1
+    with pytest.raises(Busy) as busy:
+        async with admission.slot(10):
+            pass
+    assert busy.value.retry_after >= 1
+    release.set()
+    await asyncio.gather(holder, waiter)
+    assert admission.running == 0 and admission.waiting == 0
+    assert admission.rejected == 1 and admission.waits == 1
+
+
+async def test_admission_gives_up_after_the_callers_wait() -> None:
+    admission = Admission(concurrency=1, queue=10)
+    async with admission.slot(1):
+        with pytest.raises(Busy):
+            async with admission.slot(0.05):
+                pass
+    assert admission.waiting == 0 and admission.rejected == 1
+
+
+def test_a_profile_covers_requests_up_to_its_limits() -> None:
+    profile = Profile(timeout=30, memory_mb=512)
+    assert profile.covers(30, 512) and profile.covers(1, 64)
+    assert not profile.covers(31, 512) and not profile.covers(1, 513)
+
+
+def test_files_travel_as_base64_and_garbage_is_refused() -> None:
+    files = {"a.txt": "héllo", "b.bin": b"\x00\xff"}
+    assert decode_files(encode_files(files)) == {"a.txt": "héllo".encode(), "b.bin": b"\x00\xff"}
+    with pytest.raises(ValueError, match="not base64"):
+        decode_files({"a": "!!not base64!!"})
+
+
+def test_a_service_url_needs_its_token_file() -> None:
+    with pytest.raises(ValidationError, match="sandbox.token_file"):
+        SandboxConfig(url="http://127.0.0.1:8790")
+    with pytest.raises(ValueError, match="token_file"):
+        runner.configure(url="http://127.0.0.1:8790")
+    assert runner.service() is None
+
+
+async def test_an_unreachable_service_is_a_sandbox_error_not_a_hang(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    write_token_file(token_file)
+    SandboxConfig(url=f"http://127.0.0.1:{free_port()}", token_file=str(token_file)).apply()
+    try:
+        result = await asyncio.wait_for(sandbox.run("print(1)"), 30)
+        assert result.status == "sandbox_error" and "ConnectError" in result.stderr
+        cell = await asyncio.wait_for(PythonSession().execute("1"), 30)
+        assert cell.status == "sandbox_error" and cell.restarted
+        assert sandbox.require() is None  # the service checks its own backend
+    finally:
+        runner.configure(url="")
+
+
+def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    write_token_file(token_file)
+    token_file.chmod(0o644)
+    runner.configure(url="http://127.0.0.1:1", token_file=str(token_file))
+    try:
+        with pytest.raises(Exception, match="readable or writable by other users"):
+            runner.service()
+    finally:
+        runner.configure(url="")
