@@ -128,7 +128,10 @@ async def test_scripted_client_repeats_or_runs_out() -> None:
 def test_cli_exit_codes(monkeypatch, capsys, tmp_path: Path) -> None:
     code, out = run_cli(monkeypatch, capsys, "env", "check", "reverse-text", "--gold", "-n", "20")
     assert code == 0 and "gold: 20/20 as expected" in out and out.rstrip().endswith("OK")
-    init_env("nogold-env", tmp_path)
+    module = init_env("nogold-env", tmp_path) / "nogold_env" / "__init__.py"
+    source = module.read_text()  # the scaffold has a gold completion: this one drops it
+    gold = source.index("    def gold_completion")
+    module.write_text(source[:gold] + "    pass\n" + source[source.index("\n\n\n", gold) :])
     monkeypatch.setenv("RLKIT_ENV_PATH", str(tmp_path))
     code, out = run_cli(monkeypatch, capsys, "env", "check", "nogold-env", "--gold", "-n", "2")
     assert code == 1 and "FAIL row 0 [gold]" in out and "no gold completion" in out
