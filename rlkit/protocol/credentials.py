@@ -62,9 +62,15 @@ def write_token_file(path: str | Path, token: str | None = None) -> str:
     path = Path(path)
     token = token or new_token()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
+    # written beside it, then linked into place: a racing reader never sees an empty file
+    draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.link(draft, path)  # FileExistsError when the file exists
+    finally:
+        draft.unlink()
     return token
 
 

@@ -42,16 +42,21 @@ def test_missing_and_empty_files_are_usage_errors(tmp_path: Path) -> None:
 
 
 def test_racing_processes_share_one_token(tmp_path: Path) -> None:
-    path, seen = tmp_path / "token", []
-    threads = [
-        threading.Thread(target=lambda: seen.append(credentials.ensure_token_file(path)))
-        for _ in range(8)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(set(seen)) == 1 and len(seen) == 8
+    """No racer reads the file between its creation and its token (it did, under load)."""
+    for i in range(50):
+        path, seen = tmp_path / f"token-{i}", []
+        threads = [
+            threading.Thread(
+                target=lambda p=path, s=seen: s.append(credentials.ensure_token_file(p))
+            )
+            for _ in range(8)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(set(seen)) == 1 and len(seen) == 8
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 def test_token_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
