@@ -11,44 +11,28 @@ from typing import Any
 
 QWEN3_VOCAB = 151_936
 
+# fields every Qwen3 dense shape shares
+_QWEN3: dict[str, Any] = dict(
+    arch="qwen3", vocab_size=QWEN3_VOCAB, tie_word_embeddings=True, rope_theta=1_000_000.0
+)
+# a 0.6B/1.7B-style stack: 28 layers, 16 query / 8 KV heads of 128
+_QWEN3_STACK: dict[str, Any] = dict(
+    **_QWEN3, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128
+)
+
 # arch + the HF config fields that differ from rlkit's defaults (tiny.build_config's `common`)
 REAL_SHAPES: dict[str, dict[str, Any]] = {
     "medium": dict(
-        arch="qwen3",
-        vocab_size=QWEN3_VOCAB,
+        **_QWEN3,
         hidden_size=384,
         intermediate_size=1024,
         num_hidden_layers=4,
         num_attention_heads=6,
         num_key_value_heads=2,
         head_dim=64,
-        tie_word_embeddings=True,
-        rope_theta=1_000_000.0,
     ),
-    "qwen3-0.6b": dict(
-        arch="qwen3",
-        vocab_size=QWEN3_VOCAB,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        tie_word_embeddings=True,
-        rope_theta=1_000_000.0,
-    ),
-    "qwen3-1.7b": dict(
-        arch="qwen3",
-        vocab_size=QWEN3_VOCAB,
-        hidden_size=2048,
-        intermediate_size=6144,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        tie_word_embeddings=True,
-        rope_theta=1_000_000.0,
-    ),
+    "qwen3-0.6b": dict(**_QWEN3_STACK, hidden_size=1024, intermediate_size=3072),
+    "qwen3-1.7b": dict(**_QWEN3_STACK, hidden_size=2048, intermediate_size=6144),
     "qwen3-30b-a3b": dict(
         arch="qwen3-moe",
         vocab_size=QWEN3_VOCAB,
