@@ -42,7 +42,8 @@ print(json.dumps({
 
 
 def resolve(env_id: str, cwd: Path, pythonpath: list[str]) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*pythonpath, os.environ["PYTHONPATH"]])}
+    inherited = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*pythonpath, *inherited])}
     env.pop("RLKIT_ENV_PATH", None)
     done = subprocess.run(
         [sys.executable, "-c", RESOLVE, env_id], cwd=cwd, capture_output=True, text=True, env=env
