@@ -16,12 +16,17 @@ conversation in the normal case (no reasoning to drop, no tokenisation involved)
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 Messages = list[dict[str, Any]]
+# tokenizer classes AutoTokenizer resolves to TokenizersBackend itself for these model types
+GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
+GENERIC_TOKENIZER_MODELS = ("qwen2", "qwen3", "qwen3_moe")
 STUB: Messages = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
 
 
@@ -119,6 +124,35 @@ class ChatRenderer:
             )
 
 
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer AutoTokenizer would load, without its import cost where that is known.
+
+    `from transformers import AutoTokenizer` imports torch and the model configs: about 4 s more
+    on a CPU machine than the tokenizer class alone, paid by the launcher before anything starts
+    and by every orchestrator and `rlkit eval`. A local Qwen-family checkpoint whose
+    tokenizer_config names the generic class (every model rlkit builds or exports) gets exactly
+    that class from AutoTokenizer, so it is loaded directly; anything else goes through
+    AutoTokenizer's own resolution (specialised classes, remote code, hub ids).
+    """
+    directory = Path(path)
+    try:
+        tokenizer_config = json.loads((directory / "tokenizer_config.json").read_text())
+        model_type = json.loads((directory / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        tokenizer_config, model_type = {}, None
+    if (
+        tokenizer_config.get("tokenizer_class") in GENERIC_TOKENIZERS
+        and "auto_map" not in tokenizer_config
+        and model_type in GENERIC_TOKENIZER_MODELS
+    ):
+        from transformers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
 @functools.cache
 def load_renderer(path: str) -> ChatRenderer:
     """The (checked) renderer of a local model directory or cached tokenizer; loaded once.
@@ -127,8 +161,6 @@ def load_renderer(path: str) -> ChatRenderer:
     machine, which every `import rlkit.envs` (the launcher before it starts vLLM, `rlkit eval`,
     the SFT data script) would otherwise pay whether or not it renders turns.
     """
-    from transformers import AutoTokenizer
-
-    renderer = ChatRenderer(AutoTokenizer.from_pretrained(path))
+    renderer = ChatRenderer(load_tokenizer(path))
     renderer.check()
     return renderer

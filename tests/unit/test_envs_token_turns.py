@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 
 from rlkit.envs import MultiTurnEnv, Rollout, ToolEnv
-from rlkit.envs.rendering import ChatRenderer, RenderError
+from rlkit.envs.rendering import ChatRenderer, RenderError, load_tokenizer
 from rlkit.eval.metrics import summarize
 from rlkit.inference import InferenceClient
 from rlkit.orchestrator.batching import GroupProcessor
@@ -319,3 +320,23 @@ def test_prepare_token_turns_loads_the_renderer_before_any_rollout(
     assert load_renderer.cache_info().currsize == 1  # the first rollout finds it loaded
     prepare_token_turns(str(tmp_path / "no-model"))  # not raised: rollouts fall back to messages
     assert "use chat messages" in caplog.text
+
+
+def test_load_tokenizer_is_what_autotokenizer_loads(tiny_model_dir: Path, tmp_path: Path) -> None:
+    direct, auto = (
+        load_tokenizer(str(tiny_model_dir)),
+        AutoTokenizer.from_pretrained(tiny_model_dir),
+    )
+    assert type(direct) is type(auto)
+    messages = [{"role": "user", "content": "Is \\frac{1}{2} < 0.6? héllo"}]
+    text = auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert direct.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == text
+    assert direct(text)["input_ids"] == auto(text)["input_ids"]
+    assert (direct.eos_token_id, direct.pad_token_id) == (auto.eos_token_id, auto.pad_token_id)
+    # a checkpoint naming a specialised class goes through AutoTokenizer's own resolution
+    named = tmp_path / "named"
+    shutil.copytree(tiny_model_dir, named)
+    config = json.loads((named / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "Qwen2Tokenizer"
+    (named / "tokenizer_config.json").write_text(json.dumps(config))
+    assert type(load_tokenizer(str(named))).__name__ == "Qwen2Tokenizer"
