@@ -39,6 +39,9 @@ class GroupStats:
     zero_advantage_groups: int = 0
     groups: int = 0
     completion_tokens: int = 0  # every finished rollout, trained on or not
+    completion_lengths: list[int] = field(default_factory=list)  # tokens of each of those
+    # "{env_id}/{reward function}" -> its scores over the scored rollouts (`Rollout.metrics`)
+    reward_functions: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     rollouts: int = 0  # every finished rollout, trained on or not
     turns: int = 0  # model turns over those rollouts
     exact_continuations: int = 0  # rollouts whose turns extend each other token for token
@@ -77,7 +80,9 @@ class GroupProcessor:
         valid: list[tuple[Rollout, TrainingTokens, int]] = []  # with its trained tokens
         errors: list[str] = []
         for rollout in group.rollouts:
-            stats.completion_tokens += sum(len(t.completion_token_ids) for t in rollout.turns)
+            length = sum(len(t.completion_token_ids) for t in rollout.turns)
+            stats.completion_tokens += length
+            stats.completion_lengths.append(length)
             stats.rollouts += 1
             stats.turns += len(rollout.turns)
             stats.exact_continuations += rollout.exact_continuation
@@ -102,6 +107,8 @@ class GroupProcessor:
             valid.append((rollout, sample, trained))
             stats.rewards[group.env_id].append(rollout.reward)
             stats.solved[group.env_id].append(float(rollout.reward >= self.solve_threshold))
+            for name, value in rollout.metrics.items():
+                stats.reward_functions[f"{group.env_id}/{name}"].append(value)
             if rollout.info.get("task") is not None:  # environments with named tasks (logic)
                 stats.task_rewards[f"{group.env_id}/{rollout.info['task']}"].append(rollout.reward)
         if self.sampler is not None and group.index >= 0:

@@ -26,12 +26,21 @@ from rlkit.progress import print_line
 from rlkit.protocol.batch import TrainBatch, read_batch
 from rlkit.protocol.layout import RunLayout
 
+# (title, keys) of the curves people look at: metrics.png and `rlkit runs show --html`
 PLOT_PANELS = (
     ("reward", ("reward_mean",)),
     ("mismatch KL (k3)", ("mismatch_kl", "weights_canary_kl")),
     ("IcePop masked fraction", ("icepop_masked_low_frac", "icepop_masked_high_frac")),
     ("step time (s)", ("rollout_time_s", "train_time_s")),
+    ("loss", ("loss",)),
+    ("gradient norm", ("grad_norm",)),
+    ("entropy (nats per token)", ("entropy",)),
+    ("completion length (tokens)", ("completion_len_mean", "completion_len_max")),
+    ("learning rate", ("lr",)),
+    ("throughput (completion tokens/s)", ("tokens_per_s",)),
+    ("errored rollouts", ("rollouts_errored",)),
 )
+PLOT_COLUMNS = 3
 
 
 def _pstdev(values: list[float]) -> float:
@@ -72,6 +81,9 @@ def step_record(
         record[f"solve_rate/{env_id}"] = statistics.fmean(stats.solved[env_id])
     for env_task, rewards in sorted(stats.task_rewards.items()):
         record[f"reward_mean/{env_task}"] = statistics.fmean(rewards)
+    for env_function, scores in sorted(stats.reward_functions.items()):
+        record[f"reward_fn_mean/{env_function}"] = statistics.fmean(scores)
+    lengths = stats.completion_lengths
     staleness = batch.meta["staleness"]
     record.update(
         batch_samples=len(batch.samples),
@@ -83,6 +95,8 @@ def step_record(
         step_time_s=step_time_s,
         inference_idle_frac=min(1.0, idle_s / step_time_s) if step_time_s > 0 else 0.0,
         tokens_per_s=stats.completion_tokens / step_time_s if step_time_s > 0 else 0.0,
+        completion_len_mean=statistics.fmean(lengths) if lengths else None,
+        completion_len_max=max(lengths, default=None),
         staleness_mean=statistics.fmean(staleness) if staleness else 0.0,
         staleness_max=max(staleness, default=0),
         rollouts_launched=counters.launched,
@@ -163,14 +177,17 @@ def recover_step_records(run_dir: Path, last_step: int) -> list[int]:
 
 
 def write_plot(records: list[dict[str, Any]], out: Path) -> None:
-    """Reward, mismatch KL, masked fraction and phase times across steps, as one PNG (atomic)."""
+    """Every `PLOT_PANELS` curve across steps, as one PNG (atomic)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for ax, (title, keys) in zip(axes.flat, PLOT_PANELS, strict=True):
+    rows = -(-len(PLOT_PANELS) // PLOT_COLUMNS)
+    fig, axes = plt.subplots(rows, PLOT_COLUMNS, figsize=(4.5 * PLOT_COLUMNS, 3.2 * rows))
+    for ax in axes.flat[len(PLOT_PANELS) :]:
+        ax.set_visible(False)
+    for ax, (title, keys) in zip(axes.flat, PLOT_PANELS, strict=False):
         for key in keys:
             points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
             if points:
@@ -179,7 +196,7 @@ def write_plot(records: list[dict[str, Any]], out: Path) -> None:
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if len(keys) > 1:
+        if len(keys) > 1 and ax.get_lines():
             ax.legend(fontsize=7)
     fig.tight_layout()
     with atomic_path(out, durable=False) as tmp:
@@ -200,7 +217,7 @@ def step_line(r: dict[str, Any]) -> str:
     return (
         f"step {r['step']:>4} | reward {_fmt(r.get('reward_mean'), '.3f')} | "
         f"kl {_fmt(r.get('mismatch_kl'), '.2e')} | masked {_fmt(masked, '.3f')} | "
-        f"rollout {r['rollout_time_s']:.1f}s train {r['train_time_s']:.1f}s | "
+        f"wait rollouts {r['rollout_time_s']:.1f}s train {r['train_time_s']:.1f}s | "
         f"idle {r['inference_idle_frac']:.2f} | {r['tokens_per_s']:.0f} tok/s | "
         f"stale {r['staleness_mean']:.2f} | turns {_fmt(r.get('turns_per_rollout'), '.1f')} "
         f"exact {_fmt(r.get('exact_continuation_frac'), '.2f')} | "

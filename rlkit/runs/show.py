@@ -23,16 +23,6 @@ from rlkit.orchestrator.metrics import PLOT_PANELS
 from rlkit.protocol.layout import RunLayout
 
 SPARKS = "▁▂▃▄▅▆▇█"
-# (title, keys) of the HTML plots: the curves people look at
-PLOTS = (
-    *PLOT_PANELS,
-    ("loss", ("loss",)),
-    ("gradient norm", ("grad_norm",)),
-    ("entropy (nats per token)", ("entropy",)),
-    ("learning rate", ("lr",)),
-    ("throughput (completion tokens/s)", ("tokens_per_s",)),
-    ("errored rollouts", ("rollouts_errored",)),
-)
 Z95 = 1.96  # eval error bars: a 95% interval of the mean over the eval's examples
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
 
@@ -74,6 +64,9 @@ class RunView:
     def mean(self, key: str) -> float | None:
         values = [v for _, v in self.series(key)]
         return statistics.fmean(values) if values else None
+
+    def max(self, key: str) -> float | None:
+        return max((v for _, v in self.series(key)), default=None)
 
     def eval_points(self) -> list[tuple[str, int, float, float]]:
         """(env_id, step, reward mean, 95% half-width) of every evaluation; the width treats
@@ -182,10 +175,22 @@ def summary_lines(run: RunView) -> list[str]:
         )
     lines.append(
         f"throughput {_num(run.mean('tokens_per_s'), '.0f')} completion tok/s, "
-        f"step {_num(run.mean('step_time_s'), '.1f')}s (rollout "
-        f"{_num(run.mean('rollout_time_s'), '.1f')}s, train {_num(run.mean('train_time_s'), '.1f')}s)"
-        f", inference idle {_num(run.mean('inference_idle_frac'), '.2f')}"
+        f"inference idle {_num(run.mean('inference_idle_frac'), '.2f')}; "
+        f"completion length mean {_num(run.mean('completion_len_mean'), '.1f')}, "
+        f"max {_num(run.max('completion_len_max'), '.0f')} tokens"
     )
+    lines.append(
+        f"step {_num(run.mean('step_time_s'), '.1f')}s on average: waited "
+        f"{_num(run.mean('rollout_time_s'), '.1f')}s for the batch's rollouts (0 when they were "
+        f"generated while the previous step trained), {_num(run.mean('train_time_s'), '.1f')}s "
+        "for the trainer and the weight update"
+    )
+    functions = sorted({k for r in run.steps for k in r if k.startswith("reward_fn_mean/")})
+    if functions:
+        means = ", ".join(
+            f"{k.removeprefix('reward_fn_mean/')} {_num(run.mean(k))}" for k in functions
+        )
+        lines.append(f"reward functions (mean over the run): {means}")
     kl = run.series("mismatch_kl")
     if kl:
         lines.append(
@@ -317,7 +322,7 @@ td.text { white-space: pre-wrap; max-width: 480px; font-family: monospace; }
 def render_html(run: RunView) -> str:
     """The report as one HTML document (no scripts, no external resources)."""
     esc = html.escape
-    plots = "".join(_svg(run, title, keys) for title, keys in PLOTS)
+    plots = "".join(_svg(run, title, keys) for title, keys in PLOT_PANELS)
     evals = "".join(
         f"<tr><td>{esc(env)}</td><td>{first['step']}</td><td>{_eval_num(first)}"
         f"</td><td>{final['step']}</td><td>{_eval_num(final)}</td></tr>"

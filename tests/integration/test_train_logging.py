@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.orchestrator.loggers import mlflow_store, scalars
-from rlkit.runs.show import PLOTS
+from rlkit.orchestrator.metrics import PLOT_PANELS
 from tests.helpers.browser import assert_rendered, headless_chromium
 from tests.helpers.cli import run_cli, tiny_train_cmd
 from tests.helpers.logger_files import tensorboard_scalars, wandb_history
@@ -131,8 +131,10 @@ def test_runs_show_html_renders_in_headless_chromium(
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         page.goto(report.as_uri())
         assert f"steps {STEPS} of {STEPS}" in page.inner_text("#summary")
-        assert page.locator("#plots svg").count() == len(PLOTS)
-        assert page.locator("#plots svg polyline").count() >= len(PLOTS) - 1  # curves with data
+        assert page.locator("#plots svg").count() == len(PLOT_PANELS)
+        assert (
+            page.locator("#plots svg polyline").count() >= len(PLOT_PANELS) - 1
+        )  # curves with data
         assert page.locator("#evals tr").count() == 2  # header + reverse-text
         assert page.locator("#samples tr").count() == 1 + 2 * STEPS
         page.screenshot(path=str(shot), full_page=False)

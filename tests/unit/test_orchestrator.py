@@ -204,9 +204,10 @@ def test_group_processor_advantages_errors_and_zero_signal(tmp_path: Path) -> No
 def test_metrics_record_log_and_plot(tmp_path: Path) -> None:
     proc = GroupProcessor(advantage="grpo", drop_zero_advantage=True, solve_threshold=1.0)
     group = Group(prompt=Prompt(0, "e", 0, 0), start_version=0)
-    group.rollouts = [rollout(1.0, version=0), rollout(0.0, version=1)]
+    group.rollouts = [rollout(1.0, version=0), rollout(0.0, n=5, version=1)]
     for r, task in zip(group.rollouts, ["sudoku", "countdown"], strict=True):
         r.info = {"task": task}  # environments with named tasks get a reward curve per task
+        r.metrics = {"correct": r.reward, "format": 1.0}  # each reward function's score
     proc(group)
     batch = make_batch(1, [group], version=1)
     record = step_record(
@@ -226,6 +227,8 @@ def test_metrics_record_log_and_plot(tmp_path: Path) -> None:
     assert record["staleness_hist/0"] == 1 and record["staleness_hist/1"] == 1
     assert record["inference_idle_frac"] == 0.5
     assert record["weights_wait_s"] == 0.8 and record["weight_update_s"] == 0.2
+    assert record["completion_len_mean"] == 4.0 and record["completion_len_max"] == 5
+    assert record["reward_fn_mean/e/correct"] == 0.5 and record["reward_fn_mean/e/format"] == 1.0
     from rich.console import Console
 
     out = Console(file=open(tmp_path / "out.txt", "w"))

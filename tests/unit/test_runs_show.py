@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.runs.show import PLOTS, load_run, render_html, sparkline, summary_lines
+from rlkit.orchestrator.metrics import PLOT_PANELS
+from rlkit.runs.show import load_run, render_html, sparkline, summary_lines
 from tests.helpers.cli import run_cli
 
 
@@ -47,7 +48,7 @@ def test_summary_of_a_run_directory(tmp_path: Path) -> None:
     assert f"checkpoints {tmp_path / 'checkpoints' / 'step_000002'}" in lines
     page = render_html(load_run(tmp_path))
     assert (
-        page.count("<svg") == len(PLOTS)
+        page.count("<svg") == len(PLOT_PANELS)
         and "<script" not in page
         and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     )
@@ -72,7 +73,10 @@ def test_the_html_report_answers_did_training_work(
     run.mkdir()
     steps = [
         {"step": s, "reward_mean": 0.1 * s, "loss": 1.0 / s, "grad_norm": 2.0, "entropy": 1.5,
-         "lr": 1e-5, "tokens_per_s": 100.0, "rollouts_finished": 8, "rollouts_purged": 1}
+         "lr": 1e-5, "tokens_per_s": 100.0, "rollouts_finished": 8, "rollouts_purged": 1,
+         "completion_len_mean": 10.0 + s, "completion_len_max": 20 + s,
+         "reward_fn_mean/e/correct": 0.5, "rollout_time_s": 0.0, "train_time_s": 2.0,
+         "step_time_s": 2.0}
         for s in range(1, 7)
     ]  # fmt: skip
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
@@ -88,8 +92,12 @@ def test_the_html_report_answers_did_training_work(
     assert code in (None, 0), out
     assert "eval e: reward 0.200 ± 0.196 (step 0) -> 0.500 ± 0.245 (step 6); ± is a 95% " in out
     assert "6 purged (dropped unused: too far off-policy to train on)" in out
+    assert "completion length mean 13.5, max 26 tokens" in out
+    assert "reward functions (mean over the run): e/correct 0.500" in out
+    assert "waited 0.0s for the batch's rollouts (0 when they were generated while" in out
     page = out_html.read_text()
-    for title in ("loss", "gradient norm", "entropy (nats per token)", "learning rate"):
+    titles = ("loss", "gradient norm", "entropy (nats per token)", "learning rate")
+    for title in (*titles, "completion length (tokens)"):
         assert f'class="title">{title}</text>' in page
     assert page.count('<line x1="') >= 2 and 'class="eval"' in page  # error bars
     assert "eval reward (95% interval)" in page
