@@ -79,3 +79,19 @@ def test_a_higher_threshold_drops_them_with_the_count(tiny_model_dir: Path, tmp_
         flags=re.M,
     )
     assert len(dropped) == 1 and 0 < int(dropped[0]) < ROWS, proc.stderr
+
+
+def test_a_missing_model_is_the_one_line_and_nothing_is_written(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 45: it printed "prompt lengths not checked: no local tokenizer" first and left
+    run/config.toml and run/token behind."""
+    missing = tmp_path / "no-such-model"
+    proc = subprocess.run(
+        [RLKIT, "train", str(DEMO_CONFIG), f"--model.path={missing}",
+         f"--log.run_dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip() == f"error: model directory not found: {missing}"
+    assert not (tmp_path / "run").exists()
