@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -255,23 +256,33 @@ def install_cmd(
         exists=True,
         file_okay=False,
     ),
+    python: Path | None = typer.Option(
+        None,
+        "--python",
+        help="Install into the environment of this interpreter (e.g. another venv's "
+        "bin/python) instead of the one running rlkit.",
+    ),
 ) -> None:
-    """pip-install an environment into the current interpreter. OWNER/NAME: with the hub as
-    the only index for hub packages (sha256 verified against the hub's card and index).
-    NAME: from pip's configured package index. A verifiers environment is installed without
-    its dependencies: it runs in its own bridge venv, never beside rlkit."""
+    """pip-install an environment into the current interpreter (or --python's). OWNER/NAME:
+    with the hub as the only index for hub packages (sha256 verified against the hub's card and
+    index). NAME: from pip's configured package index. A verifiers environment is installed
+    without its dependencies: it runs in its own bridge venv, never beside rlkit."""
     from rlkit.errors import UsageError
     from rlkit.hub import install, install_from_index, open_hub, parse_env_id
 
     ref = parse_env_id(env_id, require_owner=False)
+    if python is not None and not (python.is_file() and os.access(python, os.X_OK)):
+        raise UsageError(f"--python: {python} is not an executable Python interpreter")
+    target = str(python) if python is not None else None
     with console.status(f"installing {env_id}"):
         if ref.owner:
             if find_links is not None:
                 raise UsageError("--find-links is for NAME from the package index, not OWNER/NAME")
-            version = install(env_id, open_hub(hub, token), public_deps=public_deps)
+            version = install(env_id, open_hub(hub, token), target, public_deps=public_deps)
         else:
-            version = install_from_index(ref.name, ref.version, find_links=find_links)
-    console.print(f"installed {env_id.split('@')[0]}@{version}")
+            version = install_from_index(ref.name, ref.version, target, find_links=find_links)
+    where = f" into {python}" if python is not None else ""
+    console.print(f"installed {env_id.split('@')[0]}@{version}{where}", soft_wrap=True)
 
 
 @app.command("pull")

@@ -97,6 +97,19 @@ def test_index_package_installs_without_verifiers_and_runs_through_eval(
     assert (venv_dir(NAME, chosen, ["pydantic>=2.0", "datasets>=2.0"]) / COMPLETE).is_file()
 
 
+def test_install_into_another_interpreter(wheels: Path, tmp_path: Path) -> None:
+    """`--python`: the package lands in that interpreter's venv, not in the one running rlkit."""
+    python = fresh_venv(tmp_path)
+    args = ["env", "install", f"{NAME}@{VERSION}", "--find-links", str(wheels)]
+    done = run([*args, "--python", python])
+    assert f"installed {NAME}@{VERSION} into {python}" in done.stdout
+    assert installed(python, NAME) == VERSION and installed(sys.executable, NAME) is None
+    done = run([*args, "--python", str(tmp_path / "no-python")], expect=2)
+    assert f"--python: {tmp_path / 'no-python'} is not an executable Python interpreter" in (
+        done.stdout + done.stderr
+    )
+
+
 def _no_verifiers_beside(python: str) -> None:
     """The venv of `python` got no verifiers of its own: it lives in the bridge venv."""
     own_packages = list((Path(python).parents[1] / "lib").glob("python3.*/site-packages/*"))
