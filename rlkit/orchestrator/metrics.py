@@ -25,22 +25,7 @@ from rlkit.orchestrator.scheduler import Counters
 from rlkit.progress import print_line
 from rlkit.protocol.batch import TrainBatch, read_batch
 from rlkit.protocol.layout import RunLayout
-
-# (title, keys) of the curves people look at: metrics.png and `rlkit runs show --html`
-PLOT_PANELS = (
-    ("reward", ("reward_mean",)),
-    ("mismatch KL (k3)", ("mismatch_kl", "weights_canary_kl")),
-    ("IcePop masked fraction", ("icepop_masked_low_frac", "icepop_masked_high_frac")),
-    ("step time (s)", ("rollout_time_s", "train_time_s")),
-    ("loss", ("loss",)),
-    ("gradient norm", ("grad_norm",)),
-    ("entropy (nats per token)", ("entropy",)),
-    ("completion length (tokens)", ("completion_len_mean", "completion_len_max")),
-    ("learning rate", ("lr",)),
-    ("throughput (completion tokens/s)", ("tokens_per_s",)),
-    ("errored rollouts", ("rollouts_errored",)),
-)
-PLOT_COLUMNS = 3
+from rlkit.protocol.panels import PLOT_COLUMNS, PLOT_PANELS
 
 
 def _pstdev(values: list[float]) -> float:

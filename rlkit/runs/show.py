@@ -19,7 +19,7 @@ from typing import Any
 
 from rlkit.atomic import atomic_write
 from rlkit.errors import UsageError
-from rlkit.orchestrator.metrics import PLOT_PANELS
+from rlkit.protocol.panels import PLOT_PANELS
 from rlkit.protocol.layout import RunLayout
 
 SPARKS = "▁▂▃▄▅▆▇█"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.orchestrator.loggers import mlflow_store, scalars
-from rlkit.orchestrator.metrics import PLOT_PANELS
+from rlkit.protocol.panels import PLOT_PANELS
 from tests.helpers.browser import assert_rendered, headless_chromium
 from tests.helpers.cli import run_cli, tiny_train_cmd
 from tests.helpers.logger_files import tensorboard_scalars, wandb_history

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.orchestrator.metrics import PLOT_PANELS
+from rlkit.protocol.panels import PLOT_PANELS
 from rlkit.runs.show import load_run, render_html, sparkline, summary_lines
 from tests.helpers.cli import run_cli
 
