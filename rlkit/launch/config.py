@@ -18,7 +18,6 @@ from rich.console import Console
 
 from rlkit.config import dump_toml
 from rlkit.envs.fit import fit_training_sets, max_model_len, renderer_for, served_context
-from rlkit.inference.lifecycle import check_model_dir
 from rlkit.launch.roles import Role
 from rlkit.launch.slurm_config import SlurmConfig
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list, run_token_file
@@ -201,11 +200,7 @@ def fit_prompts(config: RLJobConfig, envs: dict[str, Any], console: Console) -> 
 def check_role(config: RLJobConfig, role: Role | str) -> dict[str, Any]:
     """Validate and load what `role` needs before anything starts: the environments (and their
     prompts' fit) for the roles that run the orchestrator; a trainer or inference node never
-    reads them (their datasets may not even be reachable from it). The roles that load the
-    model check its directory first, so a wrong path is the one line printed and nothing is
-    written into the run directory."""
-    if Role(role) != Role.ORCHESTRATOR:  # an orchestrator may name a model only its servers hold
-        check_model_dir(config.model.path)
+    reads them (their datasets may not even be reachable from it)."""
     if Role(role) in (Role.ALL, Role.ORCHESTRATOR):
         check_sinks(config.log)
         return check_environments(config)

@@ -30,7 +30,7 @@ from rlkit.config import dump_toml
 from rlkit.envs.turns import prepare_token_turns
 from rlkit.errors import UsageError
 from rlkit.inference import ServerProcess, start_server
-from rlkit.inference.lifecycle import has_cuda, lora_server_args
+from rlkit.inference.lifecycle import check_model_dir, has_cuda, lora_server_args
 from rlkit.inference.polling import busy_loop_env
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.launch import gpus
@@ -273,6 +273,8 @@ def run_train(
         return {}
     if role == "orchestrator" and not cfg.inference.urls:
         raise UsageError("inference.urls: --role orchestrator needs the servers' URLs")
+    if role != Role.ORCHESTRATOR:  # the roles that load the model (an orchestrator's servers may
+        check_model_dir(cfg.model.path)  # hold a model it cannot see): one line, nothing written
     envs = check_role(cfg, role)  # an unknown env id fails here, before anything starts
     if threading.current_thread() is threading.main_thread():
         # SIGTERM (a process manager, `kill`) unwinds like Ctrl-C so that every role stops its

@@ -97,12 +97,12 @@ def test_bad_config_names_the_field(tmp_path: Path, override: str, field: str) -
 
 
 @pytest.mark.slow  # three `rlkit train` processes
-def test_cli_bad_config_exits_2_and_starts_nothing(tmp_path: Path) -> None:
+def test_cli_bad_config_exits_2_and_starts_nothing(tiny_model_dir: Path, tmp_path: Path) -> None:
     path = tmp_path / "train.toml"
     run_dir = tmp_path / "run"
     path.write_text(BASE.replace("reverse-text", "no-such-env-xyz"))
     rlkit = str(Path(sys.executable).parent / "rlkit")
-    cli = [rlkit, "train", str(path), f"--log.run_dir={run_dir}"]
+    cli = [rlkit, "train", str(path), f"--log.run_dir={run_dir}", f"--model.path={tiny_model_dir}"]
     proc = subprocess.run(cli, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "env.0.id" in proc.stderr
