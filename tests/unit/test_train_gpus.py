@@ -100,11 +100,13 @@ def test_server_and_trainer_processes_get_their_devices(
 
 
 def test_cli_refuses_gpus_on_a_machine_without_them(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    tmp_path: Path,
+    tiny_model_dir: Path,
 ) -> None:
     monkeypatch.delenv(gpus.VISIBLE, raising=False)
-    model = tmp_path / "model"
-    model.mkdir()
+    model = tiny_model_dir
     code, out = run_cli(
         monkeypatch,
         capsys,
