@@ -116,7 +116,13 @@ def _brief(row: dict[str, Any]) -> dict[str, Any]:
 # The real engine as bench_vllm_decode.py measured it (fixed-length bursts and weight updates
 # on the tiny model bench_scheduler serves, not bench_scheduler's workload: nothing here is
 # fitted to the speedup it is compared with). Command and load: docs/benchmarks.md.
-MEASURED_ENGINE: dict[str, Any] | None = None  # not recorded yet: pass --engine-json
+MEASURED_ENGINE: dict[str, Any] | None = {
+    "label": "measured (bench_vllm_decode.py, session 16)",
+    "tick_base_s": 3.963e-3,
+    "tick_per_seq_s": 2.760e-4,
+    "update_s": 9.933e-2,
+    "update_per_seq_s": 3.504e-5,
+}
 # What the speedup hangs on, for comparison: the decode step's cost per running sequence (how
 # much more a server yields with more sequences), with the update seen in bench_scheduler's runs
 SENSITIVITY_ENGINES = [
