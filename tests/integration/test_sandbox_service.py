@@ -122,6 +122,10 @@ async def test_requests_over_the_limits_are_refused(use_service: Service) -> Non
     assert bad.status_code == 400
     extra = httpx.post(f"{use_service.url}/run", headers=headers, json={"code": "", "argv": []})
     assert extra.status_code == 400
+    flood = httpx.post(
+        f"{use_service.url}/sessions", headers=headers, json={"output_limit": 10**12}
+    )
+    assert flood.status_code == 400 and "output_limit 1000000000000 over" in flood.json()["error"]
     assert (await sandbox.run("print('still serving')")).stdout == "still serving\n"
 
 
