@@ -273,8 +273,10 @@ def run_train(
         return {}
     if role == "orchestrator" and not cfg.inference.urls:
         raise UsageError("inference.urls: --role orchestrator needs the servers' URLs")
-    if role != Role.ORCHESTRATOR:  # the roles that load the model (an orchestrator's servers may
-        check_model_dir(cfg.model.path)  # hold a model it cannot see): one line, nothing written
+    # the roles that load the model check it first: one line, nothing written (an orchestrator
+    # alone may name a model that only its servers hold)
+    if role != Role.ORCHESTRATOR:
+        check_model_dir(cfg.model.path)
     envs = check_role(cfg, role)  # an unknown env id fails here, before anything starts
     if threading.current_thread() is threading.main_thread():
         # SIGTERM (a process manager, `kill`) unwinds like Ctrl-C so that every role stops its

@@ -38,8 +38,8 @@ class GroupStats:
     errors: list[str] = field(default_factory=list)  # first few messages, for the log
     zero_advantage_groups: int = 0
     groups: int = 0
-    completion_tokens: int = 0  # every finished rollout, trained on or not
-    completion_lengths: list[int] = field(default_factory=list)  # tokens of each of those
+    # completion tokens of every finished rollout, trained on or not
+    completion_lengths: list[int] = field(default_factory=list)
     # "{env_id}/{reward function}" -> its scores over the scored rollouts (`Rollout.metrics`)
     reward_functions: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     rollouts: int = 0  # every finished rollout, trained on or not
@@ -80,9 +80,7 @@ class GroupProcessor:
         valid: list[tuple[Rollout, TrainingTokens, int]] = []  # with its trained tokens
         errors: list[str] = []
         for rollout in group.rollouts:
-            length = sum(len(t.completion_token_ids) for t in rollout.turns)
-            stats.completion_tokens += length
-            stats.completion_lengths.append(length)
+            stats.completion_lengths.append(sum(len(t.completion_token_ids) for t in rollout.turns))
             stats.rollouts += 1
             stats.turns += len(rollout.turns)
             stats.exact_continuations += rollout.exact_continuation

@@ -25,7 +25,9 @@ from rlkit.orchestrator.scheduler import Counters
 from rlkit.progress import print_line
 from rlkit.protocol.batch import TrainBatch, read_batch
 from rlkit.protocol.layout import RunLayout
-from rlkit.protocol.panels import PLOT_COLUMNS, PLOT_PANELS
+from rlkit.protocol.panels import PLOT_PANELS
+
+PLOT_COLUMNS = 3  # metrics.png: panels per row
 
 
 def _pstdev(values: list[float]) -> float:
@@ -79,7 +81,7 @@ def step_record(
         weight_update_s=weight_update_s,
         step_time_s=step_time_s,
         inference_idle_frac=min(1.0, idle_s / step_time_s) if step_time_s > 0 else 0.0,
-        tokens_per_s=stats.completion_tokens / step_time_s if step_time_s > 0 else 0.0,
+        tokens_per_s=sum(lengths) / step_time_s if step_time_s > 0 else 0.0,
         completion_len_mean=statistics.fmean(lengths) if lengths else None,
         completion_len_max=max(lengths, default=None),
         staleness_mean=statistics.fmean(staleness) if staleness else 0.0,

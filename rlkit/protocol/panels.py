@@ -18,4 +18,3 @@ PLOT_PANELS = (
     ("throughput (completion tokens/s)", ("tokens_per_s",)),
     ("errored rollouts", ("rollouts_errored",)),
 )
-PLOT_COLUMNS = 3

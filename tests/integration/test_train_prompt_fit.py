@@ -81,9 +81,7 @@ def test_a_higher_threshold_drops_them_with_the_count(tiny_model_dir: Path, tmp_
     assert len(dropped) == 1 and 0 < int(dropped[0]) < ROWS, proc.stderr
 
 
-def test_a_missing_model_is_the_one_line_and_nothing_is_written(
-    tiny_model_dir: Path, tmp_path: Path
-) -> None:
+def test_a_missing_model_is_the_one_line_and_nothing_is_written(tmp_path: Path) -> None:
     """Issue 45: it printed "prompt lengths not checked: no local tokenizer" first and left
     run/config.toml and run/token behind."""
     missing = tmp_path / "no-such-model"
