@@ -117,6 +117,9 @@ class RunStore:
         self.metadata_path = self.run_dir / METADATA
         self.results_path = self.run_dir / RESULTS
         self._results_file: IO[str] | None = None
+        # key -> (result, its line): every result this store has read or appended, so the
+        # final compaction writes them out without reading and parsing the file again
+        self._known: dict[tuple[int, int], tuple[EvalResult, str]] | None = None
 
     def read_metadata(self) -> RunMetadata:
         if not self.metadata_path.is_file():
@@ -136,17 +139,28 @@ class RunStore:
 
     def append(self, results: list[EvalResult]) -> None:
         """Append results and flush, so they survive an interrupt or crash."""
+        known = self._read_known()
         if self._results_file is None:
             self._results_file = self.results_path.open("a")
-        self._results_file.write("".join(r.to_json() + "\n" for r in results))
+        lines = [r.to_json() + "\n" for r in results]
+        self._results_file.write("".join(lines))
         self._results_file.flush()
+        for result, line in zip(results, lines, strict=True):
+            known[result.key] = (result, line)
 
     def compact(self) -> list[EvalResult]:
         """Rewrite results.jsonl deduplicated and sorted (atomically); returns the results."""
         self.close()
-        results = self.read_results()
-        atomic_write(self.results_path, "".join(r.to_json() + "\n" for r in results))
-        return results
+        known = self._read_known()
+        keys = sorted(known)
+        atomic_write(self.results_path, "".join(known[k][1] for k in keys))
+        return [known[k][0] for k in keys]
+
+    def _read_known(self) -> dict[tuple[int, int], tuple[EvalResult, str]]:
+        """What the file holds, read once (last line per key wins); appends keep it current."""
+        if self._known is None:
+            self._known = {r.key: (r, r.to_json() + "\n") for r in self.read_results()}
+        return self._known
 
     def close(self) -> None:
         if self._results_file is not None:
