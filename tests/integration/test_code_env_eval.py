@@ -100,6 +100,7 @@ def test_eval_code_against_the_real_tiny_model(
     assert run.metadata.summary["errors"] == 0
 
 
+@pytest.mark.slow  # `rlkit eval` in a subprocess (~7 s)
 def test_without_bubblewrap_the_code_env_refuses_with_the_fix(tmp_path: Path) -> None:
     """No isolation (bwrap hidden from PATH): `rlkit eval code` stops before any rollout and
     says how to install bubblewrap; nothing falls back to running the code unisolated."""

@@ -55,6 +55,7 @@ def test_ci_test_script_without_chromium_fails_with_a_clear_message(
     assert "passed" not in proc.stdout  # no test ran
 
 
+@pytest.mark.slow  # a pytest subprocess (~8 s)
 def test_ci_browser_test_without_chromium_fails_instead_of_skipping(
     path_without_chromium: str,
 ) -> None:

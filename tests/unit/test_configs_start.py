@@ -112,6 +112,7 @@ def test_loss_field_dry_runs(
     assert f'old_policy = "{loss.old_policy}"' in out
 
 
+@pytest.mark.slow  # builds a trainer with its reference model and runs every loss (~12 s)
 def test_every_loss_field_trains_one_micro_batch(tiny_model_dir: Path, tmp_path: Path) -> None:
     """One trainer, built for kl_coef > 0 (so with its reference model), runs one micro-batch of
     every variant's resolved loss."""

@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples/tiny-cpu/make_sft_data.py"
 
 
+@pytest.mark.slow  # the demo's data script in a subprocess (~7 s)
 def test_sft_data_is_disjoint_from_train_and_eval_rows(tmp_path: Path) -> None:
     out = tmp_path / "sft.jsonl"
     subprocess.run([sys.executable, str(SCRIPT), str(out)], check=True, timeout=300)
