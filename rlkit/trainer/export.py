@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor
 
 from rlkit.atomic import atomic_dir
 from rlkit.protocol import handoff
@@ -54,7 +54,7 @@ def export_version(
 
     def write(tmp: Path, full: dict[str, torch.Tensor]) -> None:
         assert transport is not None, "the exporting rank publishes through a transport"
-        state = on_disk(lm, hf_state(lm, full, dtype))
+        state = on_disk(lm, hf_state(lm, full))
         tensors = [(name, tensor.contiguous()) for name, tensor in state.items()]
         record = PublishedVersion(
             version=version, transport=transport.name, tensors=tensor_table(tensors), canary=canary
@@ -63,8 +63,7 @@ def export_version(
         record.write(tmp)
         sent.append((record, tensors))
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    if _publish(policy, out, options, write, extra) is None:
+    if _publish(policy, out, dtype, write, extra) is None:
         return None
     assert transport is not None
     transport.published(out, *sent[0])
@@ -96,12 +95,12 @@ def on_disk(lm: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, to
     return revert_weight_conversion(lm, state)
 
 
-def hf_state(lm: torch.nn.Module, full: dict[str, torch.Tensor], dtype: torch.dtype) -> dict:
-    """The gathered state dict under the HF model's names, in `dtype`, tied aliases dropped
-    (one name per tensor, like HF checkpoints)."""
+def hf_state(lm: torch.nn.Module, full: dict[str, torch.Tensor]) -> dict:
+    """The gathered state dict under the HF model's names, tied aliases dropped (one name per
+    tensor, like HF checkpoints)."""
     aliases = {n for n, _ in lm.named_parameters(remove_duplicate=False)}
     aliases -= {n for n, _ in lm.named_parameters()}
-    state = {k.removeprefix("lm."): v.to(dtype) for k, v in full.items()}
+    state = {k.removeprefix("lm."): v for k, v in full.items()}
     return {k: v for k, v in state.items() if k not in aliases}
 
 
@@ -118,23 +117,47 @@ def export_adapter(
     vLLM loads adapters itself: no worker fingerprint check and no canary (`Trainer.export`)."""
 
     def write(tmp: Path, full: dict[str, torch.Tensor]) -> None:
-        tensors = to_peft_state({k.removeprefix("lm."): v.to(dtype) for k, v in full.items()})
+        tensors = to_peft_state({k.removeprefix("lm."): v for k, v in full.items()})
         write_adapter(tmp, tensors, cfg, base_model)
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-    return _publish(policy, out, options, write, extra)
+    return _publish(policy, out, dtype, write, extra, trainable_only=True)
+
+
+def gather_state(
+    policy: torch.nn.Module, dtype: torch.dtype, trainable_only: bool = False
+) -> dict[str, torch.Tensor]:
+    """Collective: the whole state dict on rank 0's CPU in `dtype` (empty on other ranks).
+
+    Gathered and cast one tensor at a time, so the exporting rank holds the model once in
+    `dtype` plus one full fp32 tensor, not a full fp32 copy beside its cast (4 bytes/parameter
+    less at the peak than `get_model_state_dict(full_state_dict=True)` then a cast). A tied
+    tensor is gathered once and appears under each of its names."""
+    main = dist.is_main()
+    gathered: dict[int, torch.Tensor | None] = {}  # id of a tensor -> its gathered copy
+    state: dict[str, torch.Tensor] = {}
+    for name, value in policy.state_dict(keep_vars=True).items():
+        if trainable_only and not value.requires_grad:
+            continue
+        if id(value) not in gathered:
+            whole = value.full_tensor() if isinstance(value, DTensor) else value
+            # a copy even where no cast is needed: the transport may read it after training goes on
+            gathered[id(value)] = whole.detach().to("cpu", dtype, copy=True) if main else None
+        if main:
+            state[name] = gathered[id(value)]
+    return state
 
 
 def _publish(
     policy: PolicyModel,
     out: Path,
-    options: StateDictOptions,
+    dtype: torch.dtype,
     write: Callable[[Path, dict[str, torch.Tensor]], None],
     extra: dict | None,
+    trainable_only: bool = False,
 ) -> Path | None:
     """Collective: gather the state dict to rank 0, which lets `write` fill a temporary
     directory renamed to `out` (a hand-off to the servers: not flushed), then marks it published."""
-    full = get_model_state_dict(policy, options=options)
+    full = gather_state(policy, dtype, trainable_only)
     if not dist.is_main():
         dist.barrier()
         return None
