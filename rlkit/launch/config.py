@@ -28,6 +28,7 @@ from rlkit.protocol.credentials import read_token
 from rlkit.sim.config import SimConfig
 from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig, TrainerSettings
 from rlkit.trainer.routing import RoutingReplay
+from rlkit.weights import AUTO, carries_adapters, transport_name
 
 LAUNCH_FIELDS = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "gpus"}
 
@@ -125,10 +126,11 @@ class RLJobConfig(RolloutJobConfig):
                 f"ckpt.interval ({self.ckpt.interval}) so a resumed run finds its weights"
             )
         transfer = self.inference.weight_transfer
-        if transfer not in ("auto", "filesystem") and self.model.lora.enabled:
+        if self.model.lora.enabled and not carries_adapters(transfer):
             raise ValueError(
                 f"inference.weight_transfer = {transfer!r} moves full weights; a LoRA run's "
-                "adapters are loaded by vLLM from files: use 'filesystem' (or 'auto')"
+                f"adapters are loaded by vLLM from files: use {transport_name(AUTO)!r} (or "
+                f"{AUTO!r})"
             )
         if self.trainer.routing_replay == RoutingReplay.R3:  # R3 replays what servers return
             o.return_routing = True
@@ -144,7 +146,7 @@ class RLJobConfig(RolloutJobConfig):
         data = self.trainer.model_dump(exclude=LAUNCH_FIELDS)
         i = self.inference
         data["weights"].update(
-            transfer="filesystem" if i.weight_transfer == "auto" else i.weight_transfer,
+            transfer=transport_name(i.weight_transfer),
             broadcast_bucket_mb=i.broadcast_bucket_mb,
             broadcast_timeout_s=i.broadcast_timeout_s,
         )

@@ -28,7 +28,7 @@ from rich.console import Console
 from rlkit.atomic import atomic_write
 from rlkit.config import dump_toml
 from rlkit.envs.turns import prepare_token_turns
-from rlkit.errors import UsageError
+from rlkit.errors import RunStopped, UsageError
 from rlkit.inference import ServerProcess, start_server
 from rlkit.inference.lifecycle import check_model_dir, has_cuda, lora_server_args
 from rlkit.inference.polling import busy_loop_env
@@ -371,7 +371,7 @@ def _run_all(
             )
             result = asyncio.run(orchestrator.run())
         except Exception as exc:
-            if trainer.exit_code():
+            if trainer.exit_code() and not isinstance(exc, RunStopped):  # its own one line
                 raise RuntimeError(f"{exc}\ntrainer log tail:\n{trainer.log_tail()}") from exc
             raise
         code = trainer.wait(timeout=120)

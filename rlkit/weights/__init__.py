@@ -23,7 +23,10 @@ A transport is one class with three sides, so a new one is one file and no edit 
 - the orchestrator (`deliver` and `catch_up`, classmethods): bring a set of servers, or one that
   rejoins, to the version, through their admin clients (`rlkit.inference.admin`).
 
-`weight_transfer = "auto"` is ``filesystem``. Whatever the transport, the orchestrator owns when
+`weight_transfer = "auto"` is ``filesystem`` (`transport_name`). A LoRA run's adapters are
+written as files and loaded by vLLM's adapter loader whatever the transport, so such a run must
+name a transport whose class says ``carries_adapters = True`` (only ``filesystem``;
+`carries_adapters`). Whatever the transport, the orchestrator owns when
 an update happens and checks it afterwards with the logprob canary (`rlkit.inference.canary`).
 """
 
@@ -42,6 +45,7 @@ from rlkit.weights.transport import (
 )
 
 __all__ = [
+    "AUTO",
     "EXIT_MID_UPDATE_ENV",
     "TRANSPORTS",
     "ModelFiles",
@@ -50,14 +54,32 @@ __all__ = [
     "ServerAdmin",
     "TransportSettings",
     "WeightTransport",
+    "carries_adapters",
     "transport_class",
+    "transport_name",
 ]
 PROTOCOL_METHODS = ("publish", "published", "settle", "receive", "deliver", "catch_up")
+
+
+AUTO = "auto"  # `[inference] weight_transfer`'s default: the filesystem transport
+
+
+def transport_name(name: str) -> str:
+    """The transport `weight_transfer = name` selects ("auto" is filesystem), as the trainer's
+    config names it."""
+    return filesystem.Filesystem.name if name == AUTO else name
 
 
 def transport_class(name: str) -> type[WeightTransport]:
     """The transport `name` names ("auto" is filesystem); ValueError when it is unknown or not
     a `WeightTransport`."""
     return TRANSPORTS.get_class(
-        "filesystem" if name == "auto" else name, PROTOCOL_METHODS, "rlkit.weights.WeightTransport"
+        transport_name(name), PROTOCOL_METHODS, "rlkit.weights.WeightTransport"
     )
+
+
+def carries_adapters(name: str) -> bool:
+    """Whether a LoRA run may name the transport `name`: its adapters go as files whatever the
+    transport, so only one whose class says so (a class that does not say is taken to move full
+    weights only)."""
+    return bool(getattr(transport_class(name), "carries_adapters", False))

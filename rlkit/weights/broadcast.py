@@ -566,6 +566,7 @@ class Broadcast:
     rank) to write the filesystem copy for a server that restarts in the meantime."""
 
     name: ClassVar[str] = "broadcast"
+    carries_adapters: ClassVar[bool] = False  # full weights only
 
     def __init__(self, settings: TransportSettings, model_files: ModelFiles | None = None) -> None:
         self.settings = settings

@@ -77,6 +77,7 @@ class Filesystem:
     """Files in the version's directory; the servers read them (module doc)."""
 
     name: ClassVar[str] = "filesystem"
+    carries_adapters: ClassVar[bool] = True  # a LoRA run's adapters go as files
 
     def __init__(self, settings: TransportSettings, model_files: ModelFiles | None = None) -> None:
         self.model_files = model_files

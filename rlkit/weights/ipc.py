@@ -12,15 +12,20 @@ The trainer keeps a version's buffer until the orchestrator has delivered it to 
 (`handoff.mark_delivered`) and its next version is published, so a server that rejoins in
 between loads the same buffer; waiting for that acknowledgement is bounded by the transport's
 timeout. The next version is packed into the same buffer (its pages stay allocated: an update
-costs a copy, not an allocation); a worker still holding the older record then reads bytes its
-tensor table refuses. On a GPU host the buffer is host memory, which the workers copy to their
-devices as they load (CUDA IPC handles between a trainer and an engine sharing one GPU are not
-built).
+costs a copy, not an allocation) unless a worker still maps it: a worker holds a shared lock
+(`flock`) on the buffer from before it checks the bytes until it has loaded them (its mapping's
+own descriptor holds it), so the bytes it loads are the bytes it checked; the trainer refills
+only under an exclusive lock it gets at once, else it packs the version into a new buffer (the
+old one's pages go when the last worker unmaps them). A worker still holding an older record
+then reads bytes its tensor table refuses, or is refused while the trainer writes. On a GPU
+host the buffer is host memory, which the workers copy to their devices as they load (CUDA IPC
+handles between a trainer and an engine sharing one GPU are not built).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import mmap
 import os
 import secrets
@@ -51,13 +56,17 @@ class TrainerGone(RunStopped):
 
 
 def _alive(pid: int) -> bool:
+    """Whether `pid` is a running process of this user: a trainer killed but not yet reaped by
+    the launcher is a zombie (it holds no buffer any more), another user's process that now
+    has the pid is not our trainer."""
+    proc = Path(f"/proc/{pid}")
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        if proc.stat().st_uid != os.getuid():
+            return False
+        state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
         return False
-    except PermissionError:  # someone else's process now has that pid: not our trainer
-        return False
-    return True
+    return state not in ("Z", "X")
 
 
 class IpcError(RuntimeError):
@@ -99,28 +108,53 @@ class SharedBuffer:
             while done < len(view):
                 done += os.pwrite(self.fd, view[done:], offset + done)
 
+    def refill(self, tensors: list[Named], offsets: list[int]) -> bool:
+        """Fill again under an exclusive lock, unless a worker still maps the buffer (it holds
+        a shared lock until it has loaded what it checked): False then, nothing written."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        try:
+            self.fill(tensors, offsets)
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        return True
+
     def close(self) -> None:
         os.close(self.fd)
 
 
 def open_shared(record: PublishedVersion) -> list[Named]:
     """A worker's side: the record's tensors as views of the trainer's buffer, mapped
-    copy-on-write (the trainer's bytes cannot be changed from here). IpcError when the buffer
-    is gone or the descriptor is not the buffer the record names."""
+    copy-on-write (the trainer's bytes cannot be changed from here) and under a shared lock
+    that lasts as long as the mapping (the trainer does not refill a buffer a worker maps: the
+    bytes loaded are the bytes checked). IpcError when the buffer is gone, is being refilled,
+    or the descriptor is not the buffer the record names."""
     d = IpcDelivery.of(record)
     path = f"/proc/{d.pid}/fd/{d.fd}"
     trainer = f"the trainer (pid {d.pid})"
+    gone = IpcError(
+        f"version {record.version}: {trainer} no longer holds its buffer {d.name} (it "
+        "exited or moved on to the next version, or the record names another descriptor)"
+    )
+    expected = f"/memfd:{d.name} (deleted)"  # a reused descriptor number is another file
     try:
-        target = os.readlink(path)
+        if os.readlink(path) != expected:
+            raise gone
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
-        target = None
-    if target != f"/memfd:{d.name} (deleted)":  # a reused descriptor number is another file
-        raise IpcError(
-            f"version {record.version}: {trainer} no longer holds its buffer {d.name} (it "
-            "exited or moved on to the next version, or the record names another descriptor)"
-        )
-    fd = os.open(path, os.O_RDONLY)
+        raise gone from None
     try:
+        if os.readlink(f"/proc/self/fd/{fd}") != expected:  # replaced since the check
+            raise gone
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise IpcError(
+                f"version {record.version}: {trainer} is writing its next version into {d.name}"
+            ) from None
+        # the mapping keeps its own duplicate of `fd`, and with it the lock, until it is freed
         mapped = mmap.mmap(fd, d.size, access=mmap.ACCESS_COPY)
     finally:
         os.close(fd)
@@ -136,6 +170,7 @@ class Ipc:
     """The transport's three sides (module doc)."""
 
     name: ClassVar[str] = "ipc"
+    carries_adapters: ClassVar[bool] = False  # full weights only
 
     def __init__(self, settings: TransportSettings, model_files: ModelFiles | None = None) -> None:
         self.settings = settings
@@ -147,17 +182,24 @@ class Ipc:
     ) -> PublishedVersion:
         self.settle()
         offsets, size = packed_offsets(record.tensors)
-        shared, self.spare = self.spare, None
-        if shared is None or shared.size != max(size, 1):
-            if shared is not None:
-                shared.close()
-            shared = SharedBuffer(size)
-        shared.fill(tensors, offsets)
+        shared = self._filled(tensors, offsets, size)
         self.current = (None, shared)
         delivery = IpcDelivery(
             pid=os.getpid(), fd=shared.fd, name=shared.name, size=shared.size, offsets=offsets
         )
         return record.model_copy(update={"delivery": delivery.model_dump()})
+
+    def _filled(self, tensors: list[Named], offsets: list[int], size: int) -> SharedBuffer:
+        """The settled buffer filled again when it has the size and no worker maps it; else a
+        new buffer (the old one's pages go when the last worker unmaps them)."""
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            if spare.size == max(size, 1) and spare.refill(tensors, offsets):
+                return spare
+            spare.close()
+        shared = SharedBuffer(size)
+        shared.fill(tensors, offsets)
+        return shared
 
     def published(self, out: Path, record: PublishedVersion, tensors: list[Named]) -> None:
         assert self.current is not None
@@ -165,9 +207,9 @@ class Ipc:
 
     def settle(self) -> None:
         """Wait (bounded) until the orchestrator delivered the newest buffer; from then on it
-        is the spare the next version fills again (its pages stay: no new allocation, no page
-        zeroing per update). A worker that maps it later gets that next version's bytes, which
-        its record's tensor table refuses."""
+        is the spare the next version fills again when no worker maps it (its pages stay: no
+        new allocation, no page zeroing per update). A worker that maps it later gets that next
+        version's bytes, which its record's tensor table refuses."""
         if self.current is None:
             return
         out, shared = self.current

@@ -71,6 +71,8 @@ class WeightTransport(Protocol):
     """The three sides of one way to move weights (module doc)."""
 
     name: ClassVar[str]
+    # a LoRA run may use it: its adapters go as files whatever the transport (`carries_adapters`)
+    carries_adapters: ClassVar[bool]
 
     def __init__(self, settings: TransportSettings, model_files: ModelFiles) -> None: ...
 

@@ -1,7 +1,8 @@
 """Weight updates by every built-in transport (filesystem, broadcast, ipc) against a raw copy of
-the same bytes, tiny and small models, side by side in one run.
+the same bytes, tiny and small models and the largest shape the scale benchmark trains
+(`qwen3-0.6b`: its real shapes), side by side in one run.
 
-    python tests/benchmarks/bench_weight_update.py [--repeats 5] [--sizes tiny,small]
+    python tests/benchmarks/bench_weight_update.py [--repeats 5] [--sizes tiny,small,qwen3-0.6b]
 
 Per model size, this process plays the trainer's exporting rank and the orchestrator against
 one running vLLM CPU server: two versions (the model's tensors and a perturbed copy, their tensor
@@ -14,8 +15,12 @@ its version, resumes). `update_s` = publish + deliver; the server reports its wo
 (receive / verify / vLLM's reload), from which the reload share is given. The raw baseline
 copies every tensor of the same version into a preallocated tensor of the same shape and dtype
 (before the server starts: timed right after an update, with vLLM's processes busy, the copies
-took 20-60x longer). Prints one JSON line: per size and transport the median seconds, the
-worker's split, and the ratios to filesystem and to the raw copy.
+took 20-60x longer). The broadcast's trainer side reports its group set-up apart from its
+transfer: `broadcast_setup_s_first` (the first update: the group is created),
+`broadcast_setup_s_kept` (the median of the later ones: the group is kept) and
+`broadcast_transfer_s` (their median bucket transfer, up to every worker's confirmation). Prints
+one JSON line: per size and transport the median seconds, the worker's split, and the ratios to
+filesystem and to the raw copy.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from rlkit.protocol.weights import PublishedVersion, iter_safetensors, tensor_ta
 from rlkit.weights import TransportSettings, transport_class
 
 TRANSPORTS = ("filesystem", "broadcast", "ipc")
+SIZES = "tiny,small,qwen3-0.6b"
 
 
 def versions(model: Path) -> list[list[tuple[str, torch.Tensor]]]:
@@ -97,6 +103,8 @@ async def measure_server(server, root: Path, pair, repeats: int) -> dict[str, di
     publish: dict[str, list[float]] = {name: [] for name in TRANSPORTS}
     deliver: dict[str, list[float]] = {name: [] for name in TRANSPORTS}
     splits: dict[str, list[dict]] = {name: [] for name in TRANSPORTS}
+    setup: list[float] = []  # the broadcast's group set-up of every update, the first included
+    transfer: list[float] = []
     async with server.client(timeout=600) as client:
         admin = AdminClient(client)
         version = 0
@@ -106,6 +114,9 @@ async def measure_server(server, root: Path, pair, repeats: int) -> dict[str, di
                 p, d, split = await one_update(
                     name, transport, admin, root, version, pair[version % 2], tables[version % 2]
                 )
+                if name == "broadcast":
+                    setup.append(transport.sender.setup_s)
+                    transfer.append(transport.sender.transfer_s)
                 if i:
                     publish[name].append(p)
                     deliver[name].append(d)
@@ -124,6 +135,11 @@ async def measure_server(server, root: Path, pair, repeats: int) -> dict[str, di
             "worker_reload_s": load,
         }
         out[name]["reload_share"] = load / out[name]["update_s"]
+    out["broadcast"].update(
+        broadcast_setup_s_first=setup[0],
+        broadcast_setup_s_kept=statistics.median(setup[1:]),
+        broadcast_transfer_s=statistics.median(transfer[1:]),
+    )
     return out
 
 
@@ -157,7 +173,7 @@ def rounded(value: object) -> object:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--sizes", default="tiny,small")
+    parser.add_argument("--sizes", default=SIZES)
     args = parser.parse_args()
     out: dict[str, object] = {"bench": "weight_update", "repeats": args.repeats}
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,21 +1,31 @@
 """`rlkit train --inference.weight_transfer=ipc` against the real vLLM CPU server: every version
-reaches the server through the trainer's shared buffer (checkpoint steps as files), the canary
-KL after each ipc update is as small as after the filesystem update of the same run, nothing is
-left in /dev/shm; and a server whose worker is killed mid-update (the test hook: after it mapped
-the buffer) is relaunched and catches up from the buffer the trainer still holds, while the run
-goes on to its end."""
+reaches the server through the trainer's shared buffer (checkpoint steps as files; the same
+buffer filled again: the workers let their mappings go once loaded), the canary KL after each
+ipc update is as small as after the filesystem update of the same run, nothing is left in
+/dev/shm; a server whose worker is killed mid-update (the test hook: after it mapped the buffer)
+is relaunched and catches up from the buffer the trainer still holds, while the run goes on to
+its end; and a trainer SIGKILLed once it published a version through its buffer, before any
+server loaded it, stops the run at once with the one line that says to resume, leaves nothing in
+/dev/shm, and `--resume` trains to the end."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
+from rlkit.protocol import handoff
+from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.weights import PublishedVersion
 from rlkit.weights import EXIT_MID_UPDATE_ENV
+from rlkit.weights.ipc import IpcDelivery
 from tests.helpers.cli import tiny_train_cmd
-from tests.helpers.train_runs import SHORT, records, run
+from tests.helpers.session_server import on_session_server
+from tests.helpers.train_runs import SHORT, records, run, start
 
 pytestmark = pytest.mark.slow
 STEPS = 5
@@ -53,12 +63,15 @@ def test_ipc_updates_match_the_filesystem_ones_and_leave_nothing_behind(
     assert not list((weights / "step_000005").glob("*.safetensors"))  # nothing written
     assert PublishedVersion.read(weights / f"step_{CKPT:06d}").transport == "filesystem"
     assert all(r["weight_update_bytes"] == shared.nbytes for r in steps)
+    earlier = PublishedVersion.read(weights / "step_000003")
+    assert IpcDelivery.of(earlier).name == IpcDelivery.of(shared).name  # filled again
     assert rlkit_shm() == before
 
 
 def test_a_worker_killed_mid_update_catches_up_from_the_buffer(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    before = rlkit_shm()
     run_dir = tmp_path / "run"
     cmd = tiny_train_cmd(
         tiny_model_dir,
@@ -80,3 +93,73 @@ def test_a_worker_killed_mid_update_catches_up_from_the_buffer(
     assert steps[-1]["inference_servers_rejoined"] >= 1
     assert (tmp_path / "killed-once").exists()
     assert all(r["weights_canary_kl"] < 1e-2 for r in steps[2:]), steps
+    assert rlkit_shm() == before
+
+
+def wait_for(proc, done, what: str, timeout: float = 600, every: float = 0.005) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert proc.poll() is None, f"run exited with {proc.returncode} before {what}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout}s"
+        time.sleep(every)
+
+
+def test_a_trainer_killed_mid_update_stops_the_run_resumably(
+    vllm_server, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The launcher (the orchestrator) is stopped once it wrote step 3's batch, so that the
+    trainer publishes version 3 through its buffer and is SIGKILLed before any server loads it;
+    then the launcher goes on, finds the trainer gone (not yet reaped: a zombie) and stops."""
+    before = rlkit_shm()
+    run_dir = tmp_path / "run"
+    layout = RunLayout(run_dir)
+    version = layout.weights_version(3)
+    with on_session_server(vllm_server, tiny_model_dir) as urls:
+        cmd = tiny_train_cmd(
+            tiny_model_dir,
+            run_dir,
+            *SHORT,
+            "--orchestrator.max_steps=4",
+            "--ckpt.interval=2",
+            "--inference.weight_transfer=ipc",
+            *urls,
+        )
+        proc = start(cmd, tmp_path / "killed.log")
+        try:
+            wait_for(proc, layout.batch(3).exists, "step 3's batch")
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                deadline = time.monotonic() + 300
+                while not handoff.is_published(version):
+                    assert time.monotonic() < deadline, "version 3 never published"
+                    time.sleep(0.05)
+                record = PublishedVersion.read(version)
+                assert record is not None and record.transport == "ipc"
+                trainer = IpcDelivery.of(record).pid
+                assert [trainer] == json.loads((run_dir / "pids.json").read_text())["trainer"]
+                os.kill(trainer, signal.SIGKILL)
+                killed = time.monotonic()
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+            code = proc.wait(timeout=120)
+            stopped_s = time.monotonic() - killed
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        output = (tmp_path / "killed.log").read_text()
+        assert code == 1, output[-3000:]
+        assert stopped_s < 60, stopped_s
+        assert f"the trainer (pid {trainer}) exited before policy version 3" in output
+        assert "continue with --resume" in output and "Traceback" not in output, output[-3000:]
+        assert [r["step"] for r in records(run_dir)] == [1, 2]
+        assert layout.latest_checkpoint() == layout.checkpoints / "step_000002"
+        assert rlkit_shm() == before
+
+        resumed = tmp_path / "resumed.log"
+        assert run([*cmd, "--resume"], resumed) == 0, resumed.read_text()[-3000:]
+    assert "resuming at step 3" in resumed.read_text()
+    steps = records(run_dir)
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert all(r["weights_canary_kl"] < 1e-2 for r in steps), steps
+    assert rlkit_shm() == before

@@ -102,6 +102,47 @@ def test_the_copy_on_write_mapping_cannot_change_the_trainers_bytes(tmp_path: Pa
         ipc.settle()
 
 
+def test_a_buffer_a_worker_still_maps_is_not_refilled(tmp_path: Path) -> None:
+    """A worker that checked version 1 and loads it late (a rejoining server, or one slower than
+    the trainer's settle timeout) loads version 1's bytes, not the next version's: the trainer
+    packs version 2 into a new buffer while the old one is mapped, and fills the same buffer
+    again once nobody maps it."""
+    ipc, record = publish(tmp_path)
+    held = open_shared(record)  # checked, not loaded yet
+    assert mismatches(held, record.tensors) == []
+    handoff.mark_delivered(tmp_path)
+    ipc.settle()
+    newer = PublishedVersion(version=2, transport="ipc", tensors=tensor_table(reversed_tensors()))
+    newer = ipc.publish(tmp_path, newer, reversed_tensors())
+    assert mismatches(held, record.tensors) == []  # what it loads is what it checked
+    assert IpcDelivery.of(newer).name != IpcDelivery.of(record).name
+    del held  # loaded: the mapping and its lock go
+    handoff.mark_delivered(tmp_path)
+    ipc.settle()
+    third = ipc.publish(tmp_path, record.model_copy(update={"version": 3}), TENSORS)
+    assert IpcDelivery.of(third).name == IpcDelivery.of(newer).name  # filled again
+    assert mismatches(open_shared(third), third.tensors) == []
+    handoff.mark_delivered(tmp_path)
+    ipc.settle()
+
+
+def test_a_worker_is_refused_while_the_trainer_refills_the_buffer(tmp_path: Path) -> None:
+    import fcntl
+
+    ipc, record = publish(tmp_path)
+    try:
+        d = IpcDelivery.of(record)
+        writer = os.open(f"/proc/self/fd/{d.fd}", os.O_RDONLY)  # the trainer's lock, as held
+        fcntl.flock(writer, fcntl.LOCK_EX)
+        with pytest.raises(IpcError, match="is writing its next version"):
+            open_shared(record)
+        os.close(writer)
+        assert mismatches(open_shared(record), record.tensors) == []
+    finally:
+        handoff.mark_delivered(tmp_path)
+        ipc.settle()
+
+
 def test_a_record_naming_another_descriptor_is_refused(tmp_path: Path) -> None:
     ipc, record = publish(tmp_path)
     try:
@@ -172,11 +213,13 @@ def test_a_worker_killed_mid_update_leaves_no_hang_and_nothing_in_dev_shm(
     assert shm_entries() == before
 
 
+@pytest.mark.parametrize("reaped", [True, False])
 def test_delivering_a_version_whose_trainer_exited_stops_the_run_resumably(
-    tmp_path: Path,
+    tmp_path: Path, reaped: bool
 ) -> None:
-    """The orchestrator's side: no server is asked to map a buffer whose holder is gone; the
-    run stops with a RunStopped naming the trainer and --resume."""
+    """The orchestrator's side: no server is asked to map a buffer whose holder is gone (also
+    while the killed trainer is a zombie its launcher has not reaped yet); the run stops with a
+    RunStopped naming the trainer and --resume."""
     import asyncio
     import subprocess
     import sys
@@ -185,9 +228,14 @@ def test_delivering_a_version_whose_trainer_exited_stops_the_run_resumably(
     from rlkit.weights.ipc import TrainerGone
 
     ipc, record = publish(tmp_path)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
-        gone = subprocess.Popen([sys.executable, "-c", "pass"])
-        gone.wait()
+        if reaped:
+            gone.wait()
+        else:  # exited, not waited for
+            stat = Path(f"/proc/{gone.pid}/stat")
+            while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                time.sleep(0.01)
         orphan = record.model_copy(update={"delivery": {**record.delivery, "pid": gone.pid}})
 
         class Unreachable:  # a server the transport must not call
@@ -200,5 +248,6 @@ def test_delivering_a_version_whose_trainer_exited_stops_the_run_resumably(
             asyncio.run(Ipc.deliver([Unreachable()], str(tmp_path), orphan))
         assert isinstance(stopped.value, RunStopped)
     finally:
+        gone.wait()
         handoff.mark_delivered(tmp_path)
         ipc.settle()

@@ -157,3 +157,61 @@ def test_transport_reaches_the_trainer_and_full_weights_are_refused_for_lora(
     toml.write_text(base + '[model.lora]\nrank = 4\n[inference]\nweight_transfer = "ipc"\n')
     with pytest.raises(UsageError, match="ipc.*LoRA"):
         load_config(RLJobConfig, toml)
+
+
+def test_a_user_transport_reaches_the_trainer_and_says_itself_whether_lora_may_use_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No transport name decides: a user's class that leaves `carries_adapters` out moves full
+    weights only (refused with LoRA); one that says True is accepted; "auto" and the user's
+    'module:Class' reach the trainer's config as names it can look up."""
+    from rlkit.launch.config import RLJobConfig
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "integration" / "custom_plugins"))
+    user = "my_plugins:FilePerTensor"
+    base = '[model]\npath = "m"\n[[env]]\nid = "reverse-text"\n'
+    toml = tmp_path / "train.toml"
+    toml.write_text(base + f'[inference]\nweight_transfer = "{user}"\n')
+    assert load_config(RLJobConfig, toml).trainer_config().weights.transfer == user
+    toml.write_text(base + f'[model.lora]\nrank = 4\n[inference]\nweight_transfer = "{user}"\n')
+    with pytest.raises(UsageError, match="FilePerTensor.*LoRA.*'filesystem' \\(or 'auto'\\)"):
+        load_config(RLJobConfig, toml)
+    from rlkit.weights import transport_class
+
+    monkeypatch.setattr(transport_class(user), "carries_adapters", True, raising=False)
+    assert load_config(RLJobConfig, toml).trainer_config().weights.transfer == user
+    for name in ("auto", "filesystem"):
+        toml.write_text(base + f'[model.lora]\nrank = 4\n[inference]\nweight_transfer = "{name}"\n')
+        assert load_config(RLJobConfig, toml).trainer_config().weights.transfer == "filesystem"
+
+
+def test_no_code_outside_rlkit_weights_compares_transport_names() -> None:
+    """Which transport does what is said by its class (`rlkit.weights`), not by if/else on its
+    name elsewhere: no comparison in rlkit/ (outside rlkit/weights) has a built-in transport's
+    name as an operand, alone or in a tuple, list or set."""
+    import ast
+
+    import rlkit
+    from rlkit.weights import TRANSPORTS
+
+    names = set(TRANSPORTS.names())
+    assert {"filesystem", "broadcast", "ipc"} <= names
+    root = Path(rlkit.__file__).parent
+
+    def literals(node: ast.expr) -> set[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return {node.value}
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return set().union(*(literals(e) for e in node.elts))
+        return set()
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if root / "weights" in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Compare):
+                hits = set().union(*(literals(e) for e in [node.left, *node.comparators]))
+                if hits & names:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not found, found
