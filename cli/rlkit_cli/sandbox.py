@@ -65,6 +65,9 @@ def serve_cmd(
     queue: int = typer.Option(256, min=0, help="Requests waiting for a slot; more get 429."),
     session_idle_s: float = typer.Option(300.0, min=1, help="Close sessions unused this long."),
     max_sessions: int = typer.Option(256, min=1, help="Open sessions at most."),
+    max_sessions_per_caller: int = typer.Option(
+        32, min=1, help="Open sessions at most for one caller (token)."
+    ),
     backend: str | None = typer.Option(None, help="Sandbox backend [bwrap]."),
 ) -> None:
     """Serve the sandbox over HTTP: warm pools, a shared concurrency limit, sessions, metrics.
@@ -94,6 +97,7 @@ def serve_cmd(
         concurrency=concurrency,
         queue=queue,
         max_sessions=max_sessions,
+        max_sessions_per_caller=max_sessions_per_caller,
         session_idle_s=session_idle_s,
     )
     typer.echo(f"sandbox service on http://{host}:{port}")

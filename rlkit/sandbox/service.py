@@ -47,14 +47,17 @@ class ServiceSettings:
     queue: int = 256  # requests waiting for a slot at most; more get 429
     max_request_bytes: int = 16 << 20
     max_sessions: int = 256
+    max_sessions_per_caller: int = 32  # one caller (token) cannot take every session
     session_idle_s: float = 300.0
 
 
 class Busy(Exception):
-    """No slot now and the queue is full (or the wait ran out): 429."""
+    """No slot now and the queue is full (or the wait ran out), or the caller holds its share of
+    sessions: 429."""
 
-    def __init__(self, retry_after: int) -> None:
+    def __init__(self, retry_after: int, message: str = "") -> None:
         self.retry_after = retry_after
+        self.message = message or "sandbox service busy: retry later"
 
 
 class Refused(Exception):
@@ -200,8 +203,16 @@ class SandboxService:
             raise Refused(
                 400, f"output_limit {request.output_limit} over the service's limit of {cap} bytes"
             )
+        wait = max(1, int(self.config.session_idle_s))
         if len(self.sessions) >= self.config.max_sessions:
-            raise Busy(max(1, int(self.config.session_idle_s)))
+            raise Busy(wait)
+        mine = sum(hosted.owner == owner for hosted in self.sessions.values())
+        if mine >= self.config.max_sessions_per_caller:
+            raise Busy(
+                wait,
+                f"this caller has {mine} open sessions, the service's limit per caller: close "
+                "one (DELETE /sessions/ID) or wait for an idle one to expire",
+            )
         try:
             session = PythonSession(
                 timeout=request.timeout,
@@ -315,7 +326,7 @@ def _errors(handler: Any) -> Any:
             return JSONResponse({"error": exc.message}, status_code=exc.status)
         except Busy as exc:
             return JSONResponse(
-                {"error": "sandbox service busy: retry later"},
+                {"error": exc.message},
                 status_code=429,
                 headers={"Retry-After": str(exc.retry_after)},
             )

@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.system, pytest.mark.slow]
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     folder = tmp_path_factory.mktemp("sandbox-service")
     args = ["--concurrency", "2", "--pool-size", "2", "--queue", "8", "--session-idle-s", "2"]
+    args += ["--max-sessions-per-caller", "2"]
     with sandbox_service(folder, *args, "--tenant", "alice", "--tenant", "bob") as svc:
         yield svc
 
@@ -220,7 +221,18 @@ async def test_sessions_keep_state_belong_to_their_caller_and_expire(
             assert (await client.delete(f"/sessions/{sid}", headers=other)).status_code == 404
         mine = await client.post(f"/sessions/{sid}/execute", headers=alice, json={"code": "secret"})
         assert mine.json()["output"] == "'alice'\n"
-        assert (await client.delete(f"/sessions/{sid}", headers=alice)).status_code == 200
+        # one caller cannot take every session: alice's third is refused, bob still gets his
+        second = (await client.post("/sessions", headers=alice, json={})).json()["id"]
+        third = await client.post("/sessions", headers=alice, json={})
+        assert third.status_code == 429 and "limit per caller" in third.json()["error"]
+        assert int(third.headers["retry-after"]) >= 1
+        bobs = await client.post("/sessions", headers=bob, json={})
+        assert bobs.status_code == 200
+        for sid_, who in ((sid, alice), (second, alice), (bobs.json()["id"], bob)):
+            assert (await client.delete(f"/sessions/{sid_}", headers=who)).status_code == 200
+        again = await client.post("/sessions", headers=alice, json={})
+        assert again.status_code == 200
+        assert (await client.delete(f"/sessions/{again.json()['id']}", headers=alice)).is_success
 
 
 async def test_a_service_killed_mid_run_errors_its_requests(tmp_path: Path) -> None:
