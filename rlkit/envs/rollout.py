@@ -93,7 +93,7 @@ class Rollout(BaseModel):
         Always true for token-in/token-out rollouts (`prompt_mode == "tokens"`); a message-path
         rollout is true only when the server's re-rendered history happened to match.
         """
-        for before, turn in zip(self.turns, self.turns[1:]):
+        for before, turn in zip(self.turns, self.turns[1:], strict=False):
             seen = before.prompt_token_ids + before.completion_token_ids
             if turn.prompt_token_ids[: len(seen)] != seen:
                 return False
