@@ -5,9 +5,9 @@ sleeps. When no callback is ready, asyncio asks the selector to wait until the e
 this selector polls the real file descriptors without blocking and, if nothing is there,
 advances the loop's clock by exactly that wait. So `asyncio.sleep`, `loop.call_at`,
 `asyncio.wait_for` and `loop.time()` all run unmodified in simulated seconds, and a simulated
-hour takes as long as the callbacks it runs. Files (sockets, pipes) are polled whenever the loop
-has no callback ready, just before the clock would advance. Code that reads the event loop's clock (the
-schedulers do) sees simulated time; code that reads `time.monotonic()` directly does not.
+hour takes as long as the callbacks it runs. Files (sockets, pipes) are polled whenever no
+callback is ready, just before the clock would advance. Code that reads the event loop's clock
+(the schedulers do) sees simulated time; code that reads `time.monotonic()` directly does not.
 """
 
 from __future__ import annotations
