@@ -93,11 +93,10 @@ class Rollout(BaseModel):
         Always true for token-in/token-out rollouts (`prompt_mode == "tokens"`); a message-path
         rollout is true only when the server's re-rendered history happened to match.
         """
-        seen: list[int] = []
-        for turn in self.turns:
+        for before, turn in zip(self.turns, self.turns[1:], strict=False):
+            seen = before.prompt_token_ids + before.completion_token_ids
             if turn.prompt_token_ids[: len(seen)] != seen:
                 return False
-            seen = turn.prompt_token_ids + turn.completion_token_ids
         return True
 
     def training_sample(self) -> TrainingTokens:
@@ -121,25 +120,26 @@ class Rollout(BaseModel):
         logprobs: list[float] = []
         routing: np.ndarray | None = None
         for turn in self.turns:
-            prompt = turn.prompt_token_ids
-            common = 0
-            limit = min(len(tokens), len(prompt))
-            while common < limit and tokens[common] == prompt[common]:
-                common += 1
-            del tokens[common:], mask[common:], logprobs[common:]
+            prompt, completion = turn.prompt_token_ids, turn.completion_token_ids
+            if len(turn.completion_logprobs) != len(completion):
+                raise ValueError(
+                    f"rollout {self.example_id}: a turn has {len(completion)} "
+                    f"completion tokens but {len(turn.completion_logprobs)} logprobs"
+                )
+            common = len(tokens)
+            if prompt[:common] != tokens:  # not an exact continuation: the common prefix
+                common = 0
+                limit = min(len(tokens), len(prompt))
+                while common < limit and tokens[common] == prompt[common]:
+                    common += 1
+                del tokens[common:], mask[common:], logprobs[common:]
             context = prompt[common:]
             tokens += context
             mask += [0] * len(context)
             logprobs += [0.0] * len(context)
-            tokens += turn.completion_token_ids
-            mask += [1] * len(turn.completion_token_ids)
-            lps = list(turn.completion_logprobs)
-            if len(lps) != len(turn.completion_token_ids):
-                raise ValueError(
-                    f"rollout {self.example_id}: a turn has {len(turn.completion_token_ids)} "
-                    f"completion tokens but {len(lps)} logprobs"
-                )
-            logprobs += lps
+            tokens += completion
+            mask += [1] * len(completion)
+            logprobs += turn.completion_logprobs
             routing = None
             if turn.routed_experts:
                 routing = decode_routed_experts(turn.routed_experts)[: len(tokens)]

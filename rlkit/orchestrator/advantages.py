@@ -13,6 +13,7 @@ group `rlkit.advantages`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -89,6 +90,54 @@ def _group_index(
     return [list(range(start, start + group_size)) for start in range(0, n, group_size)]
 
 
+def grpo_floats(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
+    """`grpo_advantages` of one group [G] in Python floats, equal to it to the bit.
+
+    torch computes `std_mean` on the CPU by Welford's algorithm in float64, one value after
+    another; these are the same steps in the same order (test_advantages keeps them equal).
+    The group processor calls it once per finished group: on a group of 8, the six tensor ops
+    of `grpo_advantages` cost about ten times the arithmetic (a third of the processor's time).
+    """
+    values = [float(r) for r in rewards]
+    if not values:
+        raise ValueError("rewards must be [G] or [num_groups, G], got (0,)")
+    n, mean, m2 = 0, 0.0, 0.0
+    for x in values:
+        n += 1
+        delta = x - mean
+        mean = mean + delta / n
+        m2 = m2 + delta * (x - mean)
+    if n == 1:
+        return [values[0] - mean]
+    std = math.sqrt(m2 / (n - 1))
+    return [(x - mean) / (std + eps) for x in values]
+
+
+class GroupEstimator:
+    """A registered estimator with its parameters validated once: `estimator(rewards)` gives
+    the advantages of one group's rewards (the group processor's per-group call).
+
+    An unknown `method` or bad `params` raises ValueError.
+    """
+
+    def __init__(self, method: str = "grpo", params: dict[str, Any] | None = None) -> None:
+        self.method = method
+        self.entry = ADVANTAGES.get(method)
+        self.params = self.entry.validate(params or {})
+
+    def __call__(self, rewards: Sequence[float]) -> list[float]:
+        if self.entry.fn is grpo:  # the built-in: the same numbers without tensors
+            return grpo_floats(rewards, self.params.eps)  # type: ignore[attr-defined]
+        group = torch.tensor(list(rewards), dtype=torch.float64)
+        values = self.entry.fn(group, self.params)
+        if values.shape != group.shape:
+            raise ValueError(
+                f"advantage estimator {self.method!r} returned shape {tuple(values.shape)} "
+                f"for {len(rewards)} rewards"
+            )
+        return values.tolist()
+
+
 def group_advantages(
     rewards: Sequence[float],
     group_size: int | None = None,
@@ -103,18 +152,11 @@ def group_advantages(
     e.g. the example id; groups may then differ in size after errored rollouts are dropped).
     An unknown `method` or bad `params` raises ValueError.
     """
-    entry = ADVANTAGES.get(method)
-    p = entry.validate(params or {})
+    estimator = GroupEstimator(method, params)
     advantages = [0.0] * len(rewards)
     for index in _group_index(len(rewards), group_size, groups):
-        group = torch.tensor([rewards[i] for i in index], dtype=torch.float64)
-        values = entry.fn(group, p)
-        if values.shape != group.shape:
-            raise ValueError(
-                f"advantage estimator {method!r} returned shape {tuple(values.shape)} "
-                f"for {len(index)} rewards"
-            )
-        for i, value in zip(index, values.tolist(), strict=True):
+        values = estimator([rewards[i] for i in index])
+        for i, value in zip(index, values, strict=True):
             advantages[i] = value
     return advantages
 

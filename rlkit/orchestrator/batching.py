@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlkit.envs.rollout import Rollout, TrainingTokens
-from rlkit.orchestrator.advantages import group_advantages
+from rlkit.orchestrator.advantages import GroupEstimator
 from rlkit.orchestrator.sampler import PromptSampler
 from rlkit.orchestrator.scheduler import Group, oldest_version
 from rlkit.orchestrator.watchdog import NoSignalWatchdog
@@ -62,8 +62,7 @@ class GroupProcessor:
         sampler: PromptSampler | None = None,
         watchdog: NoSignalWatchdog | None = None,
     ) -> None:
-        self.advantage = advantage
-        self.advantage_params = advantage_params or {}
+        self.estimator = GroupEstimator(advantage, advantage_params)  # validated once, here
         self.drop_zero_advantage = drop_zero_advantage
         self.solve_threshold = solve_threshold
         self.sampler = sampler
@@ -120,9 +119,7 @@ class GroupProcessor:
         if self.drop_zero_advantage and max(rewards) - min(rewards) <= 1e-8:
             stats.zero_advantage_groups += 1
             return
-        advantages = group_advantages(
-            rewards, len(rewards), method=self.advantage, params=self.advantage_params
-        )
+        advantages = self.estimator(rewards)
         for (rollout, sample, trained), adv in zip(valid, advantages, strict=True):
             group.samples.append(
                 TrainSample(

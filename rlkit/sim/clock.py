@@ -5,8 +5,9 @@ sleeps. When no callback is ready, asyncio asks the selector to wait until the e
 this selector polls the real file descriptors without blocking and, if nothing is there,
 advances the loop's clock by exactly that wait. So `asyncio.sleep`, `loop.call_at`,
 `asyncio.wait_for` and `loop.time()` all run unmodified in simulated seconds, and a simulated
-hour takes as long as the callbacks it runs. Code that reads the event loop's clock (the
-schedulers do) sees simulated time; code that reads `time.monotonic()` directly does not.
+hour takes as long as the callbacks it runs. Files (sockets, pipes) are polled whenever no
+callback is ready, just before the clock would advance. Code that reads the event loop's clock
+(the schedulers do) sees simulated time; code that reads `time.monotonic()` directly does not.
 """
 
 from __future__ import annotations
@@ -47,8 +48,15 @@ class _VirtualSelector(selectors.BaseSelector):
         self.real.close()
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout == 0:
+            # Callbacks are ready: the files wait until the loop is about to advance the clock,
+            # which in a simulation comes within microseconds. A thread's call_soon_threadsafe
+            # has queued its callback already (its byte on the self-pipe only wakes a blocking
+            # select, which this one never is), so a pure simulation runs the same callbacks in
+            # the same order, without a system call per loop iteration (most of them).
+            return []
         events = self.real.select(0)
-        if events or timeout == 0:
+        if events:
             return events
         if timeout is None:  # no timer at all: only another thread could wake the loop
             events = self.real.select(REAL_WAIT_S)

@@ -78,8 +78,14 @@ def rollout_versions(rollout: Rollout) -> list[int]:
 
 
 def oldest_version(rollout: Rollout, default: int) -> int:
-    versions = rollout_versions(rollout)
-    return min(versions) if versions else default
+    """The oldest version in `rollout_versions`, `default` when none is recorded (a loop: the
+    group processor asks once per rollout)."""
+    oldest = None
+    for turn in rollout.turns:
+        for v in (turn.policy_version_start, turn.policy_version_end):
+            if v is not None and (oldest is None or v < oldest):
+                oldest = v
+    return default if oldest is None else oldest
 
 
 @dataclass

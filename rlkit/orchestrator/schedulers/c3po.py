@@ -52,6 +52,7 @@ class C3POScheduler(SchedulerBase):
         self.token_budget = token_budget
         self.retention = retention
         self.pool: list[Group] = []  # finished groups waiting for a batch, in finish order
+        self._pool_tokens = 0  # sum of the pool's `tokens`, kept as the pool changes
         self.tasks: dict[asyncio.Task, Group] = {}
         self._changed = asyncio.Event()
 
@@ -65,7 +66,8 @@ class C3POScheduler(SchedulerBase):
         return len(self.tasks) * self.source.group_size
 
     def pool_tokens(self) -> int:
-        return sum(g.tokens for g in self.pool)
+        """C: the tokens of the finished pool (a running total; `fill` asks on every finish)."""
+        return self._pool_tokens
 
     def fill(self) -> None:
         """Launch groups until Omega rollouts are in flight.
@@ -100,6 +102,7 @@ class C3POScheduler(SchedulerBase):
             self._drop_stale(group)
             if self._keep(group):
                 self.pool.append(group)
+                self._pool_tokens += group.tokens
         self._changed.set()
         self.fill()
 
@@ -115,6 +118,7 @@ class C3POScheduler(SchedulerBase):
         for group in self.pool:
             self._drop_stale(group)
         self.pool = [g for g in self.pool if self._keep(g)]
+        self._pool_tokens = sum(g.tokens for g in self.pool)
         self.fill()
 
     async def next_batch(self) -> list[Group]:
@@ -123,13 +127,15 @@ class C3POScheduler(SchedulerBase):
         while True:
             if self.error is not None:
                 raise self.error
-            total = 0
-            for i, group in enumerate(self.pool):
-                total += group.tokens
-                if total >= self.token_budget:
-                    batch, self.pool = self.pool[: i + 1], self.pool[i + 1 :]
-                    self.fill()
-                    return self._taken(batch)
+            if self._pool_tokens >= self.token_budget:  # else no prefix reaches Phi either
+                total = 0
+                for i, group in enumerate(self.pool):
+                    total += group.tokens
+                    if total >= self.token_budget:
+                        batch, self.pool = self.pool[: i + 1], self.pool[i + 1 :]
+                        self._pool_tokens -= total
+                        self.fill()
+                        return self._taken(batch)
             self._changed.clear()
             self.fill()
             await self._changed.wait()
