@@ -237,15 +237,17 @@ class TenantRequests:
         if scope["method"] != "POST" or not foreign:
             await self.app(scope, receive, send)
             return
-        body, receive = await read_body(receive)
+        body = await read_body(receive)
         data = json_object(body)
         model = data.get("model")  # as FastAPI reads it: the last of repeated keys
         if isinstance(model, str) and model in foreign:
-            await self.answer_as_unknown(scope, data, model, send)
+            await self.answer_as_unknown(scope, data, model, receive, send)
             return
-        await self.app(scope, receive, send)
+        await self.app(scope, replaying(body, receive), send)
 
-    async def answer_as_unknown(self, scope: dict, data: dict, model: str, send: Any) -> None:
+    async def answer_as_unknown(
+        self, scope: dict, data: dict, model: str, receive: Any, send: Any
+    ) -> None:
         """What vLLM answers (its words, whatever its version) when `model` is a name it does
         not serve: the request goes on with a fresh name nobody holds, which is put back as
         `model` in the answer."""
@@ -256,16 +258,13 @@ class TenantRequests:
         start: dict = {}
         chunks: list[bytes] = []
 
-        async def receive() -> dict:
-            return {"type": "http.request", "body": body, "more_body": False}
-
         async def keep(message: dict) -> None:
             if message["type"] == "http.response.start":
                 start.update(message)
             elif message["type"] == "http.response.body":
                 chunks.append(message.get("body", b""))
 
-        await self.app(scope, receive, keep)
+        await self.app(scope, replaying(body, receive), keep)
         name = json.dumps(model, ensure_ascii=False)[1:-1].encode()
         answer = b"".join(chunks).replace(stand_in.encode(), name)
         headers = [(k, v) for k, v in start.get("headers", []) if k != b"content-length"]
@@ -274,16 +273,22 @@ class TenantRequests:
         await send({"type": "http.response.body", "body": answer})
 
 
-async def read_body(receive: Any) -> tuple[bytes, Any]:
-    """The whole request body, and a `receive` that hands it on again (then the client's)."""
+async def read_body(receive: Any) -> bytes:
+    """The whole request body (what came of it, if the client went away)."""
     chunks, more = [], True
     while more:
         message = await receive()
         if message["type"] != "http.request":  # the client went away
-            return b"", receive
+            break
         chunks.append(message.get("body", b""))
         more = message.get("more_body", False)
-    body, replayed = b"".join(chunks), False
+    return b"".join(chunks)
+
+
+def replaying(body: bytes, receive: Any) -> Any:
+    """A `receive` that hands on `body` first, then what the client sends (its disconnect, which
+    vLLM waits for while it answers)."""
+    replayed = False
 
     async def replay() -> dict:
         nonlocal replayed
@@ -292,7 +297,7 @@ async def read_body(receive: Any) -> tuple[bytes, Any]:
         replayed = True
         return {"type": "http.request", "body": body, "more_body": False}
 
-    return body, replay
+    return replay
 
 
 def json_object(body: bytes) -> dict:

@@ -3,6 +3,7 @@ on a small ASGI app: the same middleware and helpers the vLLM server installs.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -205,6 +206,11 @@ def tenant_app(security: ServerSecurity, reads: list[bytes]) -> TestClient:
     async def completions(request: Request) -> dict:
         reads.append(await request.body())
         body = await request.json()
+        try:  # vLLM listens for the client's disconnect while it answers: none comes yet
+            heard = await asyncio.wait_for(request.receive(), 0.05)
+            raise AssertionError(f"heard {heard['type']} after the body")
+        except TimeoutError:
+            pass
         if body["model"] not in ("base", *app.state.openai_serving_models.lora_requests):
             message = f"The model `{body['model']}` does not exist."  # vLLM's words, its type
             return JSONResponse({"error": message, "type": "NotFound"}, status_code=404)
