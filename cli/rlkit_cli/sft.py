@@ -25,6 +25,7 @@ def sft(
     """
     from rlkit.atomic import atomic_write
     from rlkit.config import dump_toml, load_config
+    from rlkit.protocol.layout import RunLayout
     from rlkit.trainer.config import SFTConfig
     from rlkit.trainer.main import run, trainer_command
 
@@ -34,6 +35,7 @@ def sft(
         Console().print(dump_toml(cfg), markup=False)
         return
     resume_arg = "latest" if resume and not cfg.ckpt.resume else None
+    RunLayout(cfg.run_dir).create()
     if cfg.nproc > 1:  # every rank reads the resolved config, as `rlkit train`'s trainer does
         resolved = atomic_write(Path(cfg.run_dir) / "sft.toml", dump_toml(cfg))
         argv = trainer_command(resolved, cfg.nproc, mode="sft", resume=resume_arg)

@@ -25,7 +25,8 @@ completions) it adds:
   requests name the adapter as their ``model``, and each run on a shared server has its own.
 - ``POST /rlkit/unload_adapter``  {"name"} -> {"name"} forgets the adapter and frees its slot.
 - ``GET  /rlkit/routing/{response_id}`` -> {"routed_experts": base64 .npy} (then forgotten)
-  with ``--rlkit-capture-routing``: the experts each MoE layer chose for that completion's
+  with ``--rlkit-capture-routing`` (a tenant gets its own responses' only, others are a 404 as
+  for an unknown id): the experts each MoE layer chose for that completion's
   tokens, [tokens, moe_layers, top_k], recorded by the worker extension
   (`rlkit.inference.routing_capture`) for engines without vLLM's own
   ``--enable-return-routed-experts`` (the CPU build). Needs eager mode, which the flag sets.
@@ -61,6 +62,8 @@ from rlkit.inference.auth import (
     claim_adapter,
     install_auth,
     load_tenants,
+    no_adapter,
+    owns_response,
     release_adapter,
     scope_caller,
     security,
@@ -271,6 +274,8 @@ def build_router() -> APIRouter:
                 {"error": f"routing capture is off (start the server with {CAPTURE_ROUTING_FLAG})"},
                 status_code=400,
             )
+        if not owns_response(caller(request), response_id):  # as if there were none
+            return JSONResponse({"error": f"no routing for {response_id}"}, status_code=404)
         engine = request.app.state.engine_client
         found = await engine.collective_rpc("rlkit_take_routing", args=(response_id,))
         npy = next((r for r in found if r is not None), None)
@@ -348,7 +353,7 @@ def build_router() -> APIRouter:
         models = getattr(request.app.state, "openai_serving_models", None)
         loaded = None if models is None else models.lora_requests.get(body.name)
         if loaded is None:
-            return JSONResponse({"error": f"no adapter {body.name!r}"}, status_code=404)
+            raise no_adapter(body.name)
         from vllm.entrypoints.serve.lora.protocol import UnloadLoRAAdapterRequest
 
         await models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name=body.name))

@@ -256,7 +256,7 @@ def prepare_run_dir(
     else:
         check_fresh_run_dir(run_dir)
         start_step, state = 0, None
-    run_dir.mkdir(parents=True, exist_ok=True)
+    RunLayout(run_dir).create()
     RunLayout(run_dir).config.write_text(dump_toml(cfg))
     return start_step, state
 
@@ -283,13 +283,13 @@ def run_train(
         # children: they run in their own sessions and would otherwise outlive the launcher.
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     devices = gpus.plan_gpus(cfg, role)  # a bad GPU list fails here, before anything starts
-    run_dir.mkdir(parents=True, exist_ok=True)
+    RunLayout(run_dir).create()
     run_token(cfg)  # the run's credential (rlkit.protocol.credentials), created by the first role
     if role == "trainer":
         return _run_trainer_node(cfg, run_dir, resume, devices.trainer)
     if role == "inference":
         fleet = ServerFleet(cfg, run_dir, console, devices.servers)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        RunLayout(run_dir).create()
         try:
             fleet.start()
             fleet.wait_ready()
@@ -318,7 +318,7 @@ def _run_trainer_node(
     """Run this node's trainer in the foreground. If it fails or is stopped, the orchestrator
     (on another machine) is told through `run_dir` and stops instead of waiting for weights;
     the last checkpoint stays the point to `--resume` from."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    RunLayout(run_dir).create()
     trainer = TrainerProcess(cfg, run_dir, resume, devices)
     write_pids(run_dir, trainer.name, [trainer.proc.pid])
     code: int | None = None

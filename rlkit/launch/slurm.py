@@ -192,7 +192,8 @@ def launch(cfg: RLJobConfig, *, resume: bool = False, dry_run: bool = False) -> 
     if not resume:
         check_fresh_run_dir(run_dir)
     sbatch = sbatch_path(script)  # before writing: a machine without SLURM gets nothing written
-    script.parent.mkdir(parents=True, exist_ok=True)
+    RunLayout(run_dir).create()
+    script.parent.mkdir(exist_ok=True)
     if cfg.inference.token_file:  # the roles' credential, before any of them starts
         read_token(cfg.inference.token_file)
     else:

@@ -191,7 +191,7 @@ class Orchestrator:
         """Wire the run: `state` is the saved orchestrator state when resuming at `start_step`."""
         console = console or Console(stderr=True)
         o = cfg.orchestrator
-        Path(cfg.log.run_dir).mkdir(parents=True, exist_ok=True)
+        RunLayout(cfg.log.run_dir).create()
         cfg.sandbox.apply()
         envs = envs if envs is not None else load_environments(cfg.env)
         sampler = PromptSampler(

@@ -72,6 +72,12 @@ class RunLayout:
         self.sft_metrics = root / "sft_metrics.jsonl"
         self.sft_model = root / "final"  # `rlkit sft`'s model, published like a weights version
 
+    def create(self) -> Path:
+        """The run directory, created private (0700): its weights, checkpoints, rollouts and
+        token are the run's alone. One that exists keeps its mode (its owner chose it)."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return self.root
+
     def batch(self, step: int) -> Path:
         return self.batches / f"{step_name(step)}.pt"
 

@@ -502,13 +502,22 @@ def receive(record: PublishedVersion, reception: Reception) -> Iterator[list[Nam
     timeout."""
     version, rank = record.version, reception.rank
     delivery = BroadcastDelivery.of(record)
-    # the server's cap bounds every wait, whatever the record asks for
+    # the server's cap bounds the whole receive, whatever the record asks for: one deadline
+    # every wait shares, so a sender trickling its buckets cannot keep the engine paused longer
     delivery = delivery.model_copy(
         update={"timeout_s": min(delivery.timeout_s, reception.timeout_s)}
     )
+    deadline = time.monotonic() + delivery.timeout_s
     device = f"cuda:{torch.cuda.current_device()}" if delivery.backend == "nccl" else "cpu"
-    timeout = timedelta(seconds=delivery.timeout_s)
     trainer = f"the trainer (rank 0, store {delivery.address[0]}:{delivery.address[1]})"
+
+    def left() -> timedelta:
+        """What remains of the deadline; RuntimeError once it has passed."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise RuntimeError(f"the update took longer than {delivery.timeout_s:.0f}s")
+        return timedelta(seconds=remaining)
+
     key = tuple(delivery.address)
     held = _GROUPS.get(key)
     try:
@@ -518,11 +527,11 @@ def receive(record: PublishedVersion, reception: Reception) -> Iterator[list[Nam
     except RuntimeError as exc:
         raise BroadcastError(f"update {version}: cannot reach {trainer}: {exc}") from exc
     try:
-        info = channel.get(GroupInfo)
+        info = channel.get(GroupInfo, timeout_s=left().total_seconds())
         if held is None or held[0] != info.id:
             _GROUPS.pop(key, None)
             group = new_group(
-                channel.store, group_prefix(info.id), rank, info.size, timeout, delivery.backend
+                channel.store, group_prefix(info.id), rank, info.size, left(), delivery.backend
             )
             _GROUPS[key] = (info.id, group)
         group = _GROUPS[key][1]
@@ -531,7 +540,7 @@ def receive(record: PublishedVersion, reception: Reception) -> Iterator[list[Nam
             size = delivery.bucket_size(tensors, bucket)
             buffer = torch.empty(size, dtype=torch.uint8, device=device)
             try:
-                _broadcast(group, buffer, timeout)
+                _broadcast(group, buffer, left())
             except RuntimeError as exc:
                 raise BroadcastError(
                     f"update {version}: bucket {b + 1} of {len(delivery.buckets)} never "

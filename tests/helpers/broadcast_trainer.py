@@ -53,3 +53,22 @@ def sender_stalled_after_first_bucket(
     out.put(record)
     go.wait()
     sender.send(record, tensors)
+
+
+def sender_trickling(
+    tensors: list[Named], version: int, bucket_bytes: int, delay_s: float, out: Any, go: Any
+) -> None:
+    """A spawn target playing a (signed, willing) trainer that sends every bucket `delay_s` late,
+    asking receivers to wait an hour: it puts the record on `out`, waits for `go`, then sends."""
+    sender = Sender("127.0.0.1", 3600.0)
+    real = broadcast._broadcast
+
+    def late(*args: Any) -> None:
+        time.sleep(delay_s)
+        real(*args)
+
+    broadcast._broadcast = late
+    record = broadcast_record(sender, version, tensors, bucket_bytes)
+    out.put(record)
+    go.wait()
+    sender.send(record, tensors)

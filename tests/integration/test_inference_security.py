@@ -5,6 +5,7 @@ logprobs, the adapters, the files on disk. The run's own credential still works.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import pytest
 
 from rlkit.inference import InferenceClient, InferenceError, ServerProcess, start_server
 from rlkit.inference.admin import AdminClient
+from rlkit.inference.auth import request_tag
 from rlkit.inference.lifecycle import lora_server_args
 from rlkit.models import init_tiny
 from rlkit.protocol.credentials import write_token_file
@@ -185,10 +187,21 @@ async def test_runs_sharing_a_server_touch_only_their_own_adapters(secured: Secu
         before = await a.completion(PROMPT_IDS, "run-a", GREEDY)
         with pytest.raises(InferenceError) as replaced:
             await AdminClient(b_as_a).load_adapter(str(secured.adapter), 99)
-        assert replaced.value.status == 403
+        assert replaced.value.status == 404
         with pytest.raises(InferenceError) as unloaded:
             await AdminClient(b_as_a).unload_adapter()
         assert unloaded.value.status == 404  # as for an adapter that does not exist
+        with httpx.Client(base_url=url, timeout=60, headers=bearer(secured.bob)) as http:
+            load = {"name": "run-a", "path": str(secured.adapter), "version": 9}
+            held = [
+                http.post("/rlkit/load_adapter", json=load),
+                http.post("/rlkit/unload_adapter", json={"name": "run-a"}),
+            ]
+            nobody = http.post("/rlkit/unload_adapter", json={"name": "nobody"})
+            assert nobody.status_code == 404
+            for resp in held:  # the same answer as for a name nobody holds: no name is told
+                assert resp.status_code == 404
+                assert resp.text == nobody.text.replace("nobody", "run-a")
         for tenant in (a, b):  # full weights and the engine are the owner's
             with pytest.raises(InferenceError) as update:
                 await AdminClient(tenant).update_weights(str(secured.weights / "adapter"))
@@ -214,9 +227,43 @@ async def test_runs_sharing_a_server_touch_only_their_own_adapters(secured: Secu
             )
             assert resp.status_code == 200
             assert resp.headers["x-adapter-versions"] == '{"run-b":5}'
+            generate_with_own_adapters_only(http, secured)
+            for tenant_token in (secured.alice, secured.bob):
+                metrics = http.get("/metrics", headers=bearer(tenant_token))
+                assert metrics.status_code == 403 and "run-a" not in metrics.text
+            owners = http.get("/metrics", headers=secured.server.headers)
+            assert owners.status_code == 200 and "vllm:" in owners.text
+        assert (await a.completion(PROMPT_IDS, "run-a", GREEDY)).completion_token_ids
         await AdminClient(b).unload_adapter()
         await AdminClient(a).unload_adapter()
         assert (await AdminClient(owner).status())["adapters"] == {}
+
+
+def generate_with_own_adapters_only(http: httpx.Client, secured: Secured) -> None:
+    """Bob generates with the base model and his adapter, not with alice's (whose name gets
+    vLLM's own answer for a model that does not exist); the owner with any. Each of bob's
+    responses is named with his tag, so routing captured for it is his alone."""
+    routes = {
+        "/v1/completions": {"prompt": "hi", "max_tokens": 2},
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    }
+    for path, body in routes.items():
+        bob, owner = bearer(secured.bob), secured.server.headers
+        unknown = http.post(path, json={**body, "model": "no-such-model"}, headers=bob)
+        assert unknown.status_code == 404, unknown.text
+        refused = http.post(path, json={**body, "model": "run-a"}, headers=bob)
+        assert refused.status_code == 404
+        assert refused.json() == json.loads(unknown.text.replace("no-such-model", "run-a"))
+        for model in (secured.model, "run-b"):
+            resp = http.post(path, json={**body, "model": model}, headers=bob)
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["id"].split("-", 1)[1].startswith(request_tag("bob"))
+        for model in ("run-a", "run-b"):
+            assert http.post(path, json={**body, "model": model}, headers=owner).is_success
+    # any other route that takes a model: the same refusal
+    tokenize = http.post("/tokenize", json={"model": "run-a", "prompt": "hi"},
+                         headers=bearer(secured.bob))  # fmt: skip
+    assert tokenize.status_code == 404 and "does not exist" in tokenize.text
 
 
 async def test_the_owner_pauses_and_resumes_through_rlkit(secured: Secured) -> None:

@@ -34,6 +34,7 @@ from tests.helpers.broadcast_trainer import (
     STALLED,
     broadcast_record,
     sender_stalled_after_first_bucket,
+    sender_trickling,
 )
 
 TIMEOUT_S = 5.0
@@ -215,3 +216,28 @@ def test_a_server_restarting_between_updates_gets_the_last_version_as_files(
     assert request_files(second) is None  # too late: the server joins the next broadcast
     assert time.monotonic() - start < 1
     assert not (tmp_path / "step_2" / FILES_DIR).exists()
+
+
+@pytest.mark.slow  # a spawned trainer, ~5 s
+def test_the_servers_cap_bounds_the_whole_receive_not_each_bucket() -> None:
+    """A trainer sending each of three buckets 2 s late, each within the server's 3 s cap,
+    would keep the engine paused ~6 s if the cap bounded each wait: the receive ends at 3 s."""
+    cap, delay = 3.0, 2.0
+    ctx = mp.get_context("spawn")
+    queue, go = ctx.Queue(), ctx.Event()
+    args = (model_tensors(), 8, BUCKET, delay, queue, go)
+    trainer = ctx.Process(target=sender_trickling, args=args, daemon=True)
+    trainer.start()
+    try:
+        record = queue.get(timeout=60)
+        assert len(BroadcastDelivery.of(record).buckets) == 3
+        go.set()
+        announce_peers(record, ["server-a worker 0"])
+        start = time.monotonic()
+        with pytest.raises(BroadcastError, match="of 3 never arrived from the trainer"):
+            for _ in receive(record, Reception(rank=1, timeout_s=cap)):
+                pass
+        assert time.monotonic() - start < cap + 1.5
+    finally:
+        trainer.kill()
+        trainer.join(10)

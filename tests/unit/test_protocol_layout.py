@@ -29,3 +29,14 @@ def test_listings_are_sorted_by_step_and_skip_what_is_not_a_step(tmp_path: Path)
     assert [step_of(p) for p in layout.weights_versions()] == [2, 10, 1000000]
     assert [step_of(p) for p in layout.batch_files()] == [2, 10, 1000000]
     assert layout.checkpoint_dirs() == [] and layout.orchestrator_state_files() == []
+
+
+def test_a_new_run_directory_is_private_and_an_existing_one_keeps_its_mode(
+    tmp_path: Path,
+) -> None:
+    fresh = RunLayout(tmp_path / "runs" / "a").create()
+    assert fresh == tmp_path / "runs" / "a" and fresh.stat().st_mode & 0o777 == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o750)
+    shared.chmod(0o750)
+    assert RunLayout(shared).create().stat().st_mode & 0o777 == 0o750

@@ -250,6 +250,7 @@ def test_submit_writes_the_job_and_calls_sbatch(
     # the servers on the cluster network answer only the run's token, created before submitting
     token = read_token(run_dir / "token")
     assert (run_dir / "token").stat().st_mode & 0o777 == 0o600
+    assert run_dir.stat().st_mode & 0o777 == 0o700  # weights, rollouts: the run's alone
     assert "--inference.host=0.0.0.0" in script.read_text() and "run's token" in script.read_text()
     assert (
         token not in script.read_text() and token not in (run_dir / "slurm/config.toml").read_text()
