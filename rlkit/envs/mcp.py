@@ -376,8 +376,8 @@ class HttpServer(MCPSession):
                         )
                     if method == "initialize" and "mcp-session-id" in response.headers:
                         self._session["Mcp-Session-Id"] = response.headers["mcp-session-id"]
-                    if "id" not in message:
-                        return None
+                    if "id" not in message or "method" not in message:
+                        return None  # a notification or an answer: accepted, nothing comes back
                     async for reply in self._messages(response):
                         if "method" in reply:  # the server's own request or notification
                             if "id" in reply:
