@@ -211,6 +211,11 @@ async def run_eval_async(
     if not config.model:
         raise UsageError("a model is required (-m/--model)")
 
+    if config.sandbox.serve:
+        raise UsageError(
+            "sandbox.serve starts a service for an `rlkit train` run; for an eval start "
+            "`rlkit sandbox serve` and set sandbox.url and sandbox.token_file"
+        )
     config.sandbox.apply()
     resolved = resolve_env_id(config.env_id, install=config.install)
     env = load_resolved(resolved, verifiers_version=config.verifiers_version, **config.env_args)

@@ -4,7 +4,8 @@
 processes (each in its own process group), the orchestrator in this process. A server that
 dies is relaunched on its port and the orchestrator brings it back to the current weights.
 Ctrl-C (or any failure) stops every child by process group; the trainer's last checkpoint plus
-the orchestrator's state of that step make `--resume` continue the step count.
+the orchestrator's state of that step make `--resume` continue the step count. With
+`[sandbox] serve`, the process that runs the rollouts starts one sandbox service for the run.
 Other roles run one part for multi-machine setups: `inference` serves until interrupted,
 `trainer` runs this node's trainer in the foreground (`[trainer] nnodes`, `node_rank`,
 `rdzv_endpoint`: torchrun's c10d rendezvous across nodes), `orchestrator` talks to
@@ -19,10 +20,13 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 from rich.console import Console
 
 from rlkit.atomic import atomic_write
@@ -30,7 +34,7 @@ from rlkit.config import dump_toml
 from rlkit.envs.turns import prepare_token_turns
 from rlkit.errors import RunStopped, UsageError
 from rlkit.inference import ServerProcess, start_server
-from rlkit.inference.lifecycle import check_model_dir, has_cuda, lora_server_args
+from rlkit.inference.lifecycle import check_model_dir, free_port, has_cuda, lora_server_args
 from rlkit.inference.polling import busy_loop_env
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.launch import gpus
@@ -43,8 +47,9 @@ from rlkit.orchestrator.loop import Orchestrator
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
 from rlkit.progress import phase, print_line
 from rlkit.protocol import handoff
-from rlkit.protocol.credentials import TOKEN_FILE_ENV
+from rlkit.protocol.credentials import TOKEN_FILE_ENV, read_token
 from rlkit.protocol.layout import RunLayout
+from rlkit.sandbox import runner as sandbox_runner
 from rlkit.trainer.main import TrainerRanks, trainer_command
 
 
@@ -243,6 +248,74 @@ class TrainerProcess:
         self._log.close()
 
 
+class SandboxServiceProcess:
+    """`[sandbox] serve`: one `rlkit sandbox serve` for the whole run, as a child process group
+    on a free loopback port, its token in the run directory. While it runs, this process's
+    sandbox calls (the environments' rollouts and rewards) go to it (`rlkit.sandbox.configure`)."""
+
+    START_TIMEOUT_S = 60.0
+
+    def __init__(self, cfg: RLJobConfig, run_dir: Path) -> None:
+        layout = RunLayout(run_dir)
+        self.token_file = layout.sandbox_token
+        self.log_path = layout.process_log("sandbox")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.url = f"http://127.0.0.1:{free_port()}"
+        backend = ["--backend", cfg.sandbox.backend] if cfg.sandbox.backend else []
+        serve = ["sandbox", "serve", "--port", self.url.rsplit(":", 1)[1]]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rlkit_cli.main", *serve, "--token-file", str(self.token_file)]
+            + [*backend, *cfg.sandbox.serve_args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "RLKIT_SANDBOX_URL": ""},  # the service runs its own sandboxes
+            start_new_session=True,
+            preexec_fn=die_with_parent_preexec(),
+        )
+        write_pids(run_dir, "sandbox", [self.proc.pid])
+
+    def wait_ready(self, console: Console) -> None:
+        """Until /health answers; then this process's sandbox calls go to the service."""
+        with phase(console, f"starting the run's sandbox service (log {self.log_path})"):
+            deadline = time.monotonic() + self.START_TIMEOUT_S
+            while not self._healthy():
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    tail = self.log_path.read_text(errors="ignore")[-2000:]
+                    raise RuntimeError(f"the run's sandbox service did not start:\n{tail}")
+                time.sleep(0.2)
+        sandbox_runner.configure(url=self.url, token_file=str(self.token_file))
+        print_line(console, f"sandbox service at {self.url}")
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def summary(self) -> str | None:
+        """What it ran, from its /metrics (None once it no longer answers)."""
+        headers = {"Authorization": f"Bearer {read_token(self.token_file)}"}
+        try:
+            m = httpx.get(f"{self.url}/metrics", headers=headers, timeout=5).json()
+        except (httpx.HTTPError, ValueError):
+            return None
+        warm = sum(p["warm_starts"] for p in m["pools"])
+        cold = sum(p["cold_starts"] for p in m["pools"])
+        return (
+            f"sandbox service: {m['runs']} programs, {m['cells']} cells, {warm} warm / {cold} "
+            f"cold starts, {m['sandbox_errors']} sandbox errors, {m['rejected']} requests refused "
+            f"busy, waits {m['wait_s_mean']:.3f} s mean / {m['wait_s_max']:.3f} s max"
+        )
+
+    def stop(self, console: Console) -> None:
+        if self.proc.poll() is None and (line := self.summary()):
+            print_line(console, line)
+        sandbox_runner.configure(url="")
+        stop_process_group(self.proc, timeout=10.0)
+        self._log.close()
+
+
 def prepare_run_dir(
     cfg: RLJobConfig, resume: bool, console: Console
 ) -> tuple[int, dict[str, Any] | None]:
@@ -299,14 +372,21 @@ def run_train(
             fleet.stop()
         return {}
     start_step, state = prepare_run_dir(cfg, resume, console)
-    if role == "orchestrator":
-        prepare_token_turns(cfg.model.path)
-        orchestrator = Orchestrator.build(
-            cfg, list(cfg.inference.urls), start_step=start_step, state=state, envs=envs
-        )
-        result = asyncio.run(orchestrator.run())
-    else:
-        result = _run_all(cfg, run_dir, start_step, state, envs, resume, console, devices)
+    sandbox = SandboxServiceProcess(cfg, run_dir) if cfg.sandbox.serve else None
+    try:
+        if sandbox is not None:
+            sandbox.wait_ready(console)
+        if role == "orchestrator":
+            prepare_token_turns(cfg.model.path)
+            orchestrator = Orchestrator.build(
+                cfg, list(cfg.inference.urls), start_step=start_step, state=state, envs=envs
+            )
+            result = asyncio.run(orchestrator.run())
+        else:
+            result = _run_all(cfg, run_dir, start_step, state, envs, resume, console, devices)
+    finally:
+        if sandbox is not None:
+            sandbox.stop(console)
     if cfg.orchestrator.max_steps:
         mark_complete(run_dir, cfg.orchestrator.max_steps)
     return result

@@ -69,6 +69,7 @@ class RunLayout:
         self.logs = root / "logs"
         self.pids = root / "pids.json"
         self.token = root / "token"  # the run's credential, mode 0600 (`protocol.credentials`)
+        self.sandbox_token = root / "sandbox.token"  # `[sandbox] serve`'s service, mode 0600
         self.sft_metrics = root / "sft_metrics.jsonl"
         self.sft_model = root / "final"  # `rlkit sft`'s model, published like a weights version
 

@@ -32,11 +32,24 @@ class SandboxConfig(Config):
     token_file: str | None = Field(
         None, description="The sandbox service's token file (mode 0600); required with url."
     )
+    serve: bool = Field(
+        False,
+        description="`rlkit train` only: start one sandbox service for the whole run (its "
+        "environments share its warm pools and one concurrency limit; loopback, a free port, "
+        "its token in the run directory) and stop it with the run.",
+    )
+    serve_args: list[str] = Field(
+        default_factory=list,
+        description="Extra `rlkit sandbox serve` flags for that service, e.g. "
+        '["--concurrency", "8", "--pool-size", "8"].',
+    )
 
     @model_validator(mode="after")
     def _url_has_token(self) -> SandboxConfig:
         if self.url and not self.token_file:
             raise ValueError("sandbox.token_file is required with sandbox.url")
+        if self.serve and self.url:
+            raise ValueError("sandbox.serve starts the run's own service: leave sandbox.url unset")
         return self
 
     @field_validator("backend")

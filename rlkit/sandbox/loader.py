@@ -44,11 +44,13 @@ def read_request() -> dict:
 
 
 def lower(kind: int, value: int) -> None:
-    """Set an rlimit to `value` unless that would raise it above the pool's hard limit."""
+    """Set an rlimit to `value` unless that would raise it above the pool's hard limit (the CPU
+    limit's hard value sits 1 s above its soft one: SIGXCPU first, then SIGKILL)."""
+    margin = 1 if kind == resource.RLIMIT_CPU else 0
     _, hard = resource.getrlimit(kind)
     if hard != resource.RLIM_INFINITY:
-        value = min(value, hard)
-    resource.setrlimit(kind, (value, value if kind != resource.RLIMIT_CPU else value + 1))
+        value = min(value, hard - margin)
+    resource.setrlimit(kind, (value, value + margin))
 
 
 def apply_limits(request: dict) -> None:

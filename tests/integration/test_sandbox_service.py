@@ -1,12 +1,16 @@
 """`rlkit sandbox serve` through the path a user runs: the CLI subprocess, the `rlkit.sandbox`
-API with `[sandbox] url`, and raw HTTP from callers without (or with the wrong) credential."""
+API with `[sandbox] url`, raw HTTP from callers without (or with the wrong) credential, and
+`rlkit train` starting one for its run (`[sandbox] serve`)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
+import re
 import signal
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +21,10 @@ import pytest
 from rlkit import sandbox
 from rlkit.sandbox import runner
 from rlkit.sandbox.session import PythonSession
+from tests.helpers.cli import tiny_train_cmd
 from tests.helpers.sandbox_service import Service, sandbox_service
+from tests.helpers.session_server import on_session_server
+from tests.helpers.train_runs import SHORT, records, run
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 
@@ -259,3 +266,33 @@ async def test_a_service_killed_mid_run_errors_its_requests(tmp_path: Path) -> N
             await _wait_for(lambda: not _pids_with(marker), timeout=10)
         finally:
             runner.configure(url="")
+
+
+def test_rlkit_train_starts_one_sandbox_service_for_the_run(
+    vllm_server, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`[sandbox] serve = true`: every reward's program runs in the one service the run started
+    (its summary says so), which stops with the run; its token file is the run's, mode 0600."""
+    run_dir, log = tmp_path / "run", tmp_path / "run.log"
+    with on_session_server(vllm_server, tiny_model_dir) as urls:
+        cmd = tiny_train_cmd(
+            tiny_model_dir,
+            run_dir,
+            *SHORT,
+            *urls,
+            "--env.0.id=sandboxed-reverse",
+            "--env.0.args={n = 20}",
+            "--sandbox.serve=true",
+            '--sandbox.serve_args=["--concurrency", "2", "--pool-size", "2"]',
+        )
+        code = run(cmd, log, timeout=600)
+    text = " ".join(log.read_text().split())  # rich wraps long lines
+    assert code == 0, text[-3000:]
+    assert "sandbox service at http://127.0.0.1:" in text
+    summary = re.search(r"sandbox service: (\d+) programs, .*?(\d+) sandbox errors", text)
+    assert summary is not None, text[-3000:]
+    trained = sum(r["batch_samples"] for r in records(run_dir))
+    assert int(summary[1]) >= trained > 0 and int(summary[2]) == 0
+    pid = json.loads((run_dir / "pids.json").read_text())["sandbox"][0]
+    assert not Path(f"/proc/{pid}").exists()  # stopped and reaped with the run
+    assert stat.S_IMODE((run_dir / "sandbox.token").stat().st_mode) == 0o600

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -38,6 +40,24 @@ def test_limits_become_prlimit_arguments() -> None:
 def test_per_process_memory_cannot_exceed_the_total_cap() -> None:
     with pytest.raises(ValueError, match="total memory cap"):
         Limits(timeout=1, memory_mb=1024, total_memory_mb=512)
+
+
+def test_a_warm_loader_takes_a_request_at_its_pools_own_limits() -> None:
+    """A request for the pool's whole CPU time lowers nothing: the limit stays where it is
+    (it raised 'not allowed to raise maximum limit', so every program asking for its profile's
+    full timeout failed in a warm sandbox)."""
+    script = (
+        "import resource, sys\n"
+        "from rlkit.sandbox.loader import lower\n"
+        "cpu = resource.RLIMIT_CPU\n"
+        "resource.setrlimit(cpu, (30, 31))\n"
+        "lower(cpu, 31)\n"
+        "assert resource.getrlimit(cpu) == (30, 31), resource.getrlimit(cpu)\n"
+        "lower(cpu, 12)\n"
+        "assert resource.getrlimit(cpu) == (12, 13), resource.getrlimit(cpu)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.parametrize(

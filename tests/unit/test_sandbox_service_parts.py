@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from rlkit import sandbox
+from rlkit.errors import UsageError
 from rlkit.inference.lifecycle import free_port
 from rlkit.protocol.credentials import write_token_file
 from rlkit.sandbox import runner
@@ -71,6 +72,22 @@ def test_a_service_url_needs_its_token_file() -> None:
     with pytest.raises(ValueError, match="token_file"):
         runner.configure(url="http://127.0.0.1:8790")
     assert runner.service() is None
+
+
+def test_serve_starts_a_service_of_its_own_and_only_for_train(tmp_path: Path) -> None:
+    """`[sandbox] serve` and a `url` contradict each other; eval refuses serve, naming the fix
+    (nothing is loaded or written)."""
+    from rlkit.eval import EvalConfig, run_eval
+
+    token_file = tmp_path / "token"
+    with pytest.raises(ValidationError, match="leave sandbox.url unset"):
+        SandboxConfig(serve=True, url="http://127.0.0.1:8790", token_file=str(token_file))
+    config = EvalConfig(
+        env_id="reverse-text", model="m", output_dir=tmp_path / "out", sandbox={"serve": True}
+    )
+    with pytest.raises(UsageError, match="rlkit sandbox serve"):
+        run_eval(config)
+    assert not (tmp_path / "out").exists()
 
 
 async def test_an_unreachable_service_is_a_sandbox_error_not_a_hang(tmp_path: Path) -> None:
