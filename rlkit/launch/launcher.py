@@ -260,9 +260,10 @@ class SandboxServiceProcess:
         self.token_file = layout.sandbox_token
         self.log_path = layout.process_log("sandbox")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.url = f"http://127.0.0.1:{free_port()}"
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
         backend = ["--backend", cfg.sandbox.backend] if cfg.sandbox.backend else []
-        serve = ["sandbox", "serve", "--port", self.url.rsplit(":", 1)[1]]
+        serve = ["sandbox", "serve", "--port", str(port)]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rlkit_cli.main", *serve, "--token-file", str(self.token_file)]
