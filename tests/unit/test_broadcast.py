@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -134,13 +135,20 @@ def test_a_receiver_killed_mid_way_is_named_by_the_sender() -> None:
         assert p.exitcode is not None  # the live receiver did not hang either
 
 
-@pytest.mark.slow  # three spawned processes, 5-8 s
-def test_receivers_name_the_trainer_when_it_is_killed_mid_way() -> None:
+def spawn_sender(target, version: int, wait_s: float) -> tuple[Any, Any, Any]:
+    """A spawned trainer running `target` on the model's tensors as `version` (its record comes
+    back on the queue; it sends once `go` is set)."""
     ctx = mp.get_context("spawn")
     queue, go = ctx.Queue(), ctx.Event()
-    args = (model_tensors(), 5, BUCKET, TIMEOUT_S, queue, go)
-    trainer = ctx.Process(target=sender_stalled_after_first_bucket, args=args, daemon=True)
+    args = (model_tensors(), version, BUCKET, wait_s, queue, go)
+    trainer = ctx.Process(target=target, args=args, daemon=True)
     trainer.start()
+    return trainer, queue, go
+
+
+@pytest.mark.slow  # three spawned processes, 5-8 s
+def test_receivers_name_the_trainer_when_it_is_killed_mid_way() -> None:
+    trainer, queue, go = spawn_sender(sender_stalled_after_first_bucket, 5, TIMEOUT_S)
     try:
         record = queue.get(timeout=60)
         procs, out = start_receivers(record, {}, go)
@@ -223,11 +231,7 @@ def test_the_servers_cap_bounds_the_whole_receive_not_each_bucket() -> None:
     """A trainer sending each of three buckets 2 s late, each within the server's 3 s cap,
     would keep the engine paused ~6 s if the cap bounded each wait: the receive ends at 3 s."""
     cap, delay = 3.0, 2.0
-    ctx = mp.get_context("spawn")
-    queue, go = ctx.Queue(), ctx.Event()
-    args = (model_tensors(), 8, BUCKET, delay, queue, go)
-    trainer = ctx.Process(target=sender_trickling, args=args, daemon=True)
-    trainer.start()
+    trainer, queue, go = spawn_sender(sender_trickling, 8, delay)
     try:
         record = queue.get(timeout=60)
         assert len(BroadcastDelivery.of(record).buckets) == 3
