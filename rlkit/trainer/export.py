@@ -129,9 +129,9 @@ def gather_state(
     """Collective: the whole state dict on rank 0's CPU in `dtype` (empty on other ranks).
 
     Gathered and cast one tensor at a time, so the exporting rank holds the model once in
-    `dtype` plus one full fp32 tensor, not a full fp32 copy beside its cast (4 bytes/parameter
-    less at the peak than `get_model_state_dict(full_state_dict=True)` then a cast). A tied
-    tensor is gathered once and appears under each of its names."""
+    `dtype` plus one full fp32 tensor, not a full fp32 copy beside its cast (measured by
+    `tests/benchmarks/bench_export_memory.py`). A tied tensor is gathered once and appears under
+    each of its names."""
     main = dist.is_main()
     gathered: dict[int, torch.Tensor | None] = {}  # id of a tensor -> its gathered copy
     state: dict[str, torch.Tensor] = {}
