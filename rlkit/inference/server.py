@@ -461,6 +461,31 @@ def vllm_serve_modules() -> tuple[Any, Any]:
     return cli_args, entry
 
 
+def fork_engine_processes_on_cpu(user_method: str | None) -> None:
+    """On CPU, start vLLM's engine and worker processes by fork instead of spawn.
+
+    vLLM's CPU platform sets `VLLM_WORKER_MULTIPROC_METHOD=spawn` while it configures the
+    engine, so the engine process and then its worker each start a fresh interpreter and import
+    vLLM and torch again: two thirds of a tiny model's engine start on the 2-core machine
+    (`tests/benchmarks/bench_inference.py --start-methods fork,spawn`). Both are forked before
+    either runs an OpenMP region (the worker binds its threads after the fork); fork is vLLM's
+    own default outside its CLI. `user_method`, the method the user's environment named before
+    vLLM's CLI set its own, wins.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or user_method is not None:
+        return
+    platform = type(current_platform)
+    configure = platform.check_and_update_config.__func__  # type: ignore[attr-defined]
+
+    def check_and_update_config(cls: type, vllm_config: Any) -> None:
+        configure(cls, vllm_config)
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+
+    platform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> None:
     """Start vLLM's server with rlkit's extension and routes."""
     # no unauthenticated development routes (/collective_rpc, /pause, /sleep...), and no
@@ -468,6 +493,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["VLLM_SERVER_DEV_MODE"] = "0"
     os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "0"
     os.environ.pop("VLLM_API_KEY", None)  # vLLM's own key (OpenAI routes only): the token rules
+    user_start_method = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
     import uvloop
     import vllm.logger
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
@@ -508,6 +534,7 @@ def main(argv: list[str] | None = None) -> None:
         return app
 
     entry.build_app = build_app
+    fork_engine_processes_on_cpu(user_start_method)
     uvloop.run(entry.run_server(args))
 
 

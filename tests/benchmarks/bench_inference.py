@@ -1,8 +1,13 @@
-"""Engine start time and generation throughput of the rlkit vLLM server, tiny vs small model.
+"""Engine start time and generation throughput of the rlkit vLLM server, tiny vs small model,
+and per way of starting vLLM's engine and worker processes on CPU.
 
 Run: python tests/benchmarks/bench_inference.py [--requests 32] [--max-tokens 128]
-Prints one JSON line: per model size, seconds from launch to /health ready, and generated
-tokens/s for a batch of concurrent completions (ignore_eos, fixed length), plus the ratio.
+     [--start-methods fork,spawn] [--sizes tiny,small]
+Prints one JSON line: per start method and model size, seconds from launch to /health ready
+and generated tokens/s for a batch of concurrent completions (ignore_eos, fixed length); the
+tiny/small throughput ratio and each method's start and throughput against the first one's.
+`fork` is what `rlkit infer` does on CPU; `spawn` is vLLM's CLI default (set through
+`VLLM_WORKER_MULTIPROC_METHOD`, which the server honours). Methods alternate per size.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,10 +37,10 @@ async def throughput(server: ServerProcess, model: str, requests: int, max_token
     return sum(len(g.completion_token_ids) for g in gens) / elapsed
 
 
-def measure(size: str, root: Path, requests: int, max_tokens: int) -> dict[str, float]:
-    model = str(init_tiny(root / size, size=size))  # type: ignore[arg-type]
+def measure(model: str, log: Path, requests: int, max_tokens: int, method: str) -> dict[str, float]:
+    env = {**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": method}
     t0 = time.perf_counter()
-    server = start_server(model, log_path=root / f"{size}.log")
+    server = start_server(model, log_path=log, env=env)
     try:
         server.wait_ready(timeout=900)
         start_s = time.perf_counter() - t0
@@ -47,24 +54,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--start-methods", default="fork,spawn")
+    parser.add_argument("--sizes", default="tiny,small")
     args = parser.parse_args()
+    methods = args.start_methods.split(",")
+    sizes = args.sizes.split(",")
+    results: dict[str, dict[str, dict[str, float]]] = {m: {} for m in methods}
     with tempfile.TemporaryDirectory() as tmp:
-        tiny = measure("tiny", Path(tmp), args.requests, args.max_tokens)
-        small = measure("small", Path(tmp), args.requests, args.max_tokens)
-    print(
-        json.dumps(
-            {
-                "bench": "inference",
-                "requests": args.requests,
-                "max_tokens": args.max_tokens,
-                "tiny": tiny,
-                "small": small,
-                "tokens_per_s_ratio_tiny_over_small": round(
-                    tiny["gen_tokens_per_s"] / small["gen_tokens_per_s"], 2
-                ),
+        for size in sizes:
+            model = str(init_tiny(Path(tmp) / size, size=size))  # type: ignore[arg-type]
+            for method in methods:
+                log = Path(tmp) / f"{size}-{method}.log"
+                results[method][size] = measure(model, log, args.requests, args.max_tokens, method)
+                print(f"[bench] {size} {method}: {results[method][size]}", file=sys.stderr)
+    out: dict = {"bench": "inference", "requests": args.requests, "max_tokens": args.max_tokens}
+    out.update(results)
+    if {"tiny", "small"} <= set(sizes):
+        out["tokens_per_s_ratio_tiny_over_small"] = {
+            m: round(r["tiny"]["gen_tokens_per_s"] / r["small"]["gen_tokens_per_s"], 2)
+            for m, r in results.items()
+        }
+    first = methods[0]
+    for method in methods[1:]:
+        out[f"{method}_over_{first}"] = {
+            size: {
+                key: round(results[method][size][key] / results[first][size][key], 2)
+                for key in ("engine_start_s", "gen_tokens_per_s")
             }
-        )
-    )
+            for size in sizes
+        }
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
