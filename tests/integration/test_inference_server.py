@@ -40,6 +40,7 @@ from tests.helpers.broadcast_trainer import (
 )
 from tests.helpers.cli import TEST_SERVER_ARGS
 from tests.helpers.published import publish_files
+from tests.helpers.roles import descendants
 
 pytestmark = pytest.mark.slow
 PROMPT_IDS = [5, 6, 7, 8, 9, 10, 11, 12]
@@ -53,6 +54,20 @@ def hf_logprobs(model_dir: Path, prompt: list[int], completion: list[int]) -> li
         logits = model(ids).logits[0, :-1].float()
     lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
     return lp[len(prompt) - 1 :].tolist()
+
+
+@pytest.mark.skipif(has_cuda(), reason="on GPUs vLLM picks its own start method")
+def test_engine_processes_are_forked_not_spawned(vllm_server: ServerProcess) -> None:
+    """On CPU the engine core and its worker are forks of the server (no fresh interpreter
+    importing vLLM and torch again: most of an engine start), and still serve."""
+    server = vllm_server.process.pid
+    names = {pid: Path(f"/proc/{pid}/comm").read_text().strip() for pid in descendants(server)}
+    engine = [pid for pid, name in names.items() if name.startswith("VLLM::")]
+    assert {"VLLM::EngineCor", "VLLM::Worker"} <= set(names.values()), names
+    # a fork never execs: it keeps the server's auxiliary vector (exec's addresses, randomised
+    # per exec); a spawned interpreter has its own
+    auxv = Path(f"/proc/{server}/auxv").read_bytes()
+    assert all(Path(f"/proc/{pid}/auxv").read_bytes() == auxv for pid in engine), names
 
 
 async def test_chat_returns_token_ids_and_one_logprob_per_token(
