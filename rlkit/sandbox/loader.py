@@ -3,12 +3,20 @@
 Not imported by rlkit: its source is the sandboxed program. It announces readiness with one
 line on stdout (`READY`), then reads its request from stdin: a decimal byte count on one line
 and that many bytes of JSON ({"code", "language", "files", "memory_mb", "cpu_seconds",
-"nproc"}); whatever follows on stdin is the program's own stdin. It lowers its rlimits to the
-request's (never above the pool's, which the kernel forbids), writes the files into the working
-directory and runs the code as `__main__` in this already started interpreter (Python) or execs
-bash, so a request pays neither bubblewrap's nor the interpreter's start.
+"nproc", "end"}); whatever follows on stdin is the program's own stdin. It lowers its rlimits to
+the request's (never above the pool's, which the kernel forbids), writes the files into the
+working directory and runs the code as `__main__` in this already started interpreter (Python)
+or execs bash, so a request pays neither bubblewrap's nor the interpreter's start.
+
+When a Python program has ended (no thread of its own still running), the loader runs its exit
+handlers, flushes its output and writes `end_marker(end, code)` as the last bytes of stdout and
+of stderr, then leaves without the interpreter's teardown: the host answers on the markers
+instead of waiting for this interpreter, bubblewrap and the namespaces to be torn down (most of
+a warm request's time). `end` is the request's own random nonce; a program that prints it early
+only cuts its own output short (the host kills the sandbox on the markers either way).
 """
 
+import atexit
 import base64
 import json
 import linecache
@@ -20,6 +28,12 @@ import types
 
 READY = b"\x00rlkit-ready\n"
 PROGRAM = "/program/main.py"
+
+
+def end_marker(end: str, code: int) -> bytes:
+    """The last bytes of each stream of a Python program that ended with `code` (the host's
+    `rlkit.sandbox.process` reads the same format)."""
+    return b"\x00rlkit-end:%s:%d\n" % (end.encode(), code)
 
 
 def read_exactly(count: int) -> bytes:
@@ -88,6 +102,46 @@ def run_python(code: str) -> None:
         sys.exit(1)
 
 
+def exit_code(exc: SystemExit) -> int:
+    """The status the interpreter would exit with for `exc` (a non-integer is printed)."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def own_threads_running() -> bool:
+    threading = sys.modules.get("threading")
+    if threading is None:
+        return False
+    main_thread = threading.main_thread()
+    return any(
+        t is not main_thread and not t.daemon and t.is_alive() for t in threading.enumerate()
+    )
+
+
+def finish(end: str, code: int) -> None:
+    """End as the interpreter would (exit handlers, flushed output), then mark both streams and
+    leave at once; a program that still runs threads, or whose output cannot be flushed, ends
+    through the interpreter's own exit instead (the host then waits for the sandbox to end)."""
+    if own_threads_running():
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        sys.exit(code)
+    marker = end_marker(end, code)
+    try:
+        os.write(1, marker)
+        os.write(2, marker)
+    finally:
+        os._exit(code)
+
+
 def main() -> None:
     os.write(1, READY)
     request = read_request()
@@ -97,7 +151,12 @@ def main() -> None:
         with open("/tmp/main.sh", "w") as f:
             f.write(request["code"])
         os.execv("/bin/bash", ["/bin/bash", "/tmp/main.sh"])
-    run_python(request["code"])
+    try:
+        run_python(request["code"])
+        code = 0
+    except SystemExit as exc:
+        code = exit_code(exc)
+    finish(request["end"], code)
 
 
 if __name__ == "__main__":

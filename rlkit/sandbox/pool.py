@@ -2,9 +2,10 @@
 
 A warm sandbox is the chosen backend's launch of `loader.py` (bubblewrap and the interpreter
 already started, the loader waiting on stdin); it runs exactly one request and is then killed,
-so nothing one request leaves behind is seen by another. Taking one starts a replacement in the
-background; an empty pool starts one on demand (a cold start). A profile's limits are the most
-its sandboxes allow: the loader lowers them to each request's, never raises them.
+so nothing one request leaves behind is seen by another. The pool is refilled in the background
+after a request has been answered (`fill`: starting a sandbox costs CPU the request's program
+would compete for); an empty pool starts one on demand (a cold start). A profile's limits are
+the most its sandboxes allow: the loader lowers them to each request's, never raises them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +74,7 @@ class WarmSandbox:
         output_limit: int,
     ) -> SandboxResult:
         """Hand the request over, supervise it like a fresh sandbox, then discard this one."""
+        end = secrets.token_hex(16)  # this request's end marker (`loader.finish`)
         header = json.dumps(
             {
                 "code": code,
@@ -85,13 +88,14 @@ class WarmSandbox:
                 "memory_mb": request.memory_mb,
                 "cpu_seconds": request.cpu_seconds,
                 "nproc": request.nproc,
+                "end": end,
             }
         ).encode()
         payload = b"%d\n" % len(header) + header + stdin.encode()
         start = time.monotonic()
         try:
             return await supervise(
-                self.proc, self.launch, payload, request.timeout, output_limit, start
+                self.proc, self.launch, payload, request.timeout, output_limit, start, end
             )
         finally:
             self.discard()
@@ -166,19 +170,17 @@ class WarmPool:
         return sandbox
 
     async def take(self) -> WarmSandbox | None:
-        """A ready sandbox (warm), else one started now (cold); None when none would start."""
+        """A ready sandbox (warm), else one started now (cold); None when none would start.
+        The caller refills the pool (`fill`) once it has answered."""
         while self.ready:
             sandbox = self.ready.pop()
             if sandbox.alive:
                 self.stats.warm_starts += 1
-                self.fill()
                 return sandbox
             self.stats.start_failures += 1  # died while waiting (killed, or out of CPU)
             sandbox.discard()
         self.stats.cold_starts += 1
-        sandbox = await self._start()
-        self.fill()
-        return sandbox
+        return await self._start()
 
     async def close(self) -> None:
         for task in list(self._tasks):

@@ -9,38 +9,58 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
 
-from rlkit.sandbox.launch import Launch
+from rlkit.sandbox.launch import Ending, Launch
 from rlkit.sandbox.result import SandboxResult, Status
 
 READ_CHUNK = 64 * 1024
 # Grace for the output pipes to reach EOF after the program ended and its group was killed.
 DRAIN_S = 2.0
+# Room kept beyond the output limit for a warm sandbox's end marker (`loader.end_marker`).
+MARKER_ROOM = 96
+# Cleanups of sandboxes answered on their end markers, still being reaped.
+_REAPING: set[asyncio.Task] = set()
 
 
 class _CappedReader:
-    """Reads a stream incrementally, keeping at most `limit` bytes (host memory stays bounded)."""
+    """Reads a stream incrementally, keeping at most `limit` bytes (host memory stays bounded).
+    With an `end` marker (a warm sandbox), notes the program's exit code once the stream ends
+    with that marker (the program has ended and flushed: nothing more will come)."""
 
-    def __init__(self, stream: asyncio.StreamReader, limit: int) -> None:
-        self.stream, self.limit = stream, limit
+    def __init__(self, stream: asyncio.StreamReader, limit: int, end: re.Pattern | None) -> None:
+        self.stream, self.limit, self.end = stream, limit, end
         self.data = bytearray()
-        self.overflowed = False
+        self.cut = False  # more came than the reader keeps
+        self.ended = asyncio.Event()
+        self.code: int | None = None
+
+    @property
+    def overflowed(self) -> bool:
+        return self.cut or len(self.data) > self.limit
 
     async def run(self, on_overflow: Callable[[], None]) -> None:
+        keep = self.limit + (MARKER_ROOM if self.end else 0)
         while chunk := await self.stream.read(READ_CHUNK):
-            if self.overflowed:
+            if self.cut:
                 continue  # drain to EOF: asyncio (3.11) only finishes wait() once pipes close
-            room = self.limit - len(self.data)
+            room = keep - len(self.data)
             self.data += chunk[:room]
             if len(chunk) > room:
-                self.overflowed = True
+                self.cut = True
                 on_overflow()
+            elif self.end and (
+                found := self.end.search(self.data, max(0, len(self.data) - MARKER_ROOM))
+            ):
+                self.code = int(found[1])
+                del self.data[found.start() :]
+                self.ended.set()
 
     def text(self) -> str:
-        return self.data.decode("utf-8", errors="replace")
+        return self.data[: self.limit].decode("utf-8", errors="replace")
 
 
 def kill_tree(pid: int) -> None:
@@ -107,6 +127,24 @@ async def execute(launch: Launch, stdin: str, timeout: float, output_limit: int)
     return await supervise(proc, launch, stdin.encode(), timeout, output_limit, start)
 
 
+def end_pattern(end: str) -> re.Pattern:
+    """What ends each stream of a warm sandbox's program that ended by itself with code N:
+    `loader.end_marker(end, N)` as the stream's last bytes."""
+    return re.compile(rb"\x00rlkit-end:" + re.escape(end.encode()) + rb":(\d{1,3})\n\Z")
+
+
+async def _reap(proc: asyncio.subprocess.Process, tasks: list[asyncio.Future]) -> None:
+    await proc.wait()
+    _, pending = await asyncio.wait(tasks, timeout=DRAIN_S)
+    for task in pending:
+        task.cancel()
+
+
+async def _both_ended(out: _CappedReader, err: _CappedReader) -> None:
+    await out.ended.wait()
+    await err.ended.wait()
+
+
 async def supervise(
     proc: asyncio.subprocess.Process,
     launch: Launch,
@@ -114,25 +152,39 @@ async def supervise(
     timeout: float,
     output_limit: int,
     start: float,
+    end: str | None = None,
 ) -> SandboxResult:
     """Feed `stdin` to a started sandbox, read its capped output until it ends or a limit
-    strikes, kill its tree and classify how it ended (a fresh or a warm sandbox alike)."""
+    strikes, kill its tree and classify how it ended (a fresh or a warm sandbox alike).
+
+    With `end` (a warm sandbox's nonce), both streams ending with its marker is the end: the
+    answer comes at once and the killed sandbox is reaped in the background."""
     assert proc.stdin and proc.stdout and proc.stderr
-    out = _CappedReader(proc.stdout, output_limit)
-    err = _CappedReader(proc.stderr, output_limit)
+    pattern = end_pattern(end) if end else None
+    out = _CappedReader(proc.stdout, output_limit, pattern)
+    err = _CappedReader(proc.stderr, output_limit, pattern)
     tasks = [
         asyncio.ensure_future(_feed(proc.stdin, stdin)),
         asyncio.ensure_future(out.run(lambda: kill_tree(proc.pid))),
         asyncio.ensure_future(err.run(lambda: kill_tree(proc.pid))),
     ]
-    timed_out = False
+    exited = asyncio.ensure_future(proc.wait())
+    marked = asyncio.ensure_future(_both_ended(out, err))
     try:
-        await asyncio.wait_for(proc.wait(), timeout)
-    except TimeoutError:
-        timed_out = True
+        done, _ = await asyncio.wait(
+            {exited, marked}, timeout=timeout, return_when="FIRST_COMPLETED"
+        )
     finally:
         # Always: background processes the program left behind die with it.
         kill_tree(proc.pid)
+        marked.cancel()
+    timed_out = not done
+    if marked in done and not exited.done():
+        reaping = asyncio.ensure_future(_reap(proc, tasks))
+        _REAPING.add(reaping)
+        reaping.add_done_callback(_REAPING.discard)
+        returncode = None
+    else:
         returncode = await proc.wait()
         _, pending = await asyncio.wait(tasks, timeout=DRAIN_S)
         for task in pending:
@@ -140,7 +192,10 @@ async def supervise(
     duration = time.monotonic() - start
     stdout, stderr = out.text(), err.text()
 
-    ending = launch.ending(returncode, stderr)
+    if returncode is None:  # answered on the markers: the loader reported the program's code
+        ending = Ending(out.code)
+    else:
+        ending = launch.ending(returncode, stderr)
     exit_code = ending.exit_code
     status: Status
     if timed_out:

@@ -10,7 +10,8 @@ usable only by the caller that opened it, closed after `session_idle_s` unused),
 Backpressure: at most `concurrency` programs or cells run at once and at most `queue` requests
 wait for a slot; beyond that, or after a request's `max_queue_s` of waiting, the answer is 429
 with `Retry-After`. A request over the service's limits (timeout, memory, body size) is a 400 or
-413 that names the limit. Programs run in warm sandboxes (`rlkit.sandbox.pool`), one per request.
+413 that names the limit. Programs run in warm sandboxes (`rlkit.sandbox.pool`), one per request;
+the pools are refilled after each request (scheduled as its answer goes out).
 """
 
 from __future__ import annotations
@@ -148,6 +149,11 @@ class SandboxService:
             pool.fill()
         self._expiry = asyncio.ensure_future(self._expire_sessions())
 
+    def refill(self) -> None:
+        """Start sandboxes until every pool is full again (in the background)."""
+        for pool in self.pools:
+            pool.fill()
+
     async def stop(self) -> None:
         if self._expiry is not None:
             self._expiry.cancel()
@@ -191,6 +197,7 @@ class SandboxService:
                     int(settings()["output_limit"]),
                 )
             except ValueError as exc:  # a file name outside the working directory
+                self.refill()
                 raise Refused(400, str(exc)) from None
         if result.status == "sandbox_error":
             self.counts["sandbox_errors"] += 1
@@ -342,7 +349,9 @@ def build_app(service: SandboxService, security: ServerSecurity) -> Any:
         return {"ok": True}
 
     async def run(request: Request) -> dict[str, Any]:
-        return await service.run(await _body(request, RunRequest, cap))
+        result = await service.run(await _body(request, RunRequest, cap))
+        service.refill()  # scheduled only: the starts run once this answer is on its way
+        return result
 
     async def open_session(request: Request) -> dict[str, Any]:
         body = await _body(request, SessionRequest, cap)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +20,9 @@ from rlkit.envs.mcp import MCPToolEnv
 from rlkit.envs.rubric import Rubric
 from rlkit.eval import load_run
 from rlkit.sandbox import backends
-from tests.helpers.cli import only_run_dir, run_cli
+from tests.helpers.cli import RLKIT, only_run_dir, run_cli
 from tests.helpers.mcp_servers import broken_server_dir, install_mcp_server_time
+from tests.helpers.session_server import on_session_server
 from tests.helpers.system import require_system
 
 pytestmark = [pytest.mark.system, pytest.mark.venv, pytest.mark.slow]
@@ -124,6 +127,7 @@ async def test_a_server_that_does_not_start_errors_only_its_rollout() -> None:
     assert rollout.error is not None and "no_such_module_xyz" in rollout.error
 
 
+CITIES = ["Europe/Paris", "Asia/Tokyo", "America/New_York"]
 ENV_MODULE = """
 from datasets import Dataset
 from transformers import AutoTokenizer
@@ -146,7 +150,7 @@ def load_environment(server_dir: str, **kwargs):
     )
     command = ["python3", "-m", "mcp_server_time", "--local-timezone", "UTC"]
     server = {"name": "time", "command": command, "pythonpath": [server_dir]}
-    return MCPToolEnv(eval_dataset=rows, rubric=Rubric([named_the_zone]),
+    return MCPToolEnv(dataset=rows, eval_dataset=rows, rubric=Rubric([named_the_zone]),
                       mcp_servers=[server], max_turns=2)
 """
 
@@ -170,3 +174,80 @@ def test_rlkit_eval_of_an_mcp_environment_against_the_real_tiny_model(
     for result in run.results:
         prompt = tokenizer.decode(result.rollout.turns[0].prompt_token_ids)
         assert "get_current_time" in prompt and "convert_time" in prompt  # schemas rendered
+
+
+# The random tiny model writes no well-formed tool call, so the training run constrains its
+# replies (vLLM's structured outputs) to a call of get_current_time on one of the three zones:
+# the engine still samples every token (which zone, how the text is split into tokens), the
+# environment parses the call and the real server answers it. The constraint enters the
+# engine's processed logprobs, so this run's mismatch KL says nothing.
+FORCED_CALL = (
+    r'<tool_call>\{"name": "get_current_time", "arguments": \{"timezone": '
+    r'"(Europe/Paris|Asia/Tokyo|America/New_York)"\}\}</tool_call>'
+)
+
+
+def test_rlkit_train_of_an_mcp_environment_on_the_session_server(
+    time_server, vllm_server, tiny_model_dir, tmp_path
+) -> None:
+    (tmp_path / "pkgs").mkdir()
+    (tmp_path / "pkgs" / "mcp_time_env.py").write_text(ENV_MODULE)
+    run_dir = tmp_path / "run"
+    config = tmp_path / "train.toml"
+    config.write_text(
+        f"""
+[model]
+path = "{tiny_model_dir}"
+
+[[env]]
+id = "mcp-time-env"
+args = {{ server_dir = "{time_server}" }}
+
+[orchestrator]
+scheduler = "sync"
+max_steps = 2
+group_size = 2
+sync.batch_groups = 2
+drop_zero_advantage = false
+
+[orchestrator.sampling]
+temperature = 1.0
+max_tokens = 96
+structured_outputs = {{ regex = '{FORCED_CALL}' }}
+
+[orchestrator.eval]
+at_start = false
+at_end = false
+
+[ckpt]
+interval = 0
+
+[log]
+run_dir = "{run_dir}"
+plot = false
+samples_every = 1
+samples_per_step = 4
+"""
+    )
+    log = tmp_path / "train.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(tmp_path / "pkgs"), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+        ),
+    }
+    with on_session_server(vllm_server, tiny_model_dir) as urls, open(log, "w") as out:
+        cmd = [RLKIT, "train", str(config), *urls]
+        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=900)
+    assert done.returncode == 0, log.read_text()[-3000:]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["rollouts_errored"] == 0 for r in records), records
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert {s["step"] for s in samples} == {1, 2}
+    for sample in samples:  # each rollout's call reached the server, which answered it
+        assert "tool: {" in sample["completion"], sample
+        start = sample["completion"].index("tool: {") + len("tool: ")
+        answer, _ = json.JSONDecoder().raw_decode(sample["completion"], start)
+        assert answer["timezone"] in CITIES and answer["datetime"], sample

@@ -97,6 +97,10 @@ async def test_programs_end_as_they_do_in_process(use_service: Service) -> None:
         dict(code="print(open('data/in.bin', 'rb').read())", files={"data/in.bin": b"\x00\xff"}),
         dict(code="echo hi; cat", language="bash", stdin="there"),
         dict(code="import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)"),
+        # how a warm sandbox's program ends on its own (`loader.finish`), as an interpreter would
+        dict(code="import sys; sys.exit('bye')"),
+        dict(code="import atexit, sys; atexit.register(print, 'at exit'); sys.stdout.write('x')"),
+        dict(code="import threading as t, time\nt.Thread(target=time.sleep, args=[0.3]).start()"),
     ]
     remote = [await sandbox.run(**case) for case in cases]
     runner.configure(url="")
@@ -113,6 +117,8 @@ async def test_programs_end_as_they_do_in_process(use_service: Service) -> None:
         "output_limit",
     ]
     assert remote[0].stdout == "olleh\n" and remote[6].stdout == "b'\\x00\\xff'\n"
+    assert (remote[9].exit_code, remote[9].stderr) == (1, "bye\n")
+    assert remote[10].stdout == "xat exit\n" and remote[11].status == "ok"
     assert "ZeroDivisionError" in remote[2].stderr and "main.py" in remote[2].stderr
 
 
