@@ -1,5 +1,5 @@
 """Tests on the session's vLLM servers (conftest `vllm_server`, `lora_server`) instead of servers
-of their own: an engine start less each (25-40 s on the 2-core CPU machine). Only for tests that
+of their own: an engine start less each (docs/benchmarks.md, `bench_inference.py`). Only for tests that
 neither kill, restart nor reconfigure the server; what they change (weights, adapters) they put
 back, as the tests after them (and the next run's first step) expect."""
 
