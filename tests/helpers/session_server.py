@@ -1,7 +1,7 @@
 """Tests on the session's vLLM servers (conftest `vllm_server`, `lora_server`) instead of servers
-of their own: an engine start less each (docs/benchmarks.md, `bench_inference.py`). Only for tests that
-neither kill, restart nor reconfigure the server; what they change (weights, adapters) they put
-back, as the tests after them (and the next run's first step) expect."""
+of their own: an engine start less each (docs/benchmarks.md, `bench_inference.py`). Only for
+tests that neither kill, restart nor reconfigure the server; what they change (weights,
+adapters) they put back, as the tests after them (and the next run's first step) expect."""
 
 from __future__ import annotations
 
