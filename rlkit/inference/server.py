@@ -462,19 +462,20 @@ def vllm_serve_modules() -> tuple[Any, Any]:
 
 
 def fork_engine_processes_on_cpu(user_method: str | None) -> None:
-    """On CPU, start vLLM's engine and worker processes by fork instead of spawn.
+    """On CPU, with `VLLM_WORKER_MULTIPROC_METHOD=fork` in the user's environment, start vLLM's
+    engine and worker processes by fork (opt-in; spawn stays the default).
 
-    vLLM's CPU platform sets `VLLM_WORKER_MULTIPROC_METHOD=spawn` while it configures the
-    engine, so the engine process and then its worker each start a fresh interpreter and import
-    vLLM and torch again: two thirds of a tiny model's engine start on the 2-core machine
-    (`tests/benchmarks/bench_inference.py --start-methods fork,spawn`). Both are forked before
-    either runs an OpenMP region (the worker binds its threads after the fork); fork is vLLM's
-    own default outside its CLI. `user_method`, the method the user's environment named before
-    vLLM's CLI set its own, wins.
+    vLLM's CPU platform replaces any method by spawn while it configures the engine, so the
+    engine process and then its worker each start a fresh interpreter and import vLLM and torch
+    again: most of a tiny model's engine start on the 2-core machine (`tests/benchmarks/
+    bench_inference.py --start-methods fork,spawn`). Forked, both start before either runs an
+    OpenMP region (the worker binds its threads after the fork). Not the default: in two loaded
+    full-suite runs one reward-trend test failed with it and never with spawn (docs/benchmarks.md).
+    `user_method` is what the user's environment named before vLLM's CLI set its own.
     """
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu() or user_method is not None:
+    if not current_platform.is_cpu() or user_method != "fork":
         return
     platform = type(current_platform)
     configure = platform.check_and_update_config.__func__  # type: ignore[attr-defined]

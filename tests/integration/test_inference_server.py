@@ -57,17 +57,36 @@ def hf_logprobs(model_dir: Path, prompt: list[int], completion: list[int]) -> li
 
 
 @pytest.mark.skipif(has_cuda(), reason="on GPUs vLLM picks its own start method")
-def test_engine_processes_are_forked_not_spawned(vllm_server: ServerProcess) -> None:
-    """On CPU the engine core and its worker are forks of the server (no fresh interpreter
-    importing vLLM and torch again: most of an engine start), and still serve."""
-    server = vllm_server.process.pid
-    names = {pid: Path(f"/proc/{pid}/comm").read_text().strip() for pid in descendants(server)}
-    engine = [pid for pid, name in names.items() if name.startswith("VLLM::")]
-    assert {"VLLM::EngineCor", "VLLM::Worker"} <= set(names.values()), names
-    # a fork never execs: it keeps the server's auxiliary vector (exec's addresses, randomised
-    # per exec); a spawned interpreter has its own
-    auxv = Path(f"/proc/{server}/auxv").read_bytes()
-    assert all(Path(f"/proc/{pid}/auxv").read_bytes() == auxv for pid in engine), names
+def test_engine_processes_are_forked_when_asked(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`VLLM_WORKER_MULTIPROC_METHOD=fork` on CPU: the engine core and its worker are forks of
+    the server (no fresh interpreter importing vLLM and torch again), which vLLM's CPU platform
+    would otherwise replace by spawn; and it still serves."""
+    env = {**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+    server = start_server(
+        str(tiny_model_dir),
+        log_path=tmp_path / "vllm.log",
+        extra_args=["--enforce-eager", *TEST_SERVER_ARGS],
+        env=env,
+    )
+    try:
+        server.wait_ready(timeout=600)
+        pid = server.process.pid
+        names = {p: Path(f"/proc/{p}/comm").read_text().strip() for p in descendants(pid)}
+        engine = [p for p, name in names.items() if name.startswith("VLLM::")]
+        assert {"VLLM::EngineCor", "VLLM::Worker"} <= set(names.values()), names
+        # a fork never execs: it keeps the server's auxiliary vector (exec's addresses,
+        # randomised per exec); a spawned interpreter has its own
+        auxv = Path(f"/proc/{pid}/auxv").read_bytes()
+        assert all(Path(f"/proc/{p}/auxv").read_bytes() == auxv for p in engine), names
+        gen = asyncio.run(complete(server, str(tiny_model_dir)))
+        assert len(gen.completion_token_ids) == 4
+    finally:
+        server.stop()
+
+
+async def complete(server: ServerProcess, model: str):
+    async with server.client() as client:
+        return await client.completion([5, 6, 7], model, {"max_tokens": 4, "ignore_eos": True})
 
 
 async def test_chat_returns_token_ids_and_one_logprob_per_token(
