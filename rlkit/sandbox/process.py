@@ -133,11 +133,13 @@ def end_pattern(end: str) -> re.Pattern:
     return re.compile(rb"\x00rlkit-end:" + re.escape(end.encode()) + rb":(\d{1,3})\n\Z")
 
 
-async def _reap(proc: asyncio.subprocess.Process, tasks: list[asyncio.Future]) -> None:
-    await proc.wait()
+async def _reap(proc: asyncio.subprocess.Process, tasks: list[asyncio.Future]) -> int:
+    """Wait for the killed sandbox to end and its pipes to drain (at most DRAIN_S more)."""
+    returncode = await proc.wait()
     _, pending = await asyncio.wait(tasks, timeout=DRAIN_S)
     for task in pending:
         task.cancel()
+    return returncode
 
 
 async def _both_ended(out: _CappedReader, err: _CappedReader) -> None:
@@ -185,10 +187,7 @@ async def supervise(
         reaping.add_done_callback(_REAPING.discard)
         returncode = None
     else:
-        returncode = await proc.wait()
-        _, pending = await asyncio.wait(tasks, timeout=DRAIN_S)
-        for task in pending:
-            task.cancel()
+        returncode = await _reap(proc, tasks)
     duration = time.monotonic() - start
     stdout, stderr = out.text(), err.text()
 
