@@ -13,8 +13,11 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 
@@ -49,6 +52,42 @@ def die_with_parent() -> None:
     prctl = _prctl()
     if prctl is not None and os.getppid() != 1:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group `pgid`, from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, _ppid, pgrp = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == pgid and state != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM the child's process group and return once no process of it is left, SIGKILLing
+    what is still there after `timeout`. The leader exiting is not enough: a vLLM API server
+    exits before its engine core does, which must not outlive the caller."""
+    deadline = time.monotonic() + timeout
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    while (proc.poll() is None or group_members(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    give_up = time.monotonic() + 10.0  # SIGKILLed processes need a moment to be torn down
+    while group_members(proc.pid) and time.monotonic() < give_up:
+        time.sleep(0.1)
 
 
 SERVER_PID_ENV = "RLKIT_API_SERVER_PID"  # set by rlkit's vLLM API server for its engine processes

@@ -7,7 +7,6 @@ whose tail is included in any start-up error.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import httpx
 
 from rlkit.errors import UsageError
 from rlkit.inference.client import InferenceClient
-from rlkit.lifetime import die_with_parent_preexec
+from rlkit.lifetime import die_with_parent_preexec, stop_process_group
 from rlkit.protocol.credentials import TOKEN_FILE_ENV, ensure_token_file, read_token
 
 
@@ -246,21 +245,8 @@ class ServerProcess:
         )
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the server's process group, then SIGKILL what is left."""
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-            except ProcessLookupError:
-                pass
-        else:  # the leader is gone, children of its group may not be
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        """Stop the server's whole process group (`rlkit.lifetime.stop_process_group`)."""
+        stop_process_group(self.process, timeout)
         if self._log_file is not None:
             self._log_file.close()  # type: ignore[attr-defined]
             self._log_file = None

@@ -41,7 +41,7 @@ from rlkit.launch import gpus
 from rlkit.launch.config import RLJobConfig, check_role
 from rlkit.launch.resume import clear_complete, finished_line, mark_complete, record_resume
 from rlkit.launch.roles import Role
-from rlkit.lifetime import die_with_parent_preexec
+from rlkit.lifetime import die_with_parent_preexec, stop_process_group
 from rlkit.orchestrator.config import run_token, run_token_file
 from rlkit.orchestrator.loop import Orchestrator
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
@@ -51,22 +51,6 @@ from rlkit.protocol.credentials import TOKEN_FILE_ENV, read_token
 from rlkit.protocol.layout import RunLayout
 from rlkit.sandbox import runner as sandbox_runner
 from rlkit.trainer.main import TrainerRanks, trainer_command
-
-
-def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    """SIGTERM the child's process group, SIGKILL what is left after `timeout`."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
-    try:  # grandchildren of an exited leader
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def write_pids(run_dir: Path, role: str, pids: list[int]) -> None:
