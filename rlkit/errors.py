@@ -16,8 +16,9 @@ class SystemRequirementError(Exception):
 
 
 class RunStopped(RuntimeError):
-    """A run stopped itself for a reason it can explain (no learning signal, ...) after writing
-    a resumable checkpoint; the CLI prints the message and exits with code 1."""
+    """A run stopped for a reason it can explain in one line (no learning signal, the trainer
+    refusing its input, ...); its latest checkpoint stays where `--resume` continues. The CLI
+    prints the message and exits with code 1."""
 
 
 class InferenceError(RuntimeError):

@@ -83,6 +83,7 @@ class ClientPool:
         # (path, record, version) every server should serve; no record for a LoRA adapter
         self.current: tuple[str, PublishedVersion | None, int] | None = None
         self.waiting: set[int] = set()  # up, but out of the round robin until the next update
+        self.not_ready: dict[int, str] = {}  # why a server that answers could not rejoin yet
         self.counters: Counter[str] = Counter()  # failovers, servers_dropped, servers_rejoined
         self.lost: ServersLost | None = None  # set once no server came back in time
         self._cycle = itertools.cycle(range(len(self.clients)))
@@ -132,6 +133,7 @@ class ClientPool:
     def _back(self, i: int) -> None:
         """Server `i` serves the current weights again: back in the round robin."""
         self.waiting.discard(i)
+        self.not_ready.pop(i, None)
         self.healthy[i] = True
         self.counters["servers_rejoined"] += 1
         self.log(
@@ -234,7 +236,9 @@ class ClientPool:
                 try:
                     await self._rejoin(i)
                 except InferenceError as exc:  # up but not ready yet: try again next round
-                    self.log(f"inference server {client.base_url} not ready to rejoin: {exc}")
+                    if self.not_ready.get(i) != str(exc):  # said once per reason, not per round
+                        self.not_ready[i] = str(exc)
+                        self.log(f"inference server {client.base_url} not ready to rejoin: {exc}")
 
     async def aclose(self) -> None:
         await asyncio.gather(*(c.aclose() for c in self.clients))

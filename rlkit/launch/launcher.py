@@ -204,6 +204,7 @@ class TrainerProcess:
         self.log_path = layout.process_log(self.name)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
+        self._log_start = self._log.tell()  # the log holds earlier attempts of a resumed run
         self.proc = subprocess.Popen(
             trainer_command(config_path, trainer_ranks(cfg), resume=resume),
             stdout=self._log,
@@ -226,6 +227,15 @@ class TrainerProcess:
     def log_tail(self, lines: int = 30) -> str:
         text = self.log_path.read_text(errors="ignore").splitlines()
         return "\n".join(text[-lines:])
+
+    def error_line(self) -> str | None:
+        """The one-line `error: ...` the trainer ended with, if it explained its exit itself
+        (`rlkit.trainer.main.print_error`)."""
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_start)
+            lines = log.read().decode(errors="ignore").splitlines()
+        errors = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+        return errors[-1] if errors else None
 
     def stop(self) -> None:
         stop_process_group(self.proc)
@@ -437,6 +447,8 @@ def _run_all(
             result = asyncio.run(orchestrator.run())
         except Exception as exc:
             if trainer.exit_code() and not isinstance(exc, RunStopped):  # its own one line
+                if (error := trainer.error_line()) is not None:  # the trainer said why: one line
+                    raise RunStopped(f"{exc}: {error} (log {trainer.log_path})") from None
                 raise RuntimeError(f"{exc}\ntrainer log tail:\n{trainer.log_tail()}") from exc
             raise
         code = trainer.wait(timeout=120)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,61 @@ class TrainerNodeFailed(TrainerFailed, RunStopped):
     a one-line error; its latest checkpoint is where `--resume` continues."""
 
 
+TRAINER_POLL_S = 0.5  # how often a step in progress checks that the trainer still lives
+TRAINER_GRACE_S = 5.0  # how long a step may take to fail on its own once the trainer is gone
+
+
+def check_trainer(
+    run_dir: Path,
+    trainer_exit: Callable[[], int | None] | None,
+    doing: str,
+    *,
+    clean_exit_ok: bool,
+) -> None:
+    """Raise if the trainer is gone: a trainer node (another machine) reported its failure
+    through `run_dir`, or our own trainer child exited (with an error, or at all when the step
+    still needs it: `clean_exit_ok=False`). `doing` ends the message ("before publishing ...")."""
+    failure = handoff.trainer_failure(run_dir)
+    if failure is not None:
+        raise TrainerNodeFailed(
+            f"{failure} {doing}; the latest checkpoint stays: restart the trainer nodes and the "
+            "orchestrator with --resume"
+        )
+    code = trainer_exit() if trainer_exit is not None else None
+    if code is not None and not (code == 0 and clean_exit_ok):
+        raise TrainerFailed(f"the trainer exited with code {code} {doing}")
+
+
+async def while_trainer_lives(
+    work: Coroutine[Any, Any, None],
+    run_dir: Path,
+    trainer_exit: Callable[[], int | None] | None,
+    doing: str,
+) -> None:
+    """Await `work`, failing soon after the trainer fails: a step waiting for what only the
+    trainer brings (a server rejoins once the trainer republishes its version) would otherwise
+    sit out its own timeout, e.g. `inference.recover_timeout_s`, after the trainer died. The step
+    gets `TRAINER_GRACE_S` to fail on its own first: its error (a transport that saw the
+    trainer go) says more."""
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=TRAINER_POLL_S)
+            if task.done():
+                break
+            try:
+                check_trainer(run_dir, trainer_exit, doing, clean_exit_ok=True)
+            except TrainerFailed:
+                await asyncio.wait({task}, timeout=TRAINER_GRACE_S)
+                if not task.done():
+                    raise
+        task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+
+
 async def wait_for_weights(
     doorbell: handoff.Doorbell,
     run_dir: Path,
@@ -78,15 +133,7 @@ async def wait_for_weights(
     def published() -> bool:
         if handoff.is_published(path):
             return True
-        failure = handoff.trainer_failure(run_dir)  # a trainer on other machines
-        if failure is not None:
-            raise TrainerNodeFailed(
-                f"{failure} before publishing {path}; the latest checkpoint stays: restart the "
-                "trainer nodes and the orchestrator with --resume"
-            )
-        code = trainer_exit() if trainer_exit is not None else None
-        if code is not None:
-            raise TrainerFailed(f"the trainer exited with code {code} before publishing {path}")
+        check_trainer(run_dir, trainer_exit, f"before publishing {path}", clean_exit_ok=False)
         return False
 
     if not await doorbell.wait_async(published, timeout=timeout_s):
@@ -253,9 +300,9 @@ class Orchestrator:
     async def run(self) -> dict[str, Any]:
         """Steps `start_step+1 .. max_steps`; returns {"eval": {step: summaries}}."""
         try:
-            await self.start()
+            await self.watching_trainer(self.start(), "while the run started")
             for step in range(self.start_step + 1, self.cfg.orchestrator.max_steps + 1):
-                await self.step(step)
+                await self.watching_trainer(self.step(step), f"during step {step}")
             await self.finish()
         except RunStopped as exc:  # no signal, a canary mismatch, servers or the trainer lost
             await self.stop(str(exc))
@@ -358,6 +405,9 @@ class Orchestrator:
         """Load `path` on every server as policy `version`; returns the logprob canary's KL."""
         await self.source.update_weights(str(path), version)
         return await pool_canary_kl(self.pool, self.model, path, self.cfg.inference.canary_max_kl)
+
+    async def watching_trainer(self, work: Coroutine[Any, Any, None], doing: str) -> None:
+        await while_trainer_lives(work, self.run_dir, self.trainer_exit, doing)
 
     async def wait_for_weights(self, step: int) -> Path:
         return await wait_for_weights(

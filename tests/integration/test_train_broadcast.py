@@ -4,16 +4,37 @@ after each update is as small as after the filesystem updates of the same run, a
 killed mid-broadcast (the worker extension's exit hook, after one bucket) is named, dropped and
 relaunched while the run goes on to its end. And a run's only server, SIGKILLed between updates,
 is relaunched and rejoins with the trainer's filesystem copy of the current version, written on
-request (no broadcast can come before it serves again: no rollouts, no next batch)."""
+request (no broadcast can come before it serves again: no rollouts, no next batch). Meanwhile
+another local process, without the run's token, plants forged handshake messages for every
+later version on the trainer's store (it has no authentication); they change nothing."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
+from rlkit.protocol import handoff
+from rlkit.protocol.credentials import new_token, rendezvous_secret
+from rlkit.protocol.weights import PublishedVersion
 from rlkit.weights import EXIT_MID_UPDATE_ENV
+from rlkit.weights.broadcast import (
+    BroadcastDelivery,
+    Channel,
+    Closed,
+    Done,
+    FilesReady,
+    GroupInfo,
+    Joined,
+    Peers,
+    Rejoin,
+    Verdict,
+)
 from tests.helpers.cli import tiny_train_cmd
 from tests.helpers.train_runs import SHORT, records, run, run_killing_the_server
 
@@ -63,6 +84,42 @@ def test_broadcast_to_two_servers_survives_one_killed_mid_update(
     assert list((weights / f"step_{CKPT:06d}").glob("*.safetensors"))
 
 
+FORGED_PATH = "/attacker/weights"
+
+
+def plant_forgeries(run_dir: Path, versions: range, planted: list[int]) -> None:
+    """Another local process: it finds the trainer's store in the first broadcast record and
+    sets every handshake message of `versions` on it, signed with a secret of its own. Accepted,
+    they would make the trainer write files (`Rejoin`), the servers load `FORGED_PATH`, or the
+    trainer wait for a peer that never joins."""
+    record = run_dir / "weights" / "step_000001"
+    deadline = time.monotonic() + 600
+    while not handoff.is_published(record):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+    published = PublishedVersion.read(record)
+    assert published is not None and published.transport == "broadcast"
+    host, port = BroadcastDelivery.of(published).address
+    store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=10))
+    secret = rendezvous_secret(new_token())  # not the run's
+    for version in versions:
+        forged = Channel(store, version, secret)
+        for message in (
+            Peers(labels=["attacker"]),
+            GroupInfo(id=666, size=2),
+            Verdict(files_needed=True),
+            Rejoin(),
+            FilesReady(path=FORGED_PATH),
+            Closed(),
+        ):
+            forged.put(message)
+        for worker in (1, 2):
+            forged.put(Joined(held=666), worker)
+            forged.put(Done(), worker)
+        planted.append(version)
+
+
 def test_the_only_server_killed_between_updates_rejoins_with_files(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -79,8 +136,16 @@ def test_the_only_server_killed_between_updates_rejoins_with_files(
         "--inference.health_interval_s=1",
     )
     log = tmp_path / "run.log"
+    planted: list[int] = []
+    attacker = threading.Thread(
+        target=plant_forgeries, args=(run_dir, range(2, steps + 1), planted), daemon=True
+    )
+    attacker.start()
     code = run_killing_the_server(cmd, log, run_dir, after_step=2)
+    attacker.join(timeout=10)
     assert code == 0, log.read_text()[-3000:]
+    assert planted == list(range(2, steps + 1))  # in place before most versions were sent
+    assert FORGED_PATH not in log.read_text() + (run_dir / "logs" / "inference-0.log").read_text()
     recs = records(run_dir)
     assert [r["step"] for r in recs] == list(range(1, steps + 1))
     output = log.read_text()

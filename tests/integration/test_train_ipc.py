@@ -96,14 +96,20 @@ def test_a_worker_killed_mid_update_catches_up_from_the_buffer(
     assert rlkit_shm() == before
 
 
-def wait_stopped(pid: int, timeout: float = 30) -> None:
-    """Until every thread of `pid` is stopped (SIGSTOP takes effect asynchronously)."""
+def wait_stopped(pid: int, states: str = "tT", timeout: float = 30) -> None:
+    """Until every thread of `pid` is in one of `states`: stopped (SIGSTOP takes effect
+    asynchronously), or "Z" for a SIGKILLed process torn down (its memory and files released)."""
     deadline = time.monotonic() + timeout
     tasks = Path(f"/proc/{pid}/task")
-    while not all(
-        (t / "stat").read_text().rsplit(")", 1)[1].split()[0] in "tT" for t in tasks.iterdir()
-    ):
-        assert time.monotonic() < deadline, f"pid {pid} did not stop"
+
+    def state(task: Path) -> str:
+        try:
+            return (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # a thread that ended since the listing
+            return states[0]
+
+    while not all(state(t) in states for t in tasks.iterdir()):
+        assert time.monotonic() < deadline, f"pid {pid} did not reach state {states}"
         time.sleep(0.01)
 
 
@@ -156,6 +162,9 @@ def test_a_trainer_killed_mid_update_stops_the_run_resumably(
                     assert [trainer] == json.loads((run_dir / "pids.json").read_text())["trainer"]
                     os.kill(trainer, signal.SIGKILL)
                     killed = time.monotonic()
+                    # torn down (the buffer gone) before the launcher goes on: a server mapping
+                    # the buffer while the kill is under way would still load the version
+                    wait_stopped(trainer, "Z")
                     break
                 finally:
                     os.kill(proc.pid, signal.SIGCONT)

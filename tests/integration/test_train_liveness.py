@@ -5,11 +5,14 @@ whose every server is gone past `inference.recover_timeout_s` stopping resumably
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers.cli import tiny_train_cmd
+from tests.helpers.planted import Planted
 from tests.helpers.session_server import on_session_server
 from tests.helpers.train_runs import SHORT, run, run_killing_the_server
 
@@ -82,8 +85,10 @@ def test_all_servers_lost_stops_with_a_checkpoint_and_resumes(
     vllm_server, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """The only server SIGKILLed and not relaunched: after `recover_timeout_s` the run stops with
-    a one-line error, exit code 1 and a checkpoint; `--resume` on another server (the session's:
-    an engine start less) finishes it."""
+    a one-line error, exit code 1 and a checkpoint. A pickle planted in that checkpoint is refused
+    by the resumed trainer, not run, and the run stops at once rather than after
+    `recover_timeout_s`; without it, `--resume` on another server (the session's: an engine start
+    less) finishes the run."""
     run_dir = tmp_path / "run"
     steps = 6
     cmd = tiny_train_cmd(
@@ -105,11 +110,29 @@ def test_all_servers_lost_stops_with_a_checkpoint_and_resumes(
     assert "written; continue with --resume" in text  # the trainer confirmed its checkpoint
     assert 2 <= stopped < steps
 
+    extra = run_dir / "checkpoints" / f"step_{stopped:06d}" / "extra_rank0.pt"
+    saved = extra.read_bytes()
+    marker = tmp_path / "planted-pickle-ran"
+    torch.save({"step": stopped, "rng": Planted(str(marker))}, extra)
+
     resumed = tmp_path / "resumed.log"
     with on_session_server(vllm_server, tiny_model_dir) as urls:
         # the trainer publishes step `stopped` again, signed with the session server's
         # credential (the run's own signed it first): the server is back once it has
         again = [*cmd, "--resume", *urls, "--inference.recover_timeout_s=300"]
+        started = time.monotonic()
+        code = run(again, tmp_path / "planted.log", timeout=600)
+        planted = " ".join((tmp_path / "planted.log").read_text().split())
+        assert code == 1, planted[-3000:]
+        assert (
+            "error: the trainer exited with code 2 while the run started: "
+            f"checkpoint file {extra} holds more than tensors"
+        ) in planted, planted[-3000:]
+        assert "Traceback" not in planted
+        assert not marker.exists()
+        assert time.monotonic() - started < 300  # not after recover_timeout_s
+
+        extra.write_bytes(saved)
         code = run(again, resumed, timeout=600)
     assert code == 0, resumed.read_text()[-3000:]
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

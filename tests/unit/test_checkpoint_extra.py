@@ -3,7 +3,6 @@ pickle is refused, not run."""
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch
 from rlkit.errors import UsageError
 from rlkit.trainer.checkpoint import read_extra, rng_state, set_rng_state
 from rlkit.trainer.optim import OptimConfig, build_optimizer
+from tests.helpers.planted import Planted
 
 
 def test_rng_and_scheduler_state_round_trip_as_plain_values(tmp_path: Path) -> None:
@@ -44,14 +44,6 @@ def test_rng_and_scheduler_state_round_trip_as_plain_values(tmp_path: Path) -> N
     _, fresh = build_optimizer(model, OptimConfig(), total_steps=10)
     fresh.load_state_dict(extra["scheduler"])
     assert fresh.get_last_lr() == scheduler.get_last_lr() and extra["data"] == {"next_batch": 4}
-
-
-class Planted:
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple:
-        return (os.system, (f"touch {self.marker}",))
 
 
 def test_a_planted_pickle_is_refused_not_run(tmp_path: Path) -> None:

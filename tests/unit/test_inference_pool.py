@@ -153,3 +153,35 @@ async def test_errors_from_a_server_that_is_up_are_not_failed_over() -> None:
             assert pool.counters["failovers"] == 0
         finally:
             await pool.aclose()
+
+
+async def test_a_server_not_ready_to_rejoin_is_reported_once_per_reason(
+    servers: list[FakeServerProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that answers but cannot rejoin (e.g. it refuses the version: another run's
+    credential) is tried every round; the log says why once, and again only when that changes."""
+    log: list[str] = []
+    pool = make_pool([servers[1].url], log)
+    reasons = ["HTTP 403: not signed with this server's credential"]
+
+    async def refuse(i: int) -> None:
+        raise InferenceError(reasons[-1])
+
+    monkeypatch.setattr(pool, "_rejoin", refuse)
+    try:
+        await pool.wait_healthy(timeout=20, interval=0.1)
+        pool.healthy[0] = False
+        monitor = asyncio.create_task(pool.monitor())
+        try:
+            await asyncio.sleep(1.0)  # ~5 rounds
+            reasons.append("HTTP 503: engine paused")
+            await asyncio.sleep(1.0)
+        finally:
+            monitor.cancel()
+        said = [line for line in log if "not ready to rejoin" in line]
+        assert [line.rsplit(": ", 1)[1] for line in said] == [
+            "not signed with this server's credential",
+            "engine paused",
+        ]
+    finally:
+        await pool.aclose()

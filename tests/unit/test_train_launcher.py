@@ -108,3 +108,44 @@ def test_orchestrator_stops_on_a_reported_trainer_failure(tmp_path) -> None:
         asyncio.run(wait_for_weights(doorbell, tmp_path, 1, timeout_s=600, trainer_exit=None))
     handoff.clear_stop(tmp_path)
     assert handoff.trainer_failure(tmp_path) is None
+
+
+def test_a_step_fails_soon_after_the_trainer_dies(tmp_path, monkeypatch) -> None:
+    """A step waiting for something only the trainer brings (a server's rejoin) fails within a
+    poll and a grace period of the trainer's error exit, its work cancelled; a step that fails on
+    its own within the grace period keeps its own error; a clean exit lets the work finish."""
+    import asyncio
+    import time
+
+    from rlkit.orchestrator import loop
+    from rlkit.orchestrator.loop import TrainerFailed, while_trainer_lives
+
+    monkeypatch.setattr(loop, "TRAINER_GRACE_S", 0.5)
+    cancelled = []
+
+    async def wait_forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.append(True)
+
+    def dies_in(seconds: float):
+        at = time.monotonic() + seconds
+        return lambda: 2 if time.monotonic() > at else None
+
+    started = time.monotonic()
+    with pytest.raises(TrainerFailed, match="the trainer exited with code 2 during step 3"):
+        asyncio.run(while_trainer_lives(wait_forever(), tmp_path, dies_in(0.3), "during step 3"))
+    assert cancelled and time.monotonic() - started < 5
+
+    async def fails_on_its_own() -> None:
+        await asyncio.sleep(0.7)  # after the trainer's exit is seen, within the grace period
+        raise RuntimeError("the transport saw the trainer go")
+
+    with pytest.raises(RuntimeError, match="the transport saw the trainer go"):
+        asyncio.run(while_trainer_lives(fails_on_its_own(), tmp_path, dies_in(0), "step 3"))
+
+    async def finishes() -> None:
+        await asyncio.sleep(0.7)  # outlives a poll with the trainer already exited cleanly
+
+    asyncio.run(while_trainer_lives(finishes(), tmp_path, lambda: 0, "during step 3"))
