@@ -2,9 +2,12 @@
 
 Ideal throughput is concurrency / latency requests per second. Three loops run interleaved
 (best of `--repeats` each) against the same fake server in its own process, each timing
-includes loading the environment:
+includes loading the environment (rlkit's loops each in a fresh process, imports untimed):
 - `rlkit`: rlkit's eval loop (`rlkit.eval.run_eval_async`, writing results.jsonl as it goes) on
   rlkit's native reverse-text environment: the harness itself (issue goal: >= 0.9 of ideal);
+- `base` (with `--base REF`): the same loop in the code of commit REF (extracted with `git
+  archive`), interleaved with `rlkit`: whether a change cost throughput, on the same machine in
+  the same minutes (`rlkit_over_base`);
 - `bridge`: the same loop on a verifiers-style reverse-text `vf.SingleTurnEnv` (written once
   below) through rlkit's verifiers bridge (a worker in its own venv);
 - `verifiers`: verifiers' own loop (`env.evaluate(...)` with an `AsyncOpenAI` client) on that
@@ -16,12 +19,12 @@ the ideal, the ratios, and each loop's own CPU seconds (what machine load does n
 shared 2-core machine the wall-clock fractions mostly measure the neighbours).
 
     .venv/bin/python tests/benchmarks/bench_eval_throughput.py [--requests 1024] [--latency 1.0]
+        [--base REF]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import subprocess
@@ -33,7 +36,10 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers.git_tree import extract  # noqa: E402
 
 ENV_SOURCE = '''
 """Reverse-text in verifiers' classic API (shape of the 2025 `reverse_text` environment)."""
@@ -73,7 +79,7 @@ def start_fake_server(latency: float, lean: bool = True) -> tuple[subprocess.Pop
     cmd = [sys.executable, "-m", "tests.helpers.fake_openai", "--latency", str(latency)]
     proc = subprocess.Popen(
         [*cmd, "--lean"] if lean else cmd,
-        cwd=REPO,
+        cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -92,26 +98,41 @@ def start_fake_server(latency: float, lean: bool = True) -> tuple[subprocess.Pop
     raise RuntimeError("fake server did not start")
 
 
-def bench_rlkit(
-    env_id: str, env_args: dict, url: str, n: int, r: int, concurrency: int, out: Path
-) -> tuple[float, float]:
-    from rlkit.eval import EvalConfig, load_run, run_eval_async
+RLKIT_LOOP = """
+import asyncio, json, sys, time
+from pathlib import Path
+from rlkit.eval import EvalConfig, load_run, run_eval_async
+env_id, env_args, url, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
+n, r, concurrency = map(int, sys.argv[5:])
+config = EvalConfig(
+    env_id=env_id, env_args=env_args, model="fake-model", base_url=url, num_examples=n,
+    rollouts_per_example=r, max_concurrent=concurrency, output_dir=Path(out),
+)
+t0, cpu0 = time.perf_counter(), time.process_time()
+run_dir = asyncio.run(run_eval_async(config))
+elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+run = load_run(run_dir)
+assert len(run.results) == n * r and run.metadata.summary["errors"] == 0
+print(json.dumps([elapsed, cpu]))
+"""
 
-    config = EvalConfig(
-        env_id=env_id,
-        env_args=env_args,
-        model="fake-model",
-        base_url=url,
-        num_examples=n,
-        rollouts_per_example=r,
-        max_concurrent=concurrency,
-        output_dir=out,
+
+def bench_rlkit(
+    tree: Path, env_id: str, env_args: dict, url: str, n: int, r: int, concurrency: int, out: Path
+) -> tuple[float, float]:
+    """rlkit's eval loop with the code of `tree` (this checkout, or `--base`'s) in a process of
+    its own, its imports before the clock starts."""
+    args = [env_id, json.dumps(env_args), url, str(out), str(n), str(r), str(concurrency)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(tree / "cli")])}
+    done = subprocess.run(
+        [sys.executable, "-c", RLKIT_LOOP, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tree,
+        check=True,
     )
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    run_dir = asyncio.run(run_eval_async(config))
-    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    run = load_run(run_dir)
-    assert len(run.results) == n * r and run.metadata.summary["errors"] == 0
+    elapsed, cpu = json.loads(done.stdout.strip().splitlines()[-1])
     return elapsed, cpu
 
 
@@ -149,6 +170,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--rollouts-per-example", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--base", default="", help="git ref whose rlkit loop runs beside this one")
     parser.add_argument(
         "--server",
         choices=["lean", "fastapi"],
@@ -178,24 +200,28 @@ def main() -> None:
         (env_dir / "pyproject.toml").write_text(PYPROJECT)
         os.environ["RLKIT_ENV_PATH"] = str(Path(tmp) / "envs")
         vf_python = ensure_venv("bench-reverse-text", VERIFIERS, ["datasets>=3.0"])
-        import rlkit.eval  # noqa: F401  (imported up front: no timing pays for it)
+        trees = {"rlkit": ROOT, "bridge": ROOT}
+        if args.base:
+            trees["base"] = extract(args.base, Path(tmp) / "base")
 
         proc, url = start_fake_server(args.latency, lean=args.server == "lean")
         server = psutil.Process(proc.pid)
         server_cpu: list[float] = []
-        loops = {
-            "rlkit": ("reverse-text", {"num_eval_examples": n}),
-            "bridge": ("bench-reverse-text", {"num_examples": n}),
-        }
-        rps: dict[str, list[float]] = {"rlkit": [], "bridge": [], "verifiers": []}
-        cpu: dict[str, list[float]] = {"rlkit": [], "bridge": [], "verifiers": []}
+        native = ("reverse-text", {"num_eval_examples": n})
+        loops = {"rlkit": native, "bridge": ("bench-reverse-text", {"num_examples": n})}
+        if args.base:
+            loops["base"] = native
+        rps: dict[str, list[float]] = {name: [] for name in [*loops, "verifiers"]}
+        cpu: dict[str, list[float]] = {name: [] for name in [*loops, "verifiers"]}
         try:
             bench_verifiers(vf_python, env_dir, url, 8, 1, 8)  # warm the venv's imports
             for repeat in range(args.repeats):  # interleaved, best of each: the machine is shared
                 for name, (env_id, env_args) in loops.items():
                     before = sum(server.cpu_times()[:2])
                     out = Path(tmp) / f"{name}{repeat}"
-                    elapsed, cpu_s = bench_rlkit(env_id, env_args, url, n, r, args.concurrency, out)
+                    elapsed, cpu_s = bench_rlkit(
+                        trees[name], env_id, env_args, url, n, r, args.concurrency, out
+                    )
                     if name == "rlkit":
                         server_cpu.append(sum(server.cpu_times()[:2]) - before)
                     rps[name].append(n * r / elapsed)
@@ -212,6 +238,9 @@ def main() -> None:
         report[f"{name}_fraction_of_ideal"] = value / ideal
     report["ratio_rlkit_over_verifiers"] = best["rlkit"] / best["verifiers"]
     report["ratio_bridge_over_verifiers"] = best["bridge"] / best["verifiers"]
+    if args.base:
+        report["base"] = args.base
+        report["rlkit_over_base"] = best["rlkit"] / best["base"]
     report["runs_rps"] = rps
     # The client's own CPU cost, which machine load does not change: CPU seconds per run and
     # the share of one core the client needs to keep up with the ideal rate (the bridge

@@ -24,16 +24,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 
-
-def extract(ref: str, into: Path) -> Path:
-    """The tree of `ref` (committed files only) under `into`."""
-    into.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
+from tests.helpers.git_tree import extract  # noqa: E402
 
 
 def cost(tree: Path, spec: str, out: Path) -> dict[str, Any]:
