@@ -13,6 +13,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
+from rich.text import Text
+
+
+def print_error(console: Console, exc: BaseException) -> None:
+    """`error: <exc>` as one unwrapped line, the message not read as markup: how the CLI and the
+    trainer end on an error they can explain (the launcher quotes the trainer's line)."""
+    console.print(Text.assemble(("error: ", "bold red"), str(exc)), soft_wrap=True)
 
 
 def print_line(console: Console, message: str, style: str | None = None) -> None:

@@ -8,9 +8,9 @@ import sys
 
 import typer
 from rich.console import Console
-from rich.text import Text
 
 from rlkit.errors import RunStopped, SystemRequirementError, UsageError
+from rlkit.progress import print_error
 
 app = typer.Typer(
     name="rlkit",
@@ -92,10 +92,10 @@ def main() -> None:
     try:
         app()
     except UsageError as exc:
-        err_console.print(Text.assemble(("error: ", "bold red"), str(exc)), soft_wrap=True)
+        print_error(err_console, exc)
         sys.exit(2)
     except (SystemRequirementError, RunStopped) as exc:
-        err_console.print(Text.assemble(("error: ", "bold red"), str(exc)), soft_wrap=True)
+        print_error(err_console, exc)
         sys.exit(1)
 
 

@@ -230,7 +230,7 @@ class TrainerProcess:
 
     def error_line(self) -> str | None:
         """The one-line `error: ...` the trainer ended with, if it explained its exit itself
-        (`rlkit.trainer.main.print_error`)."""
+        (`rlkit.progress.print_error`)."""
         with open(self.log_path, "rb") as log:
             log.seek(self._log_start)
             lines = log.read().decode(errors="ignore").splitlines()

@@ -300,9 +300,10 @@ class Orchestrator:
     async def run(self) -> dict[str, Any]:
         """Steps `start_step+1 .. max_steps`; returns {"eval": {step: summaries}}."""
         try:
-            await self.watching_trainer(self.start(), "while the run started")
+            trainer = (self.run_dir, self.trainer_exit)
+            await while_trainer_lives(self.start(), *trainer, "while the run started")
             for step in range(self.start_step + 1, self.cfg.orchestrator.max_steps + 1):
-                await self.watching_trainer(self.step(step), f"during step {step}")
+                await while_trainer_lives(self.step(step), *trainer, f"during step {step}")
             await self.finish()
         except RunStopped as exc:  # no signal, a canary mismatch, servers or the trainer lost
             await self.stop(str(exc))
@@ -405,9 +406,6 @@ class Orchestrator:
         """Load `path` on every server as policy `version`; returns the logprob canary's KL."""
         await self.source.update_weights(str(path), version)
         return await pool_canary_kl(self.pool, self.model, path, self.cfg.inference.canary_max_kl)
-
-    async def watching_trainer(self, work: Coroutine[Any, Any, None], doing: str) -> None:
-        await while_trainer_lives(work, self.run_dir, self.trainer_exit, doing)
 
     async def wait_for_weights(self, step: int) -> Path:
         return await wait_for_weights(

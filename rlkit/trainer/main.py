@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.text import Text
 
 from rlkit.config import load_config
 from rlkit.errors import UsageError
 from rlkit.lifetime import die_with_parent
+from rlkit.progress import print_error
 from rlkit.protocol.batch import MalformedBatchError
 
 
@@ -122,17 +122,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(args.mode, args.config, overrides, args.resume)
     except UsageError as exc:
-        print_error(exc)
+        print_error(Console(stderr=True), exc)
         sys.exit(2)
     except (MalformedBatchError, TimeoutError) as exc:
-        print_error(exc)
+        print_error(Console(stderr=True), exc)
         sys.exit(1)
-
-
-def print_error(exc: Exception) -> None:
-    """One unwrapped `error: ...` line (its text not read as markup): the launcher quotes it
-    (`TrainerProcess.error_line`)."""
-    Console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(exc)), soft_wrap=True)
 
 
 if __name__ == "__main__":
