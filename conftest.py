@@ -3,7 +3,9 @@
 Models are built locally (no downloads) once per session. The real vLLM CPU server is started
 once per session and shared, `rlkit train` runs included (tests/helpers/session_server.py: an
 engine start less per run); tests that change its weights must restore them, and tests that
-kill, restart or reconfigure a server start their own (`rlkit.inference.start_server`).
+kill, restart or reconfigure a server start their own (`rlkit.inference.start_server`). Under
+pytest-xdist (`scripts/test.sh`) a session is one worker's: each worker has its own models and
+servers, under its own temporary folder.
 """
 
 from __future__ import annotations

@@ -16,6 +16,14 @@ from rich.console import Console
 from rich.text import Text
 
 
+def make_console(stderr: bool = False) -> Console:
+    """The CLI's console: on a terminal it wraps to the window; piped or logged, every message
+    stays on its own line (a long path is not broken where a script or a reader copies it)."""
+    console = Console(stderr=stderr)
+    console.soft_wrap = not console.is_terminal
+    return console
+
+
 def print_error(console: Console, exc: BaseException) -> None:
     """`error: <exc>` as one unwrapped line, the message not read as markup: how the CLI and the
     trainer end on an error they can explain (the launcher quotes the trainer's line)."""

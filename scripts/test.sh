@@ -4,15 +4,16 @@
 #   bash scripts/test.sh --fast   lint + the unit tier: deselects the tests marked slow (vLLM
 #                                 server, trainer processes, `rlkit train`, CLI runs over ~5 s), venv
 #                                 (builds venvs, runs pip/uv) and system (bubblewrap, chromium,
-#                                 PostgreSQL, SLURM, the package index), on every core (xdist)
+#                                 PostgreSQL, SLURM, the package index)
 # Further arguments go to pytest, e.g. `bash scripts/test.sh --fast -k sandbox`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-select=()
+# Both tiers spread over the cores (pytest-xdist), at most 4 workers: each worker starts its own
+# session vLLM servers (conftest.py). The full suite hands out whole files (`loadfile`): a file's
+# module fixtures (shared reference runs) stay on one worker.
+select=(-n auto --maxprocesses 4 --dist loadfile)
 if [ "${1:-}" = --fast ]; then
   shift
-  # the unit tier's tests share no server, so they spread over the cores; the full suite stays
-  # serial (its tests share session vLLM servers and time-bound kill/resume runs)
   select=(-m "not slow and not venv and not system" -n auto)
 fi
 bash scripts/setup.sh

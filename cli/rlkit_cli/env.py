@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from rlkit.progress import make_console
 
 if TYPE_CHECKING:
     from rlkit.envs import Environment
@@ -23,7 +24,7 @@ class Split(StrEnum):
     TRAIN = "train"
 
 
-console = Console()
+console = make_console()
 
 HUB_HELP = "Hub: 'local' (a directory under $RLKIT_HOME), a directory, or an http(s) URL."
 HubOption = typer.Option(None, "--hub", help=HUB_HELP + " Default: $RLKIT_HUB, config, local.")

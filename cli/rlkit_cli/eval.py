@@ -15,11 +15,11 @@ from typing import Any
 
 import click
 import typer
-from rich.console import Console
 from typer.core import TyperGroup
 
 from rlkit.errors import UsageError
 from rlkit.ports import INFERENCE_PORT
+from rlkit.progress import make_console
 
 
 class _RunByDefault(TyperGroup):
@@ -180,7 +180,7 @@ def run_cmd(
         typer.echo(dump_toml(config), nl=False)
         return
 
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     try:
         run_dir = run_eval(config, resume=resume, console=err)
     except EvalInterrupted as exc:
@@ -190,7 +190,7 @@ def run_cmd(
         )
         raise typer.Exit(130) from None
     run = load_run(run_dir)
-    console = Console()
+    console = make_console()
     console.print(summary_table(run_summary(run), title=f"{config.env_id} | {config.model}"))
     console.print(f"results: {run_dir}")
     if push:
@@ -209,4 +209,4 @@ def show_cmd(
     from rlkit.eval import load_run
     from rlkit.eval.report import show_run
 
-    show_run(Console(), load_run(run_dir), samples=samples, errors_only=errors)
+    show_run(make_console(), load_run(run_dir), samples=samples, errors_only=errors)

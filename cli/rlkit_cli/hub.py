@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from rlkit.ports import HUB_PORT
+from rlkit.progress import make_console
 
 app = typer.Typer(help="Run a self-hosted environment hub.", no_args_is_help=True)
 token_app = typer.Typer(help="Manage API tokens.", no_args_is_help=True)
@@ -92,7 +93,6 @@ def token_revoke_cmd(
 def token_list_cmd(data: Path = DataOption, db: str | None = DbOption) -> None:
     """List tokens: id, owner, role, created, expires, revoked (tokens themselves are not
     stored, so they cannot be shown)."""
-    from rich.console import Console
     from rich.table import Table
 
     from rlkit.hub.server.db import list_tokens
@@ -107,4 +107,4 @@ def token_list_cmd(data: Path = DataOption, db: str | None = DbOption) -> None:
             row["expires"] or "never",
             row["revoked"] or "",
         )
-    Console().print(table)
+    make_console().print(table)

@@ -7,10 +7,9 @@ import os
 import sys
 
 import typer
-from rich.console import Console
 
 from rlkit.errors import RunStopped, SystemRequirementError, UsageError
-from rlkit.progress import print_error
+from rlkit.progress import make_console, print_error
 
 app = typer.Typer(
     name="rlkit",
@@ -19,7 +18,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-err_console = Console(stderr=True)
+err_console = make_console(stderr=True)
 
 
 def _register() -> None:

@@ -6,7 +6,8 @@ from enum import StrEnum
 from pathlib import Path
 
 import typer
-from rich.console import Console
+
+from rlkit.progress import make_console
 
 app = typer.Typer(help="Build and inspect models.", no_args_is_help=True)
 
@@ -60,7 +61,7 @@ def init_tiny_cmd(
 
     meta = json.loads((path / "rlkit_model.json").read_text())
     shape = f"{meta['arch']}/{meta['size']}"
-    Console().print(f"wrote {shape} model ({meta['parameters']:,} parameters) to {path}")
+    make_console().print(f"wrote {shape} model ({meta['parameters']:,} parameters) to {path}")
 
 
 @app.command("merge")
@@ -76,4 +77,4 @@ def merge_cmd(
     from rlkit.trainer.lora import adapter_base, merge_adapter
 
     path = merge_adapter(base or adapter_base(adapter), adapter, out)
-    Console().print(f"wrote merged model to {path}")
+    make_console().print(f"wrote merged model to {path}")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
+
+from rlkit.progress import make_console
 
 app = typer.Typer(help="Look at and audit training runs.", no_args_is_help=True)
 
@@ -23,7 +24,7 @@ def show_cmd(
     from rlkit.runs.show import load_run, summary_lines, write_html
 
     run = load_run(run_dir)
-    console = Console()
+    console = make_console()
     for line in summary_lines(run):
         print_line(console, line)
     if html is not None:

@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from rlkit.ports import SANDBOX_PORT
+from rlkit.progress import make_console
 
 app = typer.Typer(help="Inspect or serve the untrusted-code sandbox.", no_args_is_help=True)
 
@@ -28,7 +28,7 @@ def check_cmd() -> None:
     for finding in findings:
         mark = "[green]yes[/]" if finding.ok else "[bold red]NO[/]"
         table.add_row(finding.name, mark, finding.detail)
-    Console().print(table)
+    make_console().print(table)
     if not all(f.ok for f in findings):
         raise typer.Exit(1)
 

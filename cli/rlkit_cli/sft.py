@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 import typer
-from rich.console import Console
+
+from rlkit.progress import make_console
 
 
 def sft(
@@ -32,7 +33,7 @@ def sft(
     overrides = list(ctx.args)
     cfg = load_config(SFTConfig, config, overrides)  # validate before anything starts
     if dry_run:
-        Console().print(dump_toml(cfg), markup=False)
+        make_console().print(dump_toml(cfg), markup=False)
         return
     resume_arg = "latest" if resume and not cfg.ckpt.resume else None
     RunLayout(cfg.run_dir).create()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
 
 from rlkit.launch.roles import Role
+from rlkit.progress import make_console
 
 
 def train(
@@ -34,7 +34,7 @@ def train(
     from rlkit.launch.config import RLJobConfig, check_role
     from rlkit.launch.resume import interrupted_line, resumed_config
 
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     if resume:  # the run's saved config; the overrides change it
         cfg, changes = resumed_config(config, list(ctx.args))
         for line in changes:
@@ -65,7 +65,7 @@ def train(
     evals = result.get("eval") or {}
     if len(evals) >= 2:
         first, last = min(evals), max(evals)
-        console = Console()
+        console = make_console()
         for env_id in evals[last]:
             before = evals[first][env_id]["reward_mean"]
             after = evals[last][env_id]["reward_mean"]

@@ -23,7 +23,7 @@ from rlkit.launch.slurm_config import SlurmConfig
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list, run_token_file
 from rlkit.orchestrator.loggers import check_sinks
 from rlkit.orchestrator.source import load_environments, max_rollout_tokens
-from rlkit.progress import phase, print_line
+from rlkit.progress import make_console, phase, print_line
 from rlkit.protocol.credentials import read_token
 from rlkit.sim.config import SimConfig
 from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig, TrainerSettings
@@ -166,7 +166,7 @@ def check_environments(config: RLJobConfig) -> dict[str, Any]:
     config.sandbox.apply()
     envs = load_environments(config.env)
     max_rollout_tokens(envs, config.orchestrator)
-    fit_prompts(config, envs, Console(stderr=True))
+    fit_prompts(config, envs, make_console(stderr=True))
     return envs
 
 

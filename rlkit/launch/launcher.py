@@ -45,7 +45,7 @@ from rlkit.lifetime import die_with_parent_preexec, stop_process_group
 from rlkit.orchestrator.config import run_token, run_token_file
 from rlkit.orchestrator.loop import Orchestrator
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
-from rlkit.progress import phase, print_line
+from rlkit.progress import make_console, phase, print_line
 from rlkit.protocol import handoff
 from rlkit.protocol.credentials import TOKEN_FILE_ENV, read_token
 from rlkit.protocol.layout import RunLayout
@@ -334,7 +334,7 @@ def run_train(
 ) -> dict[str, Any]:
     """Run `role` of the training job described by `cfg` (see the module docstring)."""
     role = Role(role)
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     run_dir = Path(cfg.log.run_dir)
     if resume and role in (Role.ALL, Role.ORCHESTRATOR) and (done := finished_line(cfg)):
         print_line(console, done)  # before anything starts: no server, no eval, no record

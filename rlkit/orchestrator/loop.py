@@ -50,6 +50,7 @@ from rlkit.orchestrator.source import (
 )
 from rlkit.orchestrator.state import save_state
 from rlkit.orchestrator.watchdog import NoSignalWatchdog, watchdog_limits
+from rlkit.progress import make_console
 from rlkit.protocol import handoff
 from rlkit.protocol.batch import write_batch
 from rlkit.protocol.layout import RunLayout
@@ -236,7 +237,7 @@ class Orchestrator:
         console: Console | None = None,
     ) -> Orchestrator:
         """Wire the run: `state` is the saved orchestrator state when resuming at `start_step`."""
-        console = console or Console(stderr=True)
+        console = console or make_console(stderr=True)
         o = cfg.orchestrator
         RunLayout(cfg.log.run_dir).create()
         cfg.sandbox.apply()

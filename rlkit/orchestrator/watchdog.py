@@ -18,6 +18,7 @@ from rich.console import Console
 from rlkit.errors import RunStopped
 from rlkit.orchestrator.config import OrchestratorConfig
 from rlkit.orchestrator.scheduler import scheduler_class
+from rlkit.progress import make_console
 
 
 class NoSignalError(RunStopped):
@@ -38,7 +39,7 @@ class NoSignalWatchdog:
     def __init__(self, warn_groups: int, stop_groups: int, console: Console | None = None) -> None:
         self.warn_groups = warn_groups
         self.stop_groups = stop_groups
-        self.console = console or Console(stderr=True)
+        self.console = console or make_console(stderr=True)
         self.streak = 0
         self.equal: dict[str, Counter[float]] = defaultdict(Counter)  # env -> reward values
         self.errored: dict[str, list[str]] = defaultdict(list)  # env -> first errors

@@ -22,9 +22,8 @@ import logging
 import os
 import weakref
 
-from rich.console import Console
-
 from rlkit.errors import SystemRequirementError
+from rlkit.progress import make_console
 from rlkit.sandbox.backends import Backend, backend_class
 from rlkit.sandbox.client import SandboxClient
 from rlkit.sandbox.launch import Mounts
@@ -147,7 +146,7 @@ def warn_unsafe(name: str) -> None:
         "with NO filesystem, network or process isolation (rlimits and timeouts at most)"
     )
     logger.warning(message)
-    Console(stderr=True).print(f"[bold red]WARNING:[/] {message}", highlight=False)
+    make_console(stderr=True).print(f"[bold red]WARNING:[/] {message}", highlight=False)
 
 
 def require() -> Backend | None:

@@ -15,12 +15,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-
 from rlkit.config import load_config
 from rlkit.errors import UsageError
 from rlkit.lifetime import die_with_parent
-from rlkit.progress import print_error
+from rlkit.progress import make_console, print_error
 from rlkit.protocol.batch import MalformedBatchError
 
 
@@ -122,10 +120,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(args.mode, args.config, overrides, args.resume)
     except UsageError as exc:
-        print_error(Console(stderr=True), exc)
+        print_error(make_console(stderr=True), exc)
         sys.exit(2)
     except (MalformedBatchError, TimeoutError) as exc:
-        print_error(Console(stderr=True), exc)
+        print_error(make_console(stderr=True), exc)
         sys.exit(1)
 
 

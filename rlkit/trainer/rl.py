@@ -15,9 +15,8 @@ import os
 import time
 from pathlib import Path
 
-from rich.console import Console
-
 from rlkit.errors import UsageError
+from rlkit.progress import make_console
 from rlkit.protocol import handoff
 from rlkit.protocol.batch import TrainBatch, read_batch
 from rlkit.protocol.credentials import token_from_env
@@ -33,7 +32,7 @@ from rlkit.trainer.trainer import Trainer
 from rlkit.weights import TransportSettings, WeightTransport, transport_class
 from rlkit.weights.filesystem import Filesystem
 
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 
 def split_mini_batches(seqs: list[TokenSequence], n: int) -> list[list[TokenSequence]]:

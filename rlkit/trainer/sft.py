@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import Tensor
 
 from rlkit.errors import UsageError
+from rlkit.progress import make_console
 from rlkit.protocol.layout import RunLayout
 from rlkit.trainer import dist
 from rlkit.trainer.config import SFTConfig, SFTDataConfig
@@ -26,7 +26,7 @@ from rlkit.trainer.metrics_log import MetricsLog
 from rlkit.trainer.packing import MicroBatch, TokenSequence
 from rlkit.trainer.trainer import Trainer
 
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 
 def load_rows(cfg: SFTDataConfig) -> list[dict[str, Any]]:

@@ -46,10 +46,10 @@ from typing import ClassVar, TypeVar
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
-from rich.console import Console
 from rich.markup import escape
 
 from rlkit.errors import InferenceError
+from rlkit.progress import make_console
 from rlkit.protocol.credentials import rendezvous_secret, sign
 from rlkit.protocol.weights import Named, PublishedVersion, TensorEntry, aligned
 from rlkit.weights.filesystem import load_files, outcome_of, write_files
@@ -65,7 +65,7 @@ from rlkit.weights.transport import (
 
 HEARTBEAT_S = 0.2  # receivers' heartbeat period; a peer silent for several of them is dead
 FILES_DIR = "files"  # the filesystem copy of a broadcast version, inside its directory
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 
 class BroadcastError(RuntimeError):

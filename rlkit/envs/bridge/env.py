@@ -26,6 +26,7 @@ from rlkit.envs.environment import Environment
 from rlkit.envs.rollout import Rollout, Turn
 from rlkit.errors import UsageError
 from rlkit.inference import InferenceClient
+from rlkit.progress import make_console, print_line
 
 ROWS_PER_REQUEST = 500
 MAX_FAILOVERS = 3  # times one rollout moves to another server of the pool
@@ -186,8 +187,4 @@ class BridgeEnv(Environment):
 
 
 def _note(message: str) -> None:
-    from rich.console import Console
-
-    from rlkit.progress import print_line
-
-    print_line(Console(stderr=True), message, style="dim")
+    print_line(make_console(stderr=True), message, style="dim")
