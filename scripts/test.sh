@@ -12,6 +12,9 @@ cd "$(dirname "$0")/.."
 # session vLLM servers (conftest.py). The full suite hands out whole files (`loadfile`): a file's
 # module fixtures (shared reference runs) stay on one worker.
 select=(-n auto --maxprocesses 4 --dist loadfile)
+if command -v nvidia-smi > /dev/null; then
+  select=()  # one GPU: every server takes a fifth of its memory; two workers' servers would not fit
+fi
 if [ "${1:-}" = --fast ]; then
   shift
   select=(-m "not slow and not venv and not system" -n auto)
