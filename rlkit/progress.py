@@ -17,8 +17,9 @@ from rich.text import Text
 
 
 def make_console(stderr: bool = False) -> Console:
-    """The CLI's console: on a terminal it wraps to the window; piped or logged, every message
-    stays on its own line (a long path is not broken where a script or a reader copies it)."""
+    """rlkit's console (CLI, launcher, trainer, orchestrator): on a terminal it wraps to the
+    window; piped or logged, every message stays on its own line (a long path is not broken
+    where a script or a reader copies it)."""
     console = Console(stderr=stderr)
     console.soft_wrap = not console.is_terminal
     return console

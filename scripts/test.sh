@@ -8,9 +8,9 @@
 # Further arguments go to pytest, e.g. `bash scripts/test.sh --fast -k sandbox`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Both tiers spread over the cores (pytest-xdist), at most 4 workers: each worker starts its own
-# session vLLM servers (conftest.py). The full suite hands out whole files (`loadfile`): a file's
-# module fixtures (shared reference runs) stay on one worker.
+# Both tiers spread over the cores (pytest-xdist). The full suite uses at most 4 workers (each
+# starts its own session vLLM servers, conftest.py) and hands out whole files (`loadfile`): a
+# file's module fixtures (shared reference runs) stay on one worker.
 select=(-n auto --maxprocesses 4 --dist loadfile)
 if command -v nvidia-smi > /dev/null; then
   select=()  # one GPU: every server takes a fifth of its memory; two workers' servers would not fit
