@@ -7,25 +7,28 @@ credential raises SandboxUnavailable, and a service that is unreachable, dies mi
 stays busy past the caller's wait gives a `sandbox_error` result (the infrastructure failed,
 not the program), so a rollout errors and the run goes on instead of hanging. A 429 is retried
 after its Retry-After until `max_queue_s` has passed.
+
+The transport is aiohttp, as for the inference client: httpx's own overhead was most of a warm
+request's HTTP time (`bench_sandbox_service.py`, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-import weakref
 from typing import Any
 
-import httpx
+import aiohttp
 
 from rlkit.errors import SystemRequirementError
+from rlkit.inference.client import env_proxy
 from rlkit.protocol.credentials import read_token
 from rlkit.sandbox.result import SandboxResult
 from rlkit.sandbox.wire import DEFAULT_MAX_QUEUE_S, encode_files
 
 # Beyond a request's own timeout and queue wait: start, transfer and a loaded host.
 RESPONSE_SLACK_S = 30.0
-MAX_CONNECTIONS = 256
 
 
 class ServiceError(Exception):
@@ -37,56 +40,59 @@ class ServiceRefused(SystemRequirementError):
 
 
 class SandboxClient:
-    """Talks to one service; one HTTP connection pool per event loop."""
+    """Talks to one service."""
 
     def __init__(self, url: str, token_file: str, max_queue_s: float = DEFAULT_MAX_QUEUE_S):
         self.url = url.rstrip("/")
-        self.token = read_token(token_file)
+        self._headers = {"Authorization": f"Bearer {read_token(token_file)}"}
         self.max_queue_s = max_queue_s
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._proxy = env_proxy(self.url)
 
-    def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        if loop not in self._clients:
-            self._clients[loop] = httpx.AsyncClient(
-                base_url=self.url,
-                headers={"Authorization": f"Bearer {self.token}"},
-                limits=httpx.Limits(max_connections=MAX_CONNECTIONS),
-            )
-        return self._clients[loop]
+    async def _send(
+        self,
+        http: aiohttp.ClientSession,
+        method: str,
+        path: str,
+        body: dict | None,
+        timeout: aiohttp.ClientTimeout,
+    ) -> tuple[int, str, bytes]:
+        """One HTTP exchange: status, Retry-After and the whole body."""
+        try:
+            async with http.request(method, self.url + path, json=body, timeout=timeout) as answer:
+                return answer.status, answer.headers.get("retry-after", "1"), await answer.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise ServiceError(f"sandbox service {self.url}: {type(exc).__name__}: {exc}") from None
 
     async def call(self, method: str, path: str, body: dict | None, work_s: float) -> Any:
         """One request, 429s retried until the caller's queue wait is spent."""
         deadline = time.monotonic() + self.max_queue_s
-        timeout = httpx.Timeout(work_s + self.max_queue_s + RESPONSE_SLACK_S, connect=10.0)
-        while True:
-            try:
-                response = await self._client().request(method, path, json=body, timeout=timeout)
-            except httpx.HTTPError as exc:
-                raise ServiceError(
-                    f"sandbox service {self.url}: {type(exc).__name__}: {exc}"
-                ) from None
-            if response.status_code == 429:
-                wait = float(response.headers.get("retry-after", "1"))
+        timeout = aiohttp.ClientTimeout(
+            total=work_s + self.max_queue_s + RESPONSE_SLACK_S, sock_connect=10.0
+        )
+        # a session (and connection) per call: callers run sandboxes from short-lived event
+        # loops too (`asyncio.run` per grading call), which a kept session would outlive
+        async with aiohttp.ClientSession(headers=self._headers, proxy=self._proxy) as http:
+            while True:
+                status, retry_after, content = await self._send(http, method, path, body, timeout)
+                if status != 429:
+                    break
+                wait = float(retry_after)
                 if time.monotonic() + wait > deadline:
                     raise ServiceError(f"sandbox service {self.url} busy past {self.max_queue_s}s")
                 await asyncio.sleep(wait)
-                continue
-            try:
-                answer = response.json()
-            except ValueError:
-                answer = {"error": response.text[:500]}
-            if response.status_code in (401, 403):
-                raise ServiceRefused(f"sandbox service {self.url}: {answer.get('error')}")
-            if response.status_code in (400, 413):
-                raise ValueError(f"sandbox service: {answer.get('error')}")
-            if response.status_code == 404:
-                raise KeyError(answer.get("error"))
-            if response.status_code != 200:
-                raise ServiceError(f"sandbox service {self.url}: HTTP {response.status_code}")
-            return answer
+        try:
+            answer = json.loads(content)
+        except ValueError:
+            answer = {"error": content[:500].decode(errors="replace")}
+        if status in (401, 403):
+            raise ServiceRefused(f"sandbox service {self.url}: {answer.get('error')}")
+        if status in (400, 413):
+            raise ValueError(f"sandbox service: {answer.get('error')}")
+        if status == 404:
+            raise KeyError(answer.get("error"))
+        if status != 200:
+            raise ServiceError(f"sandbox service {self.url}: HTTP {status}")
+        return answer
 
     async def run(
         self,
@@ -110,8 +116,3 @@ class SandboxClient:
             return SandboxResult.model_validate(await self.call("POST", "/run", body, timeout))
         except ServiceError as exc:
             return SandboxResult(status="sandbox_error", stderr=str(exc))
-
-    async def aclose(self) -> None:
-        client = self._clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.aclose()

@@ -142,7 +142,15 @@ def finish(end: str, code: int) -> None:
         os._exit(code)
 
 
+def warm_up() -> None:
+    """Pay this interpreter's one-time costs before the request arrives: its first `compile`
+    takes ~2.5 ms (ten times a later one), its first JSON parse some more."""
+    compile("pass", PROGRAM, "exec")
+    json.loads('{"warm": [1, "up"]}')
+
+
 def main() -> None:
+    warm_up()
     os.write(1, READY)
     request = read_request()
     apply_limits(request)

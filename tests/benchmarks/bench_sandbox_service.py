@@ -5,6 +5,10 @@ One run, side by side, the same small program (sum of 1,000 numbers from stdin):
   with no warm pool (`--pool-size 0`: every request a cold start) and with one (warm: requests
   spaced so the pool refills), and the program itself run in an already started interpreter
   (what a warm sandbox cannot avoid);
+- where a warm request's time goes: the warm pool alone (a ready sandbox taken and run in this
+  process, no HTTP) and a bare authenticated HTTP round trip through rlkit's client
+  (`GET /metrics`),
+  both spaced like the warm requests;
 - executions/s at concurrency 1, 8 and 64 (in-process with its concurrency set to the same);
 - a burst of 1,000 concurrent requests at a service with 8 slots and a 256-request queue:
   every one answered (result or 429), the service's memory before and after.
@@ -30,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from rlkit import sandbox  # noqa: E402
 from rlkit.sandbox import runner  # noqa: E402
+from rlkit.sandbox.client import SandboxClient  # noqa: E402
+from rlkit.sandbox.pool import Profile, WarmPool  # noqa: E402
 from tests.helpers.sandbox_service import Service, sandbox_service  # noqa: E402
 
 PROGRAM = "import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))"
@@ -63,6 +69,42 @@ async def throughput(requests: int, concurrency: int) -> float:
     start = time.perf_counter()
     await asyncio.gather(*[limited() for _ in range(requests)])
     return requests / (time.perf_counter() - start)
+
+
+async def pool_warm(runs: int, gap: float) -> float:
+    """p50 seconds of a ready sandbox of a warm pool taken and run here: the service's work for
+    a warm request without HTTP."""
+    pool = WarmPool(Profile(timeout=30.0, memory_mb=1024), 1, runner.active_backend())
+    pool.fill()
+    times = []
+    try:
+        for _ in range(runs):
+            while not pool.ready:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(gap)
+            start = time.perf_counter()
+            sandbox = await pool.take()
+            assert sandbox is not None
+            result = await sandbox.run(PROGRAM, "python", STDIN, {}, runner.limits(10.0, 512), 4096)
+            times.append(time.perf_counter() - start)
+            assert result.stdout.strip() == EXPECTED, result
+            pool.fill()
+    finally:
+        await pool.close()
+    return statistics.median(times)
+
+
+async def http_round_trip(svc: Service, runs: int, gap: float) -> float:
+    """p50 seconds of an authenticated `GET /metrics` through rlkit's client: what HTTP alone
+    costs a request."""
+    client = SandboxClient(svc.url, str(svc.token_file))
+    times = []
+    for _ in range(runs):
+        await asyncio.sleep(gap)
+        start = time.perf_counter()
+        await client.call("GET", "/metrics", None, 1.0)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def code_itself(runs: int) -> float:
@@ -136,15 +178,18 @@ async def main(runs: int, requests: int) -> dict:
         await asyncio.sleep(3.0)  # the pool fills
         await one()
         p50["service_warm"] = await sequential(runs, gap=0.3)
+        p50["http_round_trip"] = await http_round_trip(warm, runs, gap=0.3)
         for level in levels:
             rate["service"][level] = await throughput(requests, level)
         metrics = warm.metrics()
         use(None)
     with sandbox_service(folder / "burst", "--concurrency", "8", "--queue", "256") as svc:
         out["burst"] = await burst(svc, 1000)
+    p50["pool_warm"] = await pool_warm(runs, gap=0.3)
     p50["code_itself"] = code_itself(runs)
     out["p50_ms"] = {k: round(v * 1000, 2) for k, v in p50.items()}
     out["warm_added_ms_over_code"] = round((p50["service_warm"] - p50["code_itself"]) * 1000, 2)
+    out["pool_warm_added_ms_over_code"] = round((p50["pool_warm"] - p50["code_itself"]) * 1000, 2)
     out["cold_over_warm"] = round(p50["service_cold"] / p50["service_warm"], 2)
     out["in_process_over_warm"] = round(p50["in_process"] / p50["service_warm"], 2)
     out["executions_per_s"] = {
