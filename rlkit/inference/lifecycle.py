@@ -7,9 +7,11 @@ whose tail is included in any start-up error.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,6 +198,7 @@ class ServerProcess:
     log_path: Path
     token_file: Path
     _log_file: object = field(default=None, repr=False)
+    _rpc_dir: Path | None = field(default=None, repr=False)
 
     @property
     def token(self) -> str:
@@ -247,6 +250,8 @@ class ServerProcess:
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the server's whole process group (`rlkit.lifetime.stop_process_group`)."""
         stop_process_group(self.process, timeout)
+        if self._rpc_dir is not None:  # what a killed engine could not remove itself
+            shutil.rmtree(self._rpc_dir, ignore_errors=True)
         if self._log_file is not None:
             self._log_file.close()  # type: ignore[attr-defined]
             self._log_file = None
@@ -283,11 +288,19 @@ def start_server(
     ensure_token_file(token_file)
     log_file = open(log_path, "ab")
     security = security_args(weights_roots, tenants_dir, max_update_s)
+    server_vars = {**server_env(), **(env or {}), TOKEN_FILE_ENV: str(token_file.resolve())}
+    # vLLM's processes talk over UNIX sockets it names in VLLM_RPC_BASE_PATH (the temporary
+    # folder itself by default): a folder of this server's own, removed by `stop`, so an engine
+    # that was killed leaves none behind
+    rpc_dir = None
+    if "VLLM_RPC_BASE_PATH" not in server_vars:
+        rpc_dir = Path(tempfile.mkdtemp(prefix="rlkit-vllm-rpc-"))
+        server_vars["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
     proc = subprocess.Popen(
         server_command(model, host, port, [*security, *(extra_args or [])]),
         stdout=log_file,
         stderr=subprocess.STDOUT,
-        env={**server_env(), **(env or {}), TOKEN_FILE_ENV: str(token_file.resolve())},
+        env=server_vars,
         start_new_session=True,
         preexec_fn=die_with_parent_preexec(),
     )
@@ -297,4 +310,5 @@ def start_server(
         log_path=log_path,
         token_file=token_file,
         _log_file=log_file,
+        _rpc_dir=rpc_dir,
     )

@@ -60,7 +60,8 @@ def hf_logprobs(model_dir: Path, prompt: list[int], completion: list[int]) -> li
 def test_engine_processes_are_forked_when_asked(tiny_model_dir: Path, tmp_path: Path) -> None:
     """`VLLM_WORKER_MULTIPROC_METHOD=fork` on CPU: the engine core and its worker are forks of
     the server (no fresh interpreter importing vLLM and torch again), which vLLM's CPU platform
-    would otherwise replace by spawn; and it still serves."""
+    would otherwise replace by spawn; and it still serves. Its processes' UNIX sockets live in
+    a folder of the server's own, gone once it is stopped, even after a SIGKILL."""
     env = {**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": "fork"}
     server = start_server(
         str(tiny_model_dir),
@@ -80,8 +81,12 @@ def test_engine_processes_are_forked_when_asked(tiny_model_dir: Path, tmp_path: 
         assert all(Path(f"/proc/{p}/auxv").read_bytes() == auxv for p in engine), names
         gen = asyncio.run(complete(server, str(tiny_model_dir)))
         assert len(gen.completion_token_ids) == 4
+        rpc_dir = server._rpc_dir
+        assert rpc_dir is not None and any(p.is_socket() for p in rpc_dir.iterdir())
+        os.killpg(pid, signal.SIGKILL)  # what a kill test does: vLLM cleans up nothing
     finally:
         server.stop()
+    assert not rpc_dir.exists()
 
 
 async def complete(server: ServerProcess, model: str):
