@@ -156,8 +156,7 @@ def use(svc: Service | None) -> None:
         runner.configure(url=svc.url, token_file=str(svc.token_file))
 
 
-async def main(runs: int, requests: int) -> dict:
-    folder = Path(tempfile.mkdtemp(prefix="bench-sandbox-service-"))
+async def main(folder: Path, runs: int, requests: int) -> dict:
     levels = (1, 8, 64)
     out: dict = {"runs": runs, "requests_per_level": requests}
     await one()  # the sandbox's self-test and interpreter paths, once
@@ -208,4 +207,5 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--requests", type=int, default=96)
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.runs, args.requests))))
+    with tempfile.TemporaryDirectory(prefix="bench-sandbox-service-") as folder:
+        print(json.dumps(asyncio.run(main(Path(folder), args.runs, args.requests))))
