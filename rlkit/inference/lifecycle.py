@@ -198,7 +198,7 @@ class ServerProcess:
     log_path: Path
     token_file: Path
     _log_file: object = field(default=None, repr=False)
-    _rpc_dir: Path | None = field(default=None, repr=False)
+    rpc_dir: Path | None = field(default=None, repr=False)  # its vLLM sockets, when rlkit chose
 
     @property
     def token(self) -> str:
@@ -250,8 +250,8 @@ class ServerProcess:
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the server's whole process group (`rlkit.lifetime.stop_process_group`)."""
         stop_process_group(self.process, timeout)
-        if self._rpc_dir is not None:  # what a killed engine could not remove itself
-            shutil.rmtree(self._rpc_dir, ignore_errors=True)
+        if self.rpc_dir is not None:  # what a killed engine could not remove itself
+            shutil.rmtree(self.rpc_dir, ignore_errors=True)
         if self._log_file is not None:
             self._log_file.close()  # type: ignore[attr-defined]
             self._log_file = None
@@ -310,5 +310,5 @@ def start_server(
         log_path=log_path,
         token_file=token_file,
         _log_file=log_file,
-        _rpc_dir=rpc_dir,
+        rpc_dir=rpc_dir,
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import weakref
 from typing import Any
 
 import aiohttp
@@ -29,6 +30,7 @@ from rlkit.sandbox.wire import DEFAULT_MAX_QUEUE_S, encode_files
 
 # Beyond a request's own timeout and queue wait: start, transfer and a loaded host.
 RESPONSE_SLACK_S = 30.0
+MAX_CONNECTIONS = 256  # open at once per event loop (a burst of rollouts stays under the fd limit)
 
 
 class ServiceError(Exception):
@@ -47,6 +49,9 @@ class SandboxClient:
         self._headers = {"Authorization": f"Bearer {read_token(token_file)}"}
         self.max_queue_s = max_queue_s
         self._proxy = env_proxy(self.url)
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
 
     async def _send(
         self,
@@ -71,7 +76,10 @@ class SandboxClient:
         )
         # a session (and connection) per call: callers run sandboxes from short-lived event
         # loops too (`asyncio.run` per grading call), which a kept session would outlive
-        async with aiohttp.ClientSession(headers=self._headers, proxy=self._proxy) as http:
+        slots = self._slots.setdefault(
+            asyncio.get_running_loop(), asyncio.Semaphore(MAX_CONNECTIONS)
+        )
+        async with slots, aiohttp.ClientSession(headers=self._headers, proxy=self._proxy) as http:
             while True:
                 status, retry_after, content = await self._send(http, method, path, body, timeout)
                 if status != 429:

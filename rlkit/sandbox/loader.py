@@ -144,7 +144,7 @@ def finish(end: str, code: int) -> None:
 
 def warm_up() -> None:
     """Pay this interpreter's one-time costs before the request arrives: its first `compile`
-    takes ~2.5 ms (ten times a later one), its first JSON parse some more."""
+    and its first JSON parse cost far more than later ones (docs/benchmarks.md)."""
     compile("pass", PROGRAM, "exec")
     json.loads('{"warm": [1, "up"]}')
 

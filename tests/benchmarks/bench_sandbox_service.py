@@ -7,8 +7,7 @@ One run, side by side, the same small program (sum of 1,000 numbers from stdin):
   (what a warm sandbox cannot avoid);
 - where a warm request's time goes: the warm pool alone (a ready sandbox taken and run in this
   process, no HTTP) and a bare authenticated HTTP round trip through rlkit's client
-  (`GET /metrics`),
-  both spaced like the warm requests;
+  (`GET /metrics`), both spaced like the warm requests;
 - executions/s at concurrency 1, 8 and 64 (in-process with its concurrency set to the same);
 - a burst of 1,000 concurrent requests at a service with 8 slots and a 256-request queue:
   every one answered (result or 429), the service's memory before and after.

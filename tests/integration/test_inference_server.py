@@ -81,7 +81,7 @@ def test_engine_processes_are_forked_when_asked(tiny_model_dir: Path, tmp_path: 
         assert all(Path(f"/proc/{p}/auxv").read_bytes() == auxv for p in engine), names
         gen = asyncio.run(complete(server, str(tiny_model_dir)))
         assert len(gen.completion_token_ids) == 4
-        rpc_dir = server._rpc_dir
+        rpc_dir = server.rpc_dir
         assert rpc_dir is not None and any(p.is_socket() for p in rpc_dir.iterdir())
         os.killpg(pid, signal.SIGKILL)  # what a kill test does: vLLM cleans up nothing
     finally:
