@@ -46,7 +46,9 @@ def train_cmd(model: Path, run_dir: Path, *extra: str) -> list[str]:
         run_dir,
         "--ckpt.interval=1",
         "--trainer.weights.keep_last=3",
-        "--trainer.collective_timeout_s=60",  # a lost peer that gloo does not notice at once
+        # a lost peer that gloo does not notice at once is noticed within this; 60 s was too
+        # short for a live peer's export on a loaded machine (a publish barrier timed out)
+        "--trainer.collective_timeout_s=150",
         "--orchestrator.eval.at_end=false",
         *extra,
     )

@@ -11,12 +11,14 @@ import time
 from rlkit.lifetime import group_members, stop_process_group
 
 # The leader starts one child in its own process group and exits at once on SIGTERM; the child
-# needs `delay` seconds to finish after SIGTERM, or ignores it when `delay` is negative.
+# needs `delay` seconds to finish after SIGTERM, or ignores it when `delay` is negative. Each
+# says it is ready (a line on stdout) only once its handler is installed.
 LEADER = """
 import signal, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", sys.argv[1]])
-print(child.pid, flush=True)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE)
+child.stdout.readline()
+print(child.pid, flush=True)
 time.sleep(600)
 """
 CHILD = """
@@ -26,6 +28,7 @@ def slow_exit(*_):
     time.sleep(delay)
     sys.exit(0)
 signal.signal(signal.SIGTERM, signal.SIG_IGN if delay < 0 else slow_exit)
+print("ready", flush=True)
 time.sleep(600)
 """
 
@@ -37,8 +40,9 @@ def start_group(delay: float) -> tuple[subprocess.Popen, int]:
         text=True,
         start_new_session=True,
     )
+    # the leader prints its child's pid once both have installed their handlers (a fixed sleep
+    # was too short on a loaded machine: the child died of SIGTERM before ignoring it)
     child = int(leader.stdout.readline())  # type: ignore[union-attr]
-    time.sleep(0.5)  # both have installed their handlers
     return leader, child
 
 
