@@ -5,7 +5,8 @@ once per session and shared, `rlkit train` runs included (tests/helpers/session_
 engine start less per run); tests that change its weights must restore them, and tests that
 kill, restart or reconfigure a server start their own (`rlkit.inference.start_server`). Under
 pytest-xdist (`scripts/test.sh`) a session is one worker's: each worker has its own models and
-servers, under its own temporary folder.
+servers, under its own temporary folder; the files on the LoRA server share one worker
+(tests/helpers/scheduling.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,16 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # verifiers bridge venvs: built once (per CI run, per checkout) and reused by every test
 os.environ.setdefault("RLKIT_BRIDGE_VENVS", str(Path(__file__).parent / ".cache" / "bridge-venvs"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadgroup` (scripts/test.sh) as whole files plus groups, not single tests."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.helpers.scheduling import FilesAndGroups
+
+    return FilesAndGroups(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,9 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Both tiers spread over the cores (pytest-xdist). The full suite uses at most 4 workers (each
-# starts its own session vLLM servers, conftest.py) and hands out whole files (`loadfile`): a
-# file's module fixtures (shared reference runs) stay on one worker.
-select=(-n auto --maxprocesses 4 --dist loadfile)
+# starts its own session vLLM servers, conftest.py) and hands out whole files: a file's module
+# fixtures (shared reference runs) stay on one worker, and the files marked with one
+# `xdist_group` go to one worker together (`loadgroup`, read as files plus groups by
+# tests/helpers/scheduling.py).
+select=(-n auto --maxprocesses 4 --dist loadgroup)
 if command -v nvidia-smi > /dev/null; then
   select=()  # one GPU: every server takes a fifth of its memory; two workers' servers would not fit
 fi

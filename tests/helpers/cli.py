@@ -55,14 +55,24 @@ def clean_rollouts(output_dir: Path, expected: int) -> list:
 
 # A test's own vLLM server may start while the session's (conftest `vllm_server`) still runs: on
 # one GPU each takes a fifth of its memory, not the default half, which leaves the second too
-# little to start ("Free memory on device ... is less than desired GPU memory utilization").
-TEST_SERVER_ARGS = ["--gpu-memory-utilization", "0.2"] if has_cuda() else []
+# little to start ("Free memory on device ... is less than desired GPU memory utilization"). On
+# CPU each keeps a 256 MiB KV cache (rlkit's default is 1 GiB, about 0.77 GB more RSS per
+# engine): both xdist workers' session servers plus two runs' own engines ran the 24 GB CI
+# machine out of memory, and the kernel killed an engine mid-test.
+TEST_SERVER_ARGS = (
+    ["--gpu-memory-utilization", "0.2"] if has_cuda() else ["--kv-cache-memory-bytes", "256M"]
+)
 
 DEMO_CONFIG = ROOT / "examples/tiny-cpu/train.toml"
-# The demo's engine flags plus eager mode: a test run's few steps do not repay torch.compile at
-# every engine start (the demo itself and the server tests run compiled).
+# The demo's engine flags plus eager mode (a test run's few steps do not repay torch.compile at
+# every engine start; the demo itself and the server tests run compiled) and, on CPU, the test
+# servers' small KV cache.
 TEST_ENGINE_ARGS = json.dumps(
-    [*tomllib.loads(DEMO_CONFIG.read_text())["inference"]["extra_args"], "--enforce-eager"]
+    [
+        *tomllib.loads(DEMO_CONFIG.read_text())["inference"]["extra_args"],
+        "--enforce-eager",
+        *([] if has_cuda() else TEST_SERVER_ARGS),
+    ]
 )
 
 

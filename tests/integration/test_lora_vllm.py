@@ -29,6 +29,7 @@ from tests.helpers.published import publish_files
 from tests.helpers.session_server import reset_lora_server
 from tests.helpers.trainer_logprobs import train_a_little, trainer_logprobs
 
+pytestmark = pytest.mark.xdist_group("lora-server")  # tests/helpers/scheduling.py
 SAMPLING = {"max_tokens": 24, "temperature": 1.0, "seed": 0, "ignore_eos": True}
 
 

@@ -29,7 +29,7 @@ from tests.helpers.cli import tiny_train_cmd
 from tests.helpers.session_server import reset_lora_server
 from tests.helpers.train_runs import records, start, wait_for_step
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("lora-server")]
 
 LORA = ["--model.lora.rank=8", "--model.lora.alpha=16"]
 

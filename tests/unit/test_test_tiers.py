@@ -8,9 +8,9 @@ each tier (the session fixture `vllm_server`, `start_server`, `tiny_train_cmd`, 
 launcher, `fresh_venv`, `require_system`, ...). So `roles.train_cmd`, which builds an `rlkit
 train` command through `tiny_train_cmd`, needs `slow` as much as `tiny_train_cmd` itself.
 
-Three layout checks ride along: the benchmark scripts sit outside pytest's test paths, no test
-module imports another (shared code lives in tests/helpers/), and the suite's log (CI's too)
-lists its slowest tests.
+Four layout checks ride along: the benchmark scripts sit outside pytest's test paths, no test
+module imports another (shared code lives in tests/helpers/), the suite's log (CI's too) lists
+its slowest tests, and the files on the session's LoRA server share one xdist worker.
 """
 
 from __future__ import annotations
@@ -313,3 +313,37 @@ def test_no_test_module_imports_another() -> None:
                 if name.rpartition(".")[2].startswith("test_")
             ]
     assert not offenders, "\n".join(offenders)
+
+
+def groups_of(tree: ast.Module) -> set[str]:
+    """The `pytest.mark.xdist_group("NAME")` names in a module's `pytestmark`."""
+    return {
+        sub.args[0].value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets)
+        for sub in ast.walk(node.value)
+        if isinstance(sub, ast.Call)
+        and isinstance(sub.func, ast.Attribute)
+        and sub.func.attr == "xdist_group"
+        and sub.args
+        and isinstance(sub.args[0], ast.Constant)
+    }
+
+
+def test_files_on_the_lora_server_share_one_worker() -> None:
+    """Each xdist worker that runs a test taking `lora_server` keeps its own LoRA engine until
+    the suite ends: those files carry the group that sends them to one worker."""
+    users = []
+    for path in checked_files():
+        tree = ast.parse(path.read_text())
+        takes = any(
+            isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.name.startswith("test_")
+            and "lora_server" in {a.arg for a in node.args.args}
+            for node in tree.body
+        )
+        if takes:
+            users.append(path.relative_to(ROOT))
+            assert "lora-server" in groups_of(tree), f"{path}: no xdist_group('lora-server')"
+    assert len(users) >= 2, users  # the check sees the files it guards
