@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import closing
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,13 +84,13 @@ def check_cmd(
     kwargs = json_object(env_args, "-a/--env-args") or {}
     resolved = resolve_env_id(env_id)
     console.print(resolved.describe(), markup=False, highlight=False, soft_wrap=True)
-    env = load_resolved(resolved, verifiers_version=verifiers_version, **kwargs)
-    with console.status(f"checking {env_id}"):
-        report = check_environment(env, num_rows=num_rows, gold=gold, split=split.value)
-    _print_check(report)
-    fits = True
-    if model is not None:
-        fits = _check_fit(env, report.split, model, max_model_len, max_tokens)
+    with closing(load_resolved(resolved, verifiers_version=verifiers_version, **kwargs)) as env:
+        with console.status(f"checking {env_id}"):
+            report = check_environment(env, num_rows=num_rows, gold=gold, split=split.value)
+        _print_check(report)
+        fits = True
+        if model is not None:
+            fits = _check_fit(env, report.split, model, max_model_len, max_tokens)
     raise typer.Exit(0 if report.ok and fits else 1)
 
 
@@ -218,8 +219,8 @@ def push_cmd(
 
     if not skip_check:
         name, _ = project_metadata(path)
-        with console.status(f"checking {name}"):
-            report = check_environment(load_environment_at(path, name))
+        with console.status(f"checking {name}"), closing(load_environment_at(path, name)) as env:
+            report = check_environment(env)
         _print_check(report)
         if not report.ok:
             console.print("not published: fix the environment or pass --skip-check")

@@ -71,6 +71,11 @@ class Environment:
         self.sampling_defaults: dict[str, Any] = dict(sampling_defaults or {})
         self.version: str | None = None  # set by load_environment from the package metadata
 
+    def close(self) -> None:
+        """Release what the environment holds outside this process (a bridged environment's
+        worker); rlkit's commands call it when they are done with the environment. Safe to call
+        twice; the base environment holds nothing."""
+
     @functools.cached_property
     def dataset(self) -> Dataset | None:
         """The training rows, formatted on first use (`rlkit eval` never formats them)."""

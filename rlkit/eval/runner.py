@@ -39,7 +39,7 @@ import rlkit
 from rlkit.envs import Environment, Rollout
 from rlkit.envs.fit import served_fit
 from rlkit.envs.loader import load_resolved
-from rlkit.envs.resolve import resolve_env_id
+from rlkit.envs.resolve import ResolvedEnv, resolve_env_id
 from rlkit.errors import UsageError
 from rlkit.eval.config import RESULT_FIELDS, EvalConfig
 from rlkit.eval.metrics import summarize
@@ -200,14 +200,15 @@ async def _run_pending(
 async def run_eval_async(
     config: EvalConfig, resume: Path | None = None, console: Console | None = None
 ) -> Path:
-    """Run (or resume) an eval and return its run directory; progress goes to `console`."""
+    """Run (or resume) an eval and return its run directory; progress goes to `console`. The
+    environment is closed when the run ends, however it ends (a bridged one stops its worker)."""
+    store: RunStore | None = None
+    metadata: RunMetadata | None = None
     if resume is not None:
         store = RunStore(Path(resume))
-        metadata: RunMetadata | None = store.read_metadata()
-    else:
-        if not config.env_id:
-            raise UsageError("an environment id is required")
-        metadata = None
+        metadata = store.read_metadata()
+    elif not config.env_id:
+        raise UsageError("an environment id is required")
     if not config.model:
         raise UsageError("a model is required (-m/--model)")
 
@@ -219,6 +220,22 @@ async def run_eval_async(
     config.sandbox.apply()
     resolved = resolve_env_id(config.env_id, install=config.install)
     env = load_resolved(resolved, verifiers_version=config.verifiers_version, **config.env_args)
+    try:
+        return await _evaluate(env, resolved, config, store, metadata, console)
+    finally:
+        env.close()
+
+
+async def _evaluate(
+    env: Environment,
+    resolved: ResolvedEnv,
+    config: EvalConfig,
+    store: RunStore | None,
+    metadata: RunMetadata | None,
+    console: Console | None,
+) -> Path:
+    """The eval on a loaded environment: a new run when `metadata` is None, else the pending
+    rollouts of the run in `store`."""
     config, package_sampling = apply_package_defaults(config, *package_eval_defaults(resolved))
     rows = [dict(row) for row in env.get_eval_dataset(config.num_examples)]
     sampling = config.sampling_args(env.sampling_defaults, package_sampling)
@@ -230,7 +247,8 @@ async def run_eval_async(
         api_key = read_token(config.token_file)
     await check_endpoint(config, api_key)
 
-    if metadata is None:
+    resuming = store is not None and metadata is not None
+    if store is None or metadata is None:
         store = RunStore(new_run_dir(config))
         metadata = RunMetadata(
             env_id=config.env_id,
@@ -248,7 +266,7 @@ async def run_eval_async(
     metadata.config = config.model_dump(mode="json")
     metadata.summary = None
     store.write_metadata(metadata)
-    results = store.compact() if resume is not None else []
+    results = store.compact() if resuming else []
     pending = pending_keys(results, len(rows), config.rollouts_per_example)
     if console is not None:
         if len(rows) < config.num_examples:

@@ -103,3 +103,20 @@ def demo_config(*overrides: str):
     from rlkit.launch.config import RLJobConfig
 
     return load_config(RLJobConfig, ROOT / "examples/tiny-cpu/train.toml", list(overrides))
+
+
+def bridge_workers() -> list[int]:
+    """The pids of this process's bridge workers still running: a command that loaded a
+    verifiers environment must have closed it (each worker holds ~230 MB until it is)."""
+    import psutil
+
+    from rlkit.envs.bridge.process import WORKER_SCRIPT
+
+    running = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if str(WORKER_SCRIPT) in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                running.append(child.pid)
+        except psutil.Error:  # it ended meanwhile
+            continue
+    return running

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import clean_rollouts, only_run_dir, run_cli
+from tests.helpers.cli import bridge_workers, clean_rollouts, only_run_dir, run_cli
 from tests.helpers.fake_openai import FakeOpenAIServer
 from tests.helpers.scripted_replies import calculator
 
@@ -91,6 +91,7 @@ def test_verifiers_envs_run_through_rlkit_eval(
         assert [m["role"] for m in rollouts[0].completion] == ["assistant", "tool", "assistant"]
         assert rollouts[0].completion[0]["tool_calls"][0]["function"]["name"] == "add"
     assert "verifiers" not in sys.modules  # rlkit's process never imports it
+    assert bridge_workers() == []  # the eval closed its environment: no worker outlives it
 
 
 def test_verifiers_version_override_and_no_fit(monkeypatch, capsys, tmp_path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import bridge_workers, run_cli
 
 pytestmark = pytest.mark.venv
 
@@ -36,6 +36,7 @@ def test_env_check_passes_with_gold_on_bridged_envs(monkeypatch, capsys, args) -
     for kind in ("gold", "empty", "garbage"):
         assert f"{kind}: 3/3 as expected" in text, text
     assert text.rstrip().endswith("OK")
+    assert bridge_workers() == []  # the check closed the environment it loaded
 
 
 def test_env_check_fails_on_a_broken_bridged_env(monkeypatch, capsys) -> None:
