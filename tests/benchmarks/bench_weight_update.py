@@ -21,6 +21,14 @@ transfer: `broadcast_setup_s_first` (the first update: the group is created),
 `broadcast_transfer_s` (their median bucket transfer, up to every worker's confirmation). Prints
 one JSON line: per size and transport the median seconds, the worker's split, and the ratios to
 filesystem and to the raw copy.
+
+    python tests/benchmarks/bench_weight_update.py --base REF [--rounds 2] [--sizes tiny,small]
+
+Old code against new in one run: this script as it is at REF (extracted with `git archive`, its
+own rlkit, server included) and in this checkout, each in a process of its own, interleaved for
+`--rounds` rounds. Compared is what every version of the script times: the server's delivery of
+a version published as files (`filesystem.deliver_s`; `filesystem_s` in scripts before the
+transports, which timed the update call alone). `--sizes` must be ones REF's script knows.
 """
 
 from __future__ import annotations
@@ -28,7 +36,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +53,7 @@ from rlkit.protocol import handoff
 from rlkit.protocol.weights import PublishedVersion, iter_safetensors, tensor_table
 from rlkit.weights import TransportSettings, transport_class
 
+ROOT = Path(__file__).resolve().parents[2]
 TRANSPORTS = ("filesystem", "broadcast", "ipc")
 SIZES = "tiny,small,qwen3-0.6b"
 
@@ -167,14 +179,73 @@ def measure(size: str, root: Path, repeats: int) -> dict[str, object]:
 def rounded(value: object) -> object:
     if isinstance(value, dict):
         return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
     return round(value, 4) if isinstance(value, float) else value
 
 
+def run_tree(tree: Path, repeats: int, sizes: str) -> dict:
+    """This benchmark's JSON line from the script and code of `tree`, in a process of its own."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(tree / "cli")])}
+    script = tree / "tests" / "benchmarks" / "bench_weight_update.py"
+    args = ["--repeats", str(repeats), "--sizes", sizes]
+    done = subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=tree,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def files_deliver_s(size_result: dict) -> float:
+    """The server's delivery of a files version, in any version of this script's output."""
+    if "filesystem" in size_result:
+        return size_result["filesystem"]["deliver_s"]
+    return size_result["filesystem_s"]
+
+
+def compare(base_ref: str, rounds: int, repeats: int, sizes: str) -> dict[str, object]:
+    """Old (`base_ref`) and new (this checkout) runs, interleaved; new over old per size."""
+    sys.path.insert(0, str(ROOT))
+    from tests.helpers.git_tree import extract
+
+    seconds: dict[str, dict[str, list[float]]] = {
+        size: {"base": [], "new": []} for size in sizes.split(",")
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"base": extract(base_ref, Path(tmp) / "base"), "new": ROOT}
+        for _ in range(rounds):
+            for name, tree in trees.items():
+                result = run_tree(tree, repeats, sizes)
+                for size, per_variant in seconds.items():
+                    per_variant[name].append(files_deliver_s(result[size]))
+    return {
+        "bench": "weight_update_base_vs_new",
+        "base": base_ref,
+        "repeats": repeats,
+        "files_deliver_s": seconds,
+        "new_over_base": {
+            size: statistics.median(v["new"]) / statistics.median(v["base"])
+            for size, v in seconds.items()
+        },
+    }
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sizes", default=SIZES)
+    parser.add_argument("--base", default="", help="git ref whose code runs beside this one")
+    parser.add_argument("--rounds", type=int, default=2, help="with --base: old/new rounds")
     args = parser.parse_args()
+    if args.base:
+        print(json.dumps(rounded(compare(args.base, args.rounds, args.repeats, args.sizes))))
+        return
     out: dict[str, object] = {"bench": "weight_update", "repeats": args.repeats}
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes.split(","):
