@@ -13,7 +13,10 @@ from rlkit.inference import polling
 
 
 @pytest.fixture
-def restore_wait():
+def restore_wait(tmp_path, monkeypatch):
+    # vLLM names its sockets in VLLM_RPC_BASE_PATH (the temporary folder itself by default),
+    # and a closed socket's file stays: the test's go with its folder
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(tmp_path))
     original = SpinCondition.wait
     yield original
     SpinCondition.wait = original
