@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 
 import pytest
@@ -13,32 +15,34 @@ from rlkit.inference import polling
 
 
 @pytest.fixture
-def restore_wait(tmp_path, monkeypatch):
-    # vLLM names its sockets in VLLM_RPC_BASE_PATH (the temporary folder itself by default),
-    # and a closed socket's file stays: the test's go with its folder
-    monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(tmp_path))
+def restore_wait(monkeypatch):
+    # vLLM names its sockets in VLLM_RPC_BASE_PATH (the temporary folder itself by default) and
+    # a closed socket's file stays: the test's go in a folder of its own, removed afterwards.
+    # Not pytest's tmp_path: under xdist its path with a socket name passes the 107 bytes a
+    # UNIX socket's path may have.
+    sockets = tempfile.mkdtemp(prefix="rlkit-zmq-")
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", sockets)
     original = SpinCondition.wait
     yield original
     SpinCondition.wait = original
+    shutil.rmtree(sockets, ignore_errors=True)
 
 
 def reader_wait_s(timeout_ms: int | None = 200) -> float:
     """Seconds a reader that has just read waits for a message that never comes."""
     ctx = zmq.Context()
-    address = get_open_zmq_ipc_path()
-    writer = SpinCondition(is_reader=False, context=ctx, notify_address=address)
-    reader = SpinCondition(is_reader=True, context=ctx, notify_address=address)
     try:
+        address = get_open_zmq_ipc_path()
+        _writer = SpinCondition(is_reader=False, context=ctx, notify_address=address)  # binds it
+        reader = SpinCondition(is_reader=True, context=ctx, notify_address=address)
         reader.record_read()
         t0 = time.monotonic()
         reader.wait(timeout_ms=timeout_ms)
         return time.monotonic() - t0
     finally:
-        for sock in (reader.local_notify_socket, reader.read_cancel_socket):
-            sock.close(0)
-        reader.write_cancel_socket.close(0)
-        writer.local_notify_socket.close(0)
-        ctx.term()
+        # every socket of the context, whatever failed: a context left to the garbage collector
+        # with a socket open blocks the process wherever the collector runs it
+        ctx.destroy(linger=0)
 
 
 def test_vllm_default_spins_and_patch_sleeps(restore_wait, monkeypatch) -> None:
