@@ -20,19 +20,14 @@ import argparse
 import gc
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 
-
-def status_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
+from tests.helpers.bench_children import json_line_of, status_kb  # noqa: E402
 
 
 def child(variant: str, model: str, write: bool) -> None:
@@ -85,14 +80,8 @@ def run_child(variant: str, model: Path, write: list[str], ranks: int) -> dict:
     launch = [sys.executable]
     if ranks > 1:
         launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
-    done = subprocess.run(
-        [*launch, __file__, "--child", variant, "--model", str(model), *write],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    cmd = [*launch, __file__, "--child", variant, "--model", str(model), *write]
+    return json_line_of(cmd, ROOT)
 
 
 def main() -> None:

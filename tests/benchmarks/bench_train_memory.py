@@ -27,25 +27,21 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers.bench_children import json_line_of, status_kb  # noqa: E402
+
 BASELINE = "glibc"
 VARIANTS = {
     "glibc": {},
     "mmap64k": {"MALLOC_MMAP_THRESHOLD_": str(64 * 1024)},
     "mmap4m": {"MALLOC_MMAP_THRESHOLD_": str(4 * 1024 * 1024)},
 }
-
-
-def status_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def child(model: str, steps: int, tokens: int) -> None:
@@ -96,16 +92,9 @@ def rounded_figures(figures: dict) -> dict:
 
 def run_child(variant: str, model: Path, steps: int, tokens: int) -> dict:
     """One variant in a fresh process with its allocator settings."""
-    done = subprocess.run(
-        [sys.executable, __file__, "--child", "--model", str(model)]
-        + ["--steps", str(steps), "--tokens", str(tokens)],
-        cwd=ROOT,
-        env={**os.environ, **VARIANTS[variant]},
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    cmd = [sys.executable, __file__, "--child", "--model", str(model)]
+    cmd += ["--steps", str(steps), "--tokens", str(tokens)]
+    return json_line_of(cmd, ROOT, {**os.environ, **VARIANTS[variant]})
 
 
 def main() -> None:

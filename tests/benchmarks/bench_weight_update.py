@@ -38,7 +38,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,6 +53,10 @@ from rlkit.protocol.weights import PublishedVersion, iter_safetensors, tensor_ta
 from rlkit.weights import TransportSettings, transport_class
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers.bench_children import json_line_of  # noqa: E402
+
 TRANSPORTS = ("filesystem", "broadcast", "ipc")
 SIZES = "tiny,small,qwen3-0.6b"
 
@@ -189,15 +192,7 @@ def run_tree(tree: Path, repeats: int, sizes: str) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(tree / "cli")])}
     script = tree / "tests" / "benchmarks" / "bench_weight_update.py"
     args = ["--repeats", str(repeats), "--sizes", sizes]
-    done = subprocess.run(
-        [sys.executable, str(script), *args],
-        cwd=tree,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json_line_of([sys.executable, str(script), *args], tree, env)
 
 
 def files_deliver_s(size_result: dict) -> float:
@@ -209,7 +204,6 @@ def files_deliver_s(size_result: dict) -> float:
 
 def compare(base_ref: str, rounds: int, repeats: int, sizes: str) -> dict[str, object]:
     """Old (`base_ref`) and new (this checkout) runs, interleaved; new over old per size."""
-    sys.path.insert(0, str(ROOT))
     from tests.helpers.git_tree import extract
 
     seconds: dict[str, dict[str, list[float]]] = {
