@@ -56,9 +56,9 @@ def clean_rollouts(output_dir: Path, expected: int) -> list:
 # A test's own vLLM server may start while the session's (conftest `vllm_server`) still runs: on
 # one GPU each takes a fifth of its memory, not the default half, which leaves the second too
 # little to start ("Free memory on device ... is less than desired GPU memory utilization"). On
-# CPU each keeps a 256 MiB KV cache (rlkit's default is 1 GiB, about 0.77 GB more RSS per
-# engine): both xdist workers' session servers plus two runs' own engines ran the 24 GB CI
-# machine out of memory, and the kernel killed an engine mid-test.
+# CPU each keeps a 256 MiB KV cache, not rlkit's default 1 GiB: both xdist workers' session
+# servers plus two runs' own engines ran the CI machine out of memory, and the kernel killed
+# an engine mid-test.
 TEST_SERVER_ARGS = (
     ["--gpu-memory-utilization", "0.2"] if has_cuda() else ["--kv-cache-memory-bytes", "256M"]
 )
@@ -107,7 +107,7 @@ def demo_config(*overrides: str):
 
 def bridge_workers() -> list[int]:
     """The pids of this process's bridge workers still running: a command that loaded a
-    verifiers environment must have closed it (each worker holds ~230 MB until it is)."""
+    verifiers environment must have closed it (a worker is a whole Python process)."""
     import psutil
 
     from rlkit.envs.bridge.process import WORKER_SCRIPT

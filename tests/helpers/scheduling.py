@@ -3,7 +3,7 @@ does (a file's module fixtures stay on one worker), except that the files marked
 `xdist_group` go to one worker together.
 
 The files on the session's LoRA server (`lora_server`, group "lora-server") share a worker: each
-worker that ran one of them would otherwise keep a LoRA engine of its own, about 2.5 GB of RAM,
+worker that ran one of them would otherwise keep a LoRA engine (three processes) of its own
 until the suite ends (tests/unit/test_test_tiers.py checks the files carry the mark).
 """
 

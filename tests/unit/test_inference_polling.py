@@ -15,16 +15,21 @@ from rlkit.inference import polling
 
 
 @pytest.fixture
-def restore_wait(monkeypatch):
-    # vLLM names its sockets in VLLM_RPC_BASE_PATH (the temporary folder itself by default) and
-    # a closed socket's file stays: the test's go in a folder of its own, removed afterwards.
-    # Not pytest's tmp_path: under xdist its path with a socket name passes the 107 bytes a
-    # UNIX socket's path may have.
-    sockets = tempfile.mkdtemp(prefix="rlkit-zmq-")
-    monkeypatch.setenv("VLLM_RPC_BASE_PATH", sockets)
+def restore_wait():
     original = SpinCondition.wait
     yield original
     SpinCondition.wait = original
+
+
+@pytest.fixture
+def socket_folder(monkeypatch):
+    """vLLM names its sockets in VLLM_RPC_BASE_PATH (the temporary folder itself by default) and
+    a closed socket's file stays: the test's go in a folder of its own, removed afterwards. Not
+    pytest's tmp_path: under xdist its path with a socket name passes the 107 bytes a UNIX
+    socket's path may have."""
+    sockets = tempfile.mkdtemp(prefix="rlkit-zmq-")
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", sockets)
+    yield
     shutil.rmtree(sockets, ignore_errors=True)
 
 
@@ -45,7 +50,7 @@ def reader_wait_s(timeout_ms: int | None = 200) -> float:
         ctx.destroy(linger=0)
 
 
-def test_vllm_default_spins_and_patch_sleeps(restore_wait, monkeypatch) -> None:
+def test_vllm_default_spins_and_patch_sleeps(restore_wait, socket_folder, monkeypatch) -> None:
     # vLLM's own reader returns at once (it spins: sched_yield, then the caller loops) ...
     assert reader_wait_s() < 0.05
     # ... with the window at 0 it sleeps on the notification socket, but wakes to re-read the

@@ -75,6 +75,16 @@ def marks_of(decorators: list[ast.expr]) -> set[str]:
     return found
 
 
+def pytestmarks(tree: ast.Module) -> list[ast.expr]:
+    """What a module assigns to `pytestmark`."""
+    return [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets)
+    ]
+
+
 def names_in(node: ast.AST) -> set[str]:
     """Identifiers, attribute names, `vf-` environment ids and installers that `node` mentions."""
     names = set()
@@ -177,12 +187,7 @@ def missing_marks(source: str, helpers: dict[str, ast.Module] | None = None) -> 
         for node in tree.body
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
     }
-    module_marks: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets
-        ):
-            module_marks |= marks_of([node.value])
+    module_marks = marks_of(pytestmarks(tree))
     autouse = {name for name, func in functions.items() if is_autouse(func)}
 
     problems = []
@@ -319,10 +324,8 @@ def groups_of(tree: ast.Module) -> set[str]:
     """The `pytest.mark.xdist_group("NAME")` names in a module's `pytestmark`."""
     return {
         sub.args[0].value
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets)
-        for sub in ast.walk(node.value)
+        for value in pytestmarks(tree)
+        for sub in ast.walk(value)
         if isinstance(sub, ast.Call)
         and isinstance(sub.func, ast.Attribute)
         and sub.func.attr == "xdist_group"
