@@ -17,6 +17,10 @@ from pathlib import Path
 
 import pytest
 
+# The helpers' asserts show their values on failure, as a test module's do (a bare
+# `AssertionError` from `clean_rollouts` said nothing about which rollout failed or why).
+pytest.register_assert_rewrite("tests.helpers")
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -77,11 +77,15 @@ def _assert_token_turns(rollouts: list, turns: int) -> None:
 def test_verifiers_envs_run_through_rlkit_eval(
     monkeypatch, capsys, tmp_path, env_id, args, turns, reward, metrics
 ) -> None:
+    vllm_args = {"min_tokens": 1, "top_k": 50}  # vLLM's, not OpenAI's: verifiers' client refuses
     with FakeOpenAIServer(responder=calculator) as server:
         code, text, out = _eval(
-            monkeypatch, capsys, tmp_path, server.url, env_id, "-n", "2", "-r", "2", "-a", args
-        )
+            monkeypatch, capsys, tmp_path, server.url, env_id,
+            "-n", "2", "-r", "2", "-a", args, "-S", json.dumps(vllm_args),
+        )  # fmt: skip
     assert code in (0, None), text
+    assert server.requests
+    assert all(body.items() >= vllm_args.items() for body in server.requests)
     rollouts = clean_rollouts(out, expected=4)
     _assert_token_turns(rollouts, turns)
     for rollout in rollouts:

@@ -40,10 +40,12 @@ def test_verifiers_envs_eval_on_vllm(
 ) -> None:
     monkeypatch.setenv("RLKIT_ENV_PATH", ENV_PATH)
     out = tmp_path / "runs"
+    # min_tokens: a random model that samples its end token first returns nothing, and
+    # verifiers 0.3 and later record that as the rollout's error (EmptyModelResponseError)
     code, text = run_cli(
         monkeypatch, capsys, "eval", env_id, "-m", str(tiny_model_dir),
         "-b", f"{vllm_server.url}/v1", "-n", "2", "-r", "2", "-t", "16", "-o", str(out),
-        "--token-file", str(vllm_server.token_file),
+        "--token-file", str(vllm_server.token_file), "-S", '{"min_tokens": 1}',
     )  # fmt: skip
     assert code in (0, None), text
     for rollout in clean_rollouts(out, expected=4):

@@ -16,8 +16,13 @@ import json
 from typing import Any
 
 import verifiers as vf
+from openai.resources.chat.completions import AsyncCompletions
 
 SPLITS = {"train": "dataset", "eval": "eval_dataset"}
+# What the OpenAI client's chat `create()` takes by name (this venv's openai): verifiers passes
+# sampling args to it as keyword arguments, so vLLM's own (`min_tokens`, `top_k`, ...) go in
+# `extra_body`, as a verifiers user writes them.
+OPENAI_CHAT_ARGS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {"self"}
 
 
 def _role(message: Any) -> Any:
@@ -152,7 +157,9 @@ class Shim:
         args.pop("n", None)
         args.update(sampling)
         args["logprobs"] = True
-        args["extra_body"] = {**(args.get("extra_body") or {}), "return_token_ids": True}
+        server_only = {k: args.pop(k) for k in list(args) if k not in OPENAI_CHAT_ARGS}
+        args["extra_body"] = {**(args.get("extra_body") or {}), **server_only}
+        args["extra_body"]["return_token_ids"] = True
         return args
 
     async def rollout(self, row: dict[str, Any], client: Any, model: str, sampling: dict) -> Any:
