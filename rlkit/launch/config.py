@@ -22,7 +22,7 @@ from rlkit.launch.roles import Role
 from rlkit.launch.slurm_config import SlurmConfig
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list, run_token_file
 from rlkit.orchestrator.loggers import check_sinks
-from rlkit.orchestrator.source import load_environments, max_rollout_tokens
+from rlkit.orchestrator.source import close_environments, load_environments, max_rollout_tokens
 from rlkit.progress import make_console, phase, print_line
 from rlkit.protocol.credentials import read_token
 from rlkit.sim.config import SimConfig
@@ -165,8 +165,12 @@ def check_environments(config: RLJobConfig) -> dict[str, Any]:
     the training prompts that do not fit the context, or refuse when too many do not."""
     config.sandbox.apply()
     envs = load_environments(config.env)
-    max_rollout_tokens(envs, config.orchestrator)
-    fit_prompts(config, envs, make_console(stderr=True))
+    try:
+        max_rollout_tokens(envs, config.orchestrator)
+        fit_prompts(config, envs, make_console(stderr=True))
+    except BaseException:
+        close_environments(envs)
+        raise
     return envs
 
 

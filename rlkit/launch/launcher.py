@@ -44,6 +44,7 @@ from rlkit.launch.roles import Role
 from rlkit.lifetime import die_with_parent_preexec, stop_process_group
 from rlkit.orchestrator.config import run_token, run_token_file
 from rlkit.orchestrator.loop import Orchestrator
+from rlkit.orchestrator.source import close_environments
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
 from rlkit.progress import make_console, phase, print_line
 from rlkit.protocol import handoff
@@ -335,7 +336,6 @@ def run_train(
     """Run `role` of the training job described by `cfg` (see the module docstring)."""
     role = Role(role)
     console = make_console(stderr=True)
-    run_dir = Path(cfg.log.run_dir)
     if resume and role in (Role.ALL, Role.ORCHESTRATOR) and (done := finished_line(cfg)):
         print_line(console, done)  # before anything starts: no server, no eval, no record
         return {}
@@ -346,6 +346,17 @@ def run_train(
     if role != Role.ORCHESTRATOR:
         check_model_dir(cfg.model.path)
     envs = check_role(cfg, role)  # an unknown env id fails here, before anything starts
+    try:
+        return _run_role(cfg, role, resume, envs, console)
+    finally:  # a caller's long-lived Python keeps no bridged environment's worker
+        close_environments(envs)
+
+
+def _run_role(
+    cfg: RLJobConfig, role: Role, resume: bool, envs: dict[str, Any], console: Console
+) -> dict[str, Any]:
+    """`run_train` once the environments are loaded."""
+    run_dir = Path(cfg.log.run_dir)
     if threading.current_thread() is threading.main_thread():
         # SIGTERM (a process manager, `kill`) unwinds like Ctrl-C so that every role stops its
         # children: they run in their own sessions and would otherwise outlive the launcher.

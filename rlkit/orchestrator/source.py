@@ -58,21 +58,32 @@ class EnvRolloutSource:
 def load_environments(specs: list[EnvSpec]) -> dict[str, Any]:
     """Load every environment up front; an unknown id is a UsageError naming `env.N.id`."""
     envs: dict[str, Any] = {}
-    for i, spec in enumerate(specs):
-        if spec.id in envs:
-            raise UsageError(f"env.{i}.id: environment {spec.id!r} is listed twice")
-        try:
-            envs[spec.id] = load_environment(spec.id, verifiers_version=spec.verifiers, **spec.args)
-        except UsageError as exc:
-            raise UsageError(f"env.{i}.id: {exc}") from exc
-        except TypeError as exc:
-            raise UsageError(f"env.{i}.args: {exc}") from exc
-        if envs[spec.id].dataset is None:  # never train on an evaluation set by accident
-            raise UsageError(
-                f"env.{i}.args: environment {spec.id!r} has no training set with these "
-                "arguments (only evaluation rows); point it at training data"
-            )
+    try:
+        for i, spec in enumerate(specs):
+            if spec.id in envs:
+                raise UsageError(f"env.{i}.id: environment {spec.id!r} is listed twice")
+            try:
+                env = load_environment(spec.id, verifiers_version=spec.verifiers, **spec.args)
+            except UsageError as exc:
+                raise UsageError(f"env.{i}.id: {exc}") from exc
+            except TypeError as exc:
+                raise UsageError(f"env.{i}.args: {exc}") from exc
+            envs[spec.id] = env
+            if env.dataset is None:  # never train on an evaluation set by accident
+                raise UsageError(
+                    f"env.{i}.args: environment {spec.id!r} has no training set with these "
+                    "arguments (only evaluation rows); point it at training data"
+                )
+    except BaseException:
+        close_environments(envs)
+        raise
     return envs
+
+
+def close_environments(envs: dict[str, Any]) -> None:
+    """Release what each environment holds outside this process (a bridged one's worker)."""
+    for env in envs.values():
+        env.close()
 
 
 def max_rollout_tokens(envs: dict[str, Any], o: OrchestratorConfig) -> int:

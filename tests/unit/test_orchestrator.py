@@ -130,6 +130,27 @@ def test_evaluation_only_environment_is_refused_for_training(tmp_path: Path) -> 
         check_environments(cfg)
 
 
+def test_environments_loaded_before_a_refusal_are_closed(tmp_path: Path, monkeypatch) -> None:
+    """A refused config leaves no environment open (a bridged one keeps a worker process)."""
+    from rlkit.envs.environment import Environment
+    from rlkit.launch.config import check_environments
+
+    closed: list[str] = []
+    monkeypatch.setattr(Environment, "close", lambda self: closed.append(self.env_id))
+    cfg = config(tmp_path, BASE.replace("[orchestrator]", '[[env]]\nid = "math"\n[orchestrator]'))
+    with pytest.raises(UsageError, match=r"env\.1\.args: .*no training set"):
+        check_environments(cfg)
+    assert closed == ["reverse-text", "math"]
+
+    from rlkit.launch import launcher  # and `run_train` closes them when its role ends
+
+    closed.clear()
+    monkeypatch.setattr(launcher, "check_model_dir", lambda path: None)
+    monkeypatch.setattr(launcher, "_run_role", lambda *args: {"ran": True})
+    assert launcher.run_train(config(tmp_path)) == {"ran": True}
+    assert closed == ["reverse-text"]
+
+
 def test_sampler_mixes_by_weight_and_moves_difficulty() -> None:
     sampler = PromptSampler(
         {"a": 10, "b": 10},
