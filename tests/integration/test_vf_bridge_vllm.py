@@ -85,7 +85,7 @@ group_size = 4
 c3po.capacity = 16
 c3po.token_budget = 256
 drop_zero_advantage = false
-sampling = {{ temperature = 1.0, max_tokens = 16 }}
+sampling = {{ temperature = 1.0, max_tokens = 16, min_tokens = 1 }}  # as in the eval test
 
 [orchestrator.eval]
 at_start = false
