@@ -62,22 +62,26 @@ def load_environments(specs: list[EnvSpec]) -> dict[str, Any]:
         for i, spec in enumerate(specs):
             if spec.id in envs:
                 raise UsageError(f"env.{i}.id: environment {spec.id!r} is listed twice")
-            try:
-                env = load_environment(spec.id, verifiers_version=spec.verifiers, **spec.args)
-            except UsageError as exc:
-                raise UsageError(f"env.{i}.id: {exc}") from exc
-            except TypeError as exc:
-                raise UsageError(f"env.{i}.args: {exc}") from exc
-            envs[spec.id] = env
+            envs[spec.id] = env = _load_spec(i, spec)
             if env.dataset is None:  # never train on an evaluation set by accident
                 raise UsageError(
                     f"env.{i}.args: environment {spec.id!r} has no training set with these "
                     "arguments (only evaluation rows); point it at training data"
                 )
-    except BaseException:
+    except BaseException:  # what loaded before the refusal keeps no worker
         close_environments(envs)
         raise
     return envs
+
+
+def _load_spec(i: int, spec: EnvSpec) -> Any:
+    """`env.i`'s environment; a load error becomes a UsageError naming the field."""
+    try:
+        return load_environment(spec.id, verifiers_version=spec.verifiers, **spec.args)
+    except UsageError as exc:
+        raise UsageError(f"env.{i}.id: {exc}") from exc
+    except TypeError as exc:
+        raise UsageError(f"env.{i}.args: {exc}") from exc
 
 
 def close_environments(envs: dict[str, Any]) -> None:

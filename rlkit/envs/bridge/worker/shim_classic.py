@@ -158,8 +158,8 @@ class Shim:
         args.update(sampling)
         args["logprobs"] = True
         server_only = {k: args.pop(k) for k in list(args) if k not in OPENAI_CHAT_ARGS}
-        args["extra_body"] = {**(args.get("extra_body") or {}), **server_only}
-        args["extra_body"]["return_token_ids"] = True
+        extra = args.get("extra_body") or {}
+        args["extra_body"] = {**extra, **server_only, "return_token_ids": True}
         return args
 
     async def rollout(self, row: dict[str, Any], client: Any, model: str, sampling: dict) -> Any:
