@@ -112,3 +112,17 @@ def follow_process(pid: int, interval_s: float = 1.0) -> None:
             time.sleep(interval_s)
 
     threading.Thread(target=watch, name="rlkit-follow-server", daemon=True).start()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` is a running process of this user: one killed but not yet reaped is a
+    zombie (it holds no memory or sockets any more), another user's process that now has the
+    pid is not ours."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        if proc.stat().st_uid != os.getuid():
+            return False
+        state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")

@@ -20,7 +20,7 @@ import httpx
 
 from rlkit.errors import UsageError
 from rlkit.inference.client import InferenceClient
-from rlkit.lifetime import die_with_parent_preexec, stop_process_group
+from rlkit.lifetime import die_with_parent_preexec, process_alive, stop_process_group
 from rlkit.protocol.credentials import TOKEN_FILE_ENV, ensure_token_file, read_token
 
 
@@ -256,6 +256,32 @@ class ServerProcess:
             self._log_file = None
 
 
+RPC_DIR_PREFIX = "rlkit-vllm-rpc-"
+RPC_DIR_OWNER = "server.pid"
+
+
+def remove_stale_rpc_dirs(grace_s: float = 600.0) -> list[Path]:
+    """Remove this user's server socket folders whose server is gone: a server whose launcher
+    was SIGKILLed dies with it (parent-death signal) and no `stop` removes its folder. A folder
+    whose owner file is missing is kept for `grace_s` (its server may be starting)."""
+    removed = []
+    for rpc_dir in Path(tempfile.gettempdir()).glob(f"{RPC_DIR_PREFIX}*"):
+        try:
+            if rpc_dir.stat().st_uid != os.getuid():
+                continue
+            owner = rpc_dir / RPC_DIR_OWNER
+            if owner.exists():
+                if process_alive(int(owner.read_text())):
+                    continue
+            elif time.time() - rpc_dir.stat().st_mtime < grace_s:
+                continue
+        except (OSError, ValueError):
+            continue
+        shutil.rmtree(rpc_dir, ignore_errors=True)
+        removed.append(rpc_dir)
+    return removed
+
+
 def start_server(
     model: str,
     *,
@@ -293,7 +319,8 @@ def start_server(
     # that was killed leaves none behind
     rpc_dir = None
     if "VLLM_RPC_BASE_PATH" not in server_vars:
-        rpc_dir = Path(tempfile.mkdtemp(prefix="rlkit-vllm-rpc-"))
+        remove_stale_rpc_dirs()
+        rpc_dir = Path(tempfile.mkdtemp(prefix=RPC_DIR_PREFIX))
         server_vars["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
     proc = subprocess.Popen(
         server_command(model, host, port, [*security, *(extra_args or [])]),
@@ -303,6 +330,8 @@ def start_server(
         start_new_session=True,
         preexec_fn=die_with_parent_preexec(),
     )
+    if rpc_dir is not None:
+        (rpc_dir / RPC_DIR_OWNER).write_text(str(proc.pid))
     return ServerProcess(
         process=proc,
         url=f"http://{host}:{port}",

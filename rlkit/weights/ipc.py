@@ -37,6 +37,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from rlkit.errors import RunStopped
+from rlkit.lifetime import process_alive
 from rlkit.protocol import handoff
 from rlkit.protocol.weights import Named, PublishedVersion, packed_offsets
 from rlkit.weights.filesystem import outcome_of
@@ -53,20 +54,6 @@ from rlkit.weights.transport import (
 
 class TrainerGone(RunStopped):
     """The trainer that holds a version's buffer exited before the servers loaded it."""
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` is a running process of this user: a trainer killed but not yet reaped by
-    the launcher is a zombie (it holds no buffer any more), another user's process that now
-    has the pid is not our trainer."""
-    proc = Path(f"/proc/{pid}")
-    try:
-        if proc.stat().st_uid != os.getuid():
-            return False
-        state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 class IpcError(RuntimeError):
@@ -237,7 +224,7 @@ class Ipc:
         """Every server maps the buffer. When the trainer is gone (one host: its pid tells)
         the run stops resumably instead: no server can load the version."""
         pid = IpcDelivery.of(record).pid
-        if not _alive(pid):
+        if not process_alive(pid):
             raise TrainerGone(
                 f"the trainer (pid {pid}) exited before policy version {record.version} reached "
                 "the servers; its latest checkpoint stays: continue with --resume"

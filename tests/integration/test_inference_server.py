@@ -28,7 +28,7 @@ from rlkit.inference import (
 )
 from rlkit.inference.admin import AdminClient
 from rlkit.inference.canary import CanaryMismatch, canary_token_ids, pool_canary_kl
-from rlkit.inference.lifecycle import has_cuda
+from rlkit.inference.lifecycle import has_cuda, remove_stale_rpc_dirs
 from rlkit.models import init_tiny
 from rlkit.protocol.credentials import new_token, rendezvous_secret, token_from_env
 from rlkit.protocol.weights import VERSION_FILE, Canary, PublishedVersion, iter_safetensors
@@ -83,10 +83,13 @@ def test_engine_processes_are_forked_when_asked(tiny_model_dir: Path, tmp_path: 
         assert len(gen.completion_token_ids) == 4
         rpc_dir = server.rpc_dir
         assert rpc_dir is not None and any(p.is_socket() for p in rpc_dir.iterdir())
+        assert rpc_dir not in remove_stale_rpc_dirs()  # a live server's folder is kept
         os.killpg(pid, signal.SIGKILL)  # what a kill test does: vLLM cleans up nothing
+        server.process.wait(timeout=30)
+        # a launcher killed with its servers leaves their folders: the next start removes them
+        assert rpc_dir in remove_stale_rpc_dirs() and not rpc_dir.exists()
     finally:
         server.stop()
-    assert not rpc_dir.exists()
 
 
 async def complete(server: ServerProcess, model: str):

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
 import pytest
 
 from rlkit.inference import lifecycle
@@ -32,3 +38,28 @@ def test_cpu_engines_keep_a_1_gib_kv_cache_the_user_can_change(
     assert "VLLM_CPU_KVCACHE_SPACE" not in lifecycle.server_env()
     monkeypatch.setattr(lifecycle, "has_cuda", lambda: True)
     assert "--kv-cache-memory-bytes" not in lifecycle.default_engine_args("m")
+
+
+def test_stale_server_socket_folders_are_removed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+
+    def folder(name: str, owner: int | None, age_s: float = 0.0) -> Path:
+        path = tmp_path / f"{lifecycle.RPC_DIR_PREFIX}{name}"
+        path.mkdir()
+        if owner is not None:
+            (path / lifecycle.RPC_DIR_OWNER).write_text(str(owner))
+        os.utime(path, (time.time() - age_s, time.time() - age_s))
+        return path
+
+    dead = folder("dead", exited.pid)
+    live = folder("live", os.getpid())
+    starting = folder("starting", None)  # its server is being started: no owner file yet
+    orphan = folder("orphan", None, age_s=3600)
+    other = tmp_path / "not-ours"
+    other.mkdir()
+    assert sorted(lifecycle.remove_stale_rpc_dirs()) == sorted([dead, orphan])
+    assert live.exists() and starting.exists() and other.exists()
