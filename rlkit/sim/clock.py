@@ -17,7 +17,7 @@ import gc
 import selectors
 from typing import Any
 
-GC_THRESHOLD = 10_000  # allocations between young-generation collections during a run
+GC_THRESHOLD = 100_000  # net allocations between young-generation collections during a run
 REAL_WAIT_S = 1.0  # with no timer left: how long to wait for a thread's wake-up before failing
 
 
@@ -84,9 +84,9 @@ def run_virtual(coro: Any) -> Any:
     """Run `coro` to completion on a fresh `VirtualTimeLoop` (like `asyncio.run`).
 
     Meanwhile the garbage collector leaves alone the objects alive before the run (the
-    imported modules: torch's alone are ~300k objects) and runs after 10,000 net allocations
-    instead of 700: a simulation allocates and frees records in bursts, and at the default the
-    collections cost about a third of a long run's CPU (bench_sim_speed.py). Its records hold
+    imported modules: torch's alone are ~300k objects) and runs after 100,000 net allocations
+    instead of 700: a step's records live until the next step, so at a lower threshold the
+    collections scan them again and again (docs/benchmarks.md). Its records hold
     few reference cycles, so the higher threshold costs little memory."""
     threshold = gc.get_threshold()
     gc.freeze()
