@@ -93,9 +93,10 @@ class Rollout(BaseModel):
         Always true for token-in/token-out rollouts (`prompt_mode == "tokens"`); a message-path
         rollout is true only when the server's re-rendered history happened to match.
         """
-        for before, turn in zip(self.turns, self.turns[1:], strict=False):
-            seen = before.prompt_token_ids + before.completion_token_ids
-            if turn.prompt_token_ids[: len(seen)] != seen:
+        turns = self.turns  # indexed, not zip(turns, turns[1:]): most rollouts have one turn
+        for i in range(1, len(turns)):
+            seen = turns[i - 1].prompt_token_ids + turns[i - 1].completion_token_ids
+            if turns[i].prompt_token_ids[: len(seen)] != seen:
                 return False
         return True
 
@@ -157,10 +158,14 @@ class Rollout(BaseModel):
     def sampled_temperature(self) -> float:
         """The one temperature every turn's logprobs are of; ValueError when turns differ (a
         training sample carries one temperature)."""
-        temperatures = {logprob_temperature(turn.temperature) for turn in self.turns}
-        if len(temperatures) > 1:
-            raise ValueError(
-                f"rollout {self.example_id}: turns sampled at different temperatures "
-                f"{sorted(temperatures)}; a training sample has one"
-            )
-        return temperatures.pop() if temperatures else 1.0
+        temperature = 1.0
+        for i, turn in enumerate(self.turns):  # no set per rollout: the group processor asks
+            current = logprob_temperature(turn.temperature)
+            if i and current != temperature:
+                temperatures = sorted({logprob_temperature(t.temperature) for t in self.turns})
+                raise ValueError(
+                    f"rollout {self.example_id}: turns sampled at different temperatures "
+                    f"{temperatures}; a training sample has one"
+                )
+            temperature = current
+        return temperature

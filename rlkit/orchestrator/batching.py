@@ -76,12 +76,14 @@ class GroupProcessor:
     def __call__(self, group: Group) -> None:
         stats = self.stats
         stats.groups += 1
+        stats.rollouts += len(group.rollouts)
+        env_id = group.env_id
         valid: list[tuple[Rollout, TrainingTokens, int]] = []  # with its trained tokens
         errors: list[str] = []
         for rollout in group.rollouts:
-            stats.completion_lengths.append(sum(len(t.completion_token_ids) for t in rollout.turns))
-            stats.rollouts += 1
-            stats.turns += len(rollout.turns)
+            turns = rollout.turns
+            stats.completion_lengths.append(sum([len(t.completion_token_ids) for t in turns]))
+            stats.turns += len(turns)
             stats.exact_continuations += rollout.exact_continuation
             stats.token_prompts += rollout.prompt_mode == "tokens"
             stats.context_ended += rollout.finish_reason == "context"
@@ -99,20 +101,20 @@ class GroupProcessor:
                 stats.errored += 1
                 errors.append(str(error))
                 if len(stats.errors) < 5:
-                    stats.errors.append(f"{group.env_id}: {error}")
+                    stats.errors.append(f"{env_id}: {error}")
                 continue
             valid.append((rollout, sample, trained))
-            stats.rewards[group.env_id].append(rollout.reward)
-            stats.solved[group.env_id].append(float(rollout.reward >= self.solve_threshold))
+            stats.rewards[env_id].append(rollout.reward)
+            stats.solved[env_id].append(float(rollout.reward >= self.solve_threshold))
             for name, value in rollout.metrics.items():
-                stats.reward_functions[f"{group.env_id}/{name}"].append(value)
+                stats.reward_functions[f"{env_id}/{name}"].append(value)
             if rollout.info.get("task") is not None:  # environments with named tasks (logic)
-                stats.task_rewards[f"{group.env_id}/{rollout.info['task']}"].append(rollout.reward)
+                stats.task_rewards[f"{env_id}/{rollout.info['task']}"].append(rollout.reward)
         if self.sampler is not None and group.index >= 0:
-            self.sampler.observe(group.env_id, group.index, [r.reward for r, _, _ in valid])
+            self.sampler.observe(env_id, group.index, [r.reward for r, _, _ in valid])
         group.samples, group.tokens = [], 0
         if self.watchdog is not None:  # may raise NoSignalError, which stops the run
-            self.watchdog.observe(group.env_id, [r.reward for r, _, _ in valid], errors)
+            self.watchdog.observe(env_id, [r.reward for r, _, _ in valid], errors)
         if not valid:
             return
         rewards = [r.reward for r, _, _ in valid]
@@ -128,7 +130,7 @@ class GroupProcessor:
                     inference_logprobs=sample.inference_logprobs,
                     advantage=adv,
                     policy_version=oldest_version(rollout, group.start_version),
-                    env_id=group.env_id,
+                    env_id=env_id,
                     example_id=rollout.example_id,
                     reward=rollout.reward,
                     temperature=sample.temperature,
