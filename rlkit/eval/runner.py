@@ -25,7 +25,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import uvloop
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -329,7 +328,5 @@ async def _evaluate(
 def run_eval(
     config: EvalConfig, resume: Path | None = None, console: Console | None = None
 ) -> Path:
-    """Synchronous `run_eval_async` on uvloop (the loop's own overhead is a share of the client's
-    CPU per request at high concurrency): Ctrl-C raises `EvalInterrupted` naming the run
-    directory."""
-    return uvloop.run(run_eval_async(config, resume=resume, console=console))
+    """Synchronous `run_eval_async`: Ctrl-C raises `EvalInterrupted` naming the run directory."""
+    return asyncio.run(run_eval_async(config, resume=resume, console=console))
