@@ -3,8 +3,9 @@
 Ideal throughput is concurrency / latency requests per second. Three loops run interleaved
 (best of `--repeats` each) against the same fake server in its own process, each timing
 includes loading the environment (rlkit's loops each in a fresh process, imports untimed):
-- `rlkit`: rlkit's eval loop (`rlkit.eval.run_eval_async`, writing results.jsonl as it goes) on
-  rlkit's native reverse-text environment: the harness itself (issue goal: >= 0.9 of ideal);
+- `rlkit`: rlkit's eval loop (`rlkit.eval.run_eval`, what `rlkit eval` calls, writing
+  results.jsonl as it goes) on rlkit's native reverse-text environment: the harness itself
+  (issue goal: >= 0.9 of ideal);
 - `base` (with `--base REF`): the same loop in the code of commit REF (extracted with `git
   archive`), interleaved with `rlkit`: whether a change cost throughput, on the same machine in
   the same minutes (`rlkit_over_base`);
@@ -99,9 +100,9 @@ def start_fake_server(latency: float, lean: bool = True) -> tuple[subprocess.Pop
 
 
 RLKIT_LOOP = """
-import asyncio, json, sys, time
+import json, sys, time
 from pathlib import Path
-from rlkit.eval import EvalConfig, load_run, run_eval_async
+from rlkit.eval import EvalConfig, load_run, run_eval
 env_id, env_args, url, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
 n, r, concurrency = map(int, sys.argv[5:])
 config = EvalConfig(
@@ -109,7 +110,7 @@ config = EvalConfig(
     rollouts_per_example=r, max_concurrent=concurrency, output_dir=Path(out),
 )
 t0, cpu0 = time.perf_counter(), time.process_time()
-run_dir = asyncio.run(run_eval_async(config))
+run_dir = run_eval(config)
 elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
 run = load_run(run_dir)
 assert len(run.results) == n * r and run.metadata.summary["errors"] == 0
