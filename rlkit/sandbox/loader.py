@@ -2,11 +2,15 @@
 
 Not imported by rlkit: its source is the sandboxed program. It announces readiness with one
 line on stdout (`READY`), then reads its request from stdin: a decimal byte count on one line
-and that many bytes of JSON ({"code", "language", "files", "memory_mb", "cpu_seconds",
-"nproc", "end"}); whatever follows on stdin is the program's own stdin. It lowers its rlimits to
-the request's (never above the pool's, which the kernel forbids), writes the files into the
-working directory and runs the code as `__main__` in this already started interpreter (Python)
-or execs bash, so a request pays neither bubblewrap's nor the interpreter's start.
+and that many bytes of a `marshal`ed dict ({"code", "language", "files" (name -> bytes),
+"memory_mb", "cpu_seconds", "nproc", "end"}, written by the host, which is trusted); whatever
+follows on stdin is the program's own stdin. It imports only what every request needs (no
+json, base64 or traceback: every pool start would pay their import, docs/benchmarks.md).
+
+It lowers its rlimits to the request's (never above the pool's, which the kernel forbids),
+writes the files into the working directory and runs the code as `__main__` in this already
+started interpreter (Python) or execs bash, so a request pays neither bubblewrap's nor the
+interpreter's start.
 
 When a Python program has ended (no thread of its own still running), the loader runs its exit
 handlers, flushes its output and writes `end_marker(end, code)` as the last bytes of stdout and
@@ -17,13 +21,11 @@ only cuts its own output short (the host kills the sandbox on the markers either
 """
 
 import atexit
-import base64
-import json
 import linecache
+import marshal
 import os
 import resource
 import sys
-import traceback
 import types
 
 READY = b"\x00rlkit-ready\n"
@@ -54,7 +56,7 @@ def read_request() -> dict:
         if not byte or len(size) > 20:
             sys.exit(0)
         size += byte
-    return json.loads(read_exactly(int(size)))
+    return marshal.loads(read_exactly(int(size)))
 
 
 def lower(kind: int, value: int) -> None:
@@ -81,7 +83,7 @@ def write_files(files: dict) -> None:
         if parent:
             os.makedirs(parent, exist_ok=True)
         with open(name, "wb") as f:
-            f.write(base64.b64decode(content))
+            f.write(content)
 
 
 def run_python(code: str) -> None:
@@ -97,6 +99,8 @@ def run_python(code: str) -> None:
     except SystemExit:
         raise
     except BaseException:
+        import traceback  # only for a program that failed
+
         kind, value, tb = sys.exc_info()
         traceback.print_exception(kind, value, tb.tb_next if tb is not None else None)
         sys.exit(1)
@@ -143,10 +147,9 @@ def finish(end: str, code: int) -> None:
 
 
 def warm_up() -> None:
-    """Pay this interpreter's one-time costs before the request arrives: its first `compile`
-    and its first JSON parse cost far more than later ones (docs/benchmarks.md)."""
+    """Pay this interpreter's one-time cost before the request arrives: its first `compile`
+    costs far more than later ones (docs/benchmarks.md)."""
     compile("pass", PROGRAM, "exec")
-    json.loads('{"warm": [1, "up"]}')
 
 
 def main() -> None:

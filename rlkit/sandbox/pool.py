@@ -11,16 +11,15 @@ the most its sandboxes allow: the loader lowers them to each request's, never ra
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import json
+import marshal
 import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlkit.sandbox.backends import Backend
-from rlkit.sandbox.launch import Launch, check_relative
+from rlkit.sandbox.launch import Launch, as_bytes, check_relative
 from rlkit.sandbox.limits import Limits
 from rlkit.sandbox.process import kill_tree, spawn, supervise
 from rlkit.sandbox.result import SandboxResult
@@ -29,6 +28,9 @@ LOADER_SOURCE = (Path(__file__).parent / "loader.py").read_text()
 READY = b"\x00rlkit-ready\n"
 # A loaded machine may take seconds to start an interpreter; waited for apart from the request.
 STARTUP_TIMEOUT_S = 60.0
+# The request header's format for the loader: marshal version 4 reads the same in every
+# Python 3 the sandbox may run (only str, bytes, int and dict cross).
+MARSHAL_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -75,22 +77,20 @@ class WarmSandbox:
     ) -> SandboxResult:
         """Hand the request over, supervise it like a fresh sandbox, then discard this one."""
         end = secrets.token_hex(16)  # this request's end marker (`loader.finish`)
-        header = json.dumps(
+        header = marshal.dumps(
             {
                 "code": code,
                 "language": language,
                 "files": {
-                    str(check_relative(name)): base64.b64encode(
-                        content.encode() if isinstance(content, str) else content
-                    ).decode()
-                    for name, content in files.items()
+                    str(check_relative(name)): as_bytes(content) for name, content in files.items()
                 },
                 "memory_mb": request.memory_mb,
                 "cpu_seconds": request.cpu_seconds,
                 "nproc": request.nproc,
                 "end": end,
-            }
-        ).encode()
+            },
+            MARSHAL_VERSION,
+        )
         payload = b"%d\n" % len(header) + header + stdin.encode()
         start = time.monotonic()
         try:

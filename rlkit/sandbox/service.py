@@ -37,6 +37,10 @@ from rlkit.sandbox.runner import active_backend, limits, settings
 from rlkit.sandbox.session import PythonSession
 from rlkit.sandbox.wire import CellRequest, RunRequest, SessionRequest, decode_files
 
+# How long an idle client connection is kept open: longer than the client keeps it
+# (`client.KEEP_ALIVE_S`), so the client always drops an idle connection first.
+KEEP_ALIVE_S = 60
+
 
 @dataclass(frozen=True)
 class ServiceSettings:
@@ -401,4 +405,5 @@ def serve(host: str, port: int, security: ServerSecurity, config: ServiceSetting
         port=port,
         log_level="warning",
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
