@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiohttp import web
 from pydantic import ValidationError
 
 from rlkit import sandbox
@@ -14,6 +16,7 @@ from rlkit.errors import UsageError
 from rlkit.inference.lifecycle import free_port
 from rlkit.protocol.credentials import write_token_file
 from rlkit.sandbox import runner
+from rlkit.sandbox.client import SandboxClient
 from rlkit.sandbox.config import SandboxConfig
 from rlkit.sandbox.pool import Profile
 from rlkit.sandbox.service import Admission, Busy
@@ -114,3 +117,36 @@ def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
             runner.service()
     finally:
         runner.configure(url="")
+
+
+def test_the_client_keeps_one_connection_per_event_loop_and_closes_it_with_the_loop(
+    tmp_path: Path,
+) -> None:
+    token_file = tmp_path / "token"
+    write_token_file(token_file)
+    client = SandboxClient(f"http://127.0.0.1:{free_port()}", str(token_file))
+    peers: list[tuple[str, int]] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername"))
+        return web.json_response({"ok": True})
+
+    async def calls() -> aiohttp.ClientSession:
+        app = web.Application()
+        app.router.add_get("/metrics", answer)
+        runner_ = web.AppRunner(app)
+        await runner_.setup()
+        port = int(client.url.rsplit(":", 1)[1])
+        await web.TCPSite(runner_, "127.0.0.1", port).start()
+        try:
+            for _ in range(3):
+                assert await client.call("GET", "/metrics", None, 1.0) == {"ok": True}
+            return await client._session()
+        finally:
+            await runner_.cleanup()
+
+    first = asyncio.run(calls())
+    assert first.closed and not client._sessions  # closed when its loop shut down
+    second = asyncio.run(calls())
+    assert second is not first and second.closed
+    assert len(set(peers[:3])) == 1 and len(set(peers[3:])) == 1  # one connection a loop
