@@ -11,7 +11,7 @@ after its Retry-After until `max_queue_s` has passed.
 The transport is aiohttp, as for the inference client: httpx's own overhead was most of a warm
 request's HTTP time (`bench_sandbox_service.py`, docs/benchmarks.md). Connections are kept alive
 in one session per running event loop, closed when that loop is shut down (`asyncio.run` per
-grading call included): a connection per call cost a warm request about 1 ms.
+grading call included): a connection per call was a large part of a warm request's HTTP time.
 """
 
 from __future__ import annotations

@@ -398,7 +398,8 @@ def serve(host: str, port: int, security: ServerSecurity, config: ServiceSetting
     """Run the service until interrupted (uvicorn, one process, one event loop).
 
     The loop is asyncio's, not uvloop: uvloop starts a sandbox with fork(), which copies this
-    process's page tables (~14 ms of system CPU a start here), asyncio's with vfork()."""
+    process's page tables for every start (most of a start's CPU, docs/benchmarks.md), asyncio
+    with vfork()."""
     import uvicorn
 
     service = SandboxService(config)
