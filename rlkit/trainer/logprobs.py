@@ -6,14 +6,22 @@ and 8k tokens that is ~5 GB each. `chunked_logprobs` walks the sequence in chunk
 `chunk_size` rows, keeps only the per-token log-normaliser between forward and backward and
 recomputes each chunk's logits in backward, so the peak extra memory is one `[chunk_size, V]`
 fp32 block. The price is one more `hidden @ weight.T` matmul. Used by RL and SFT alike.
+
+A weight narrower than the hidden states (LoRA's frozen bf16 LM head under fp32 compute, see
+`rlkit.trainer.model`) is upcast `VOCAB_BLOCK` rows at a time, so no full-precision copy of it
+is ever held; the products are the same as with an upcast copy.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
 Temperature = float | Tensor  # one value, or one per row of `hidden` ([N], e.g. per sample)
+VOCAB_BLOCK = 16384  # rows of a narrower weight upcast at a time (64 MiB at hidden size 1,024)
+ENTROPY_ROWS = 64  # rows of a chunk whose probabilities the entropy builds at a time
 
 
 def _rows(temperature: Temperature, start: int, end: int) -> Temperature:
@@ -61,12 +69,48 @@ def _check_inputs(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
 
 
+def _weight_blocks(weight: Tensor, dtype: torch.dtype) -> Iterator[tuple[int, Tensor]]:
+    """(first row, rows in `dtype`) of `weight`: all of it when it is in `dtype` already, else
+    `VOCAB_BLOCK` rows at a time, so a narrower weight is never held upcast whole."""
+    if weight.dtype == dtype:
+        yield 0, weight
+        return
+    for start in range(0, weight.shape[0], VOCAB_BLOCK):
+        yield start, weight[start : start + VOCAB_BLOCK].to(dtype)
+
+
 def _fp32_logits(hidden: Tensor, weight: Tensor, temperature: Temperature) -> Tensor:
-    """fp32 logits (of one chunk); the matmul runs in the parameters' dtype like an LM head."""
-    logits = (hidden @ weight.T).float()
+    """fp32 logits (of one chunk); the matmul runs in the hidden states' dtype like an LM head."""
+    if weight.dtype == hidden.dtype:
+        logits = (hidden @ weight.T).float()
+    else:
+        logits = hidden.new_empty((hidden.shape[0], weight.shape[0]), dtype=torch.float32)
+        for start, block in _weight_blocks(weight, hidden.dtype):
+            logits[:, start : start + block.shape[0]] = hidden @ block.T
     if isinstance(temperature, Tensor) or temperature != 1.0:
         logits.div_(temperature)
     return logits
+
+
+def _times_weight(grad_logits: Tensor, weight: Tensor, dtype: torch.dtype) -> Tensor:
+    """grad_logits [n, V] @ weight [V, H] in `dtype` (the hidden states' gradient)."""
+    if weight.dtype == dtype:
+        return (grad_logits.to(weight.dtype) @ weight).to(dtype)
+    out = torch.zeros(grad_logits.shape[0], weight.shape[1], dtype=dtype, device=weight.device)
+    for start, block in _weight_blocks(weight, dtype):
+        out.addmm_(grad_logits[:, start : start + block.shape[0]].to(dtype), block)
+    return out
+
+
+def _entropy(logits: Tensor, lse: Tensor) -> Tensor:
+    """H = lse - sum(p * logits) per row, `ENTROPY_ROWS` rows at a time: the probabilities
+    are a small block, not a second [chunk_size, V] one beside the logits."""
+    entropy = torch.empty_like(lse)
+    for start in range(0, logits.shape[0], ENTROPY_ROWS):
+        rows, row_lse = logits[start : start + ENTROPY_ROWS], lse[start : start + ENTROPY_ROWS]
+        weighted = rows.sub(row_lse[:, None]).exp_().mul_(rows).sum(-1)
+        entropy[start : start + ENTROPY_ROWS] = row_lse - weighted
+    return entropy
 
 
 class _ChunkedLogprobs(torch.autograd.Function):
@@ -93,9 +137,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
             log_norm[start:end] = lse
             logprobs[start:end] = logits.gather(1, targets[start:end, None]).squeeze(1) - lse
             if with_entropy:
-                # H = lse - sum(p * logits), computed in place on the chunk's logits.
-                weighted = logits.sub(lse[:, None]).exp_().mul_(logits).sum(-1)
-                entropy[start:end] = lse - weighted
+                entropy[start:end] = _entropy(logits, lse)
             del logits
         ctx.save_for_backward(hidden, weight, targets, log_norm)
         ctx.chunk_size = chunk_size
@@ -110,9 +152,11 @@ class _ChunkedLogprobs(torch.autograd.Function):
         hidden, weight, targets, log_norm = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        # Accumulate in fp32 across chunks so bf16 weights do not lose precision per chunk.
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        grad_weight = grad_weight if need_weight else None
+        # Accumulate in fp32 across chunks so bf16 weights do not lose precision per chunk; a
+        # frozen weight (LoRA) gets none: [V, H] fp32 zeros are 0.58 GiB at Qwen3-0.6B's shape.
+        grad_weight = None
+        if need_weight:
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         grad_logprobs = grad_logprobs.float()
         n, step = hidden.shape[0], ctx.chunk_size
         for start in range(0, n, step):
@@ -126,7 +170,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
             if isinstance(temp, Tensor) or temp != 1.0:
                 grad_logits.div_(temp)
             if grad_hidden is not None:
-                grad_hidden[start:end] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
+                grad_hidden[start:end] = _times_weight(grad_logits, weight, hidden.dtype)
             if grad_weight is not None:
                 grad_weight.addmm_(grad_logits.T, hidden[start:end].float())
             del logits, grad_logits

@@ -130,6 +130,26 @@ def _from_pretrained(cfg: ModelConfig, **kwargs: Any) -> nn.Module:
         raise UsageError(f"cannot load model.path {cfg.path!r}: {exc}") from exc
 
 
+def keeps_root_stored(lm: nn.Module) -> bool:
+    """Whether FSDP2's root group (what the decoder layers leave: the embeddings and the LM
+    head, tied or not) is all frozen, so it can stay in its stored dtype when unsharded.
+
+    The root's unsharded parameters are held from forward to backward, and cast to an fp32
+    compute dtype Qwen3-0.6B's tied 151,936 x 1,024 embedding alone is 0.58 GiB beside LoRA's
+    1.1 GiB bf16 base; kept bf16 it is half that. The computation does not change: the
+    embeddings' output is cast to the compute dtype (exact), the LM head's logits are computed
+    from a block of upcast vocabulary rows at a time (`chunked_logprobs`), and the final norm
+    gets its own group with the layers' casting policy (`load_policy`).
+    """
+    norm = getattr(getattr(lm, "model", None), "norm", None)
+    embeddings = getattr(getattr(lm, "model", None), "embed_tokens", None)
+    if not isinstance(norm, nn.Module) or not isinstance(embeddings, nn.Module):
+        return False
+    in_groups = {id(p) for m in [*decoder_layers(lm), norm] for p in m.parameters()}
+    root = [p for p in lm.parameters() if id(p) not in in_groups]
+    return not any(p.requires_grad for p in root)
+
+
 def load_policy(
     cfg: ModelConfig, device: torch.device, chunk_size: int, mesh: DeviceMesh | None = None
 ) -> PolicyModel:
@@ -169,7 +189,12 @@ def load_policy(
     for layer in decoder_layers(lm):
         fully_shard(layer, mp_policy=mp, mesh=mesh)
     policy = PolicyModel(lm, chunk_size)
-    fully_shard(policy, mp_policy=mp, mesh=mesh)
+    root_mp = mp
+    if dtype != stored and keeps_root_stored(lm):
+        fully_shard(lm.model.norm, mp_policy=mp, mesh=mesh)
+        lm.model.embed_tokens.register_forward_hook(lambda _m, _i, out: out.to(dtype))
+        root_mp = MixedPrecisionPolicy(reduce_dtype=torch.float32)
+    fully_shard(policy, mp_policy=root_mp, mesh=mesh)
     policy.to_empty(device=device)
     full = {f"lm.{k}": v for k, v in source.state_dict().items()} if source is not None else {}
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)

@@ -1,11 +1,18 @@
-"""The trainer's memory per parameter, step by step, under glibc's default allocator settings and
-with big allocations always mapped, side by side in one run.
+"""The trainer's memory per parameter, step by step and phase by phase, under glibc's default
+allocator settings and with big allocations always mapped, side by side in one run.
 
-Each round runs each variant in a fresh process holding a real `Trainer` (one rank, full
-weights, the default AdamW) on a model of `--size`, and takes `--steps` SFT steps on the same
-random sequences (`--tokens` in all, two sequences). Before each step the process's high-water
-mark is reset to its resident set (/proc/self/clear_refs); the step's peak (VmHWM) and the
-resident set after it are read from /proc/self/status, per parameter of the model. Variants:
+Each round runs each variant in a fresh process holding a real `Trainer` (one rank, the default
+AdamW; full weights, or a LoRA adapter of `--lora-rank` on every linear layer, alpha twice the
+rank, as bench_scale's `0.6b-lora`) on a model of `--size`, and takes `--steps` SFT steps on the
+same random sequences (`--tokens` in all, two sequences). The load's peak is the process's
+high-water mark (VmHWM) once the `Trainer` is built. Each step is split into its phases, forward,
+backward (with the loss) and optimizer (clipping, the step, zeroing the gradients), by hooks on
+the real `train_step`: the policy's forward pre- and post-hooks and a wrapper of the optimizer
+step. Before each phase the high-water mark is reset to the resident set
+(/proc/self/clear_refs); after it the phase's peak, the resident set and the bytes malloc holds
+for live blocks (glibc's mallinfo2: in its heaps and mapped; the rest of the resident set is
+freed blocks glibc keeps, the runtime's code and its own mappings) are read, all per parameter of
+the model (its base parameters with LoRA). Variants:
 - `glibc`: the allocator as the trainer runs today;
 - `mmap64k` / `mmap4m`: `MALLOC_MMAP_THRESHOLD_` fixed at 64 KiB / 4 MiB: every allocation
   of that size or more is its own mapping, returned to the system when freed (by default glibc
@@ -14,22 +21,25 @@ resident set after it are read from /proc/self/status, per parameter of the mode
   for in page faults when it is first written.
 
     python tests/benchmarks/bench_train_memory.py [--size qwen3-0.6b] [--steps 3] [--rounds 1]
-        [--variants glibc,mmap64k,mmap4m]
+        [--variants glibc,mmap64k,mmap4m] [--lora-rank 16] [--activation-checkpointing]
 
-Prints one JSON line: per variant and round each step's peak and resident bytes per parameter
-and seconds; per variant against glibc, the ratio of the highest peak and of the later steps'
+Prints one JSON line: per variant and round the load's peak and resident set, each step's peak,
+resident bytes and seconds and each phase's peak, resident and live bytes, per parameter; per
+variant against glibc, the ratio of the highest peak (load or step) and of the later steps'
 median time.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -44,10 +54,78 @@ VARIANTS = {
 }
 
 
-def child(model: str, steps: int, tokens: int) -> None:
+PHASES = ("forward", "backward", "optimizer")
+PHASE_FIGURES = ("peak", "resident", "live")
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def malloc_live_kb() -> int:
+    """kB malloc hands out as live blocks now: in its heaps (all arenas) and mapped alone."""
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = _Mallinfo2
+    info = libc.mallinfo2()
+    return (info.uordblks + info.hblkhd) // 1024
+
+
+def reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+
+
+class PhaseMemory:
+    """Peak, resident and live bytes per parameter of each phase of the trainer's steps, read
+    through hooks on the real step (so the step under test is `Trainer.train_step` itself)."""
+
+    def __init__(self, trainer: Any, per_param: float) -> None:
+        self.per_param = per_param
+        self.phases: list[dict[str, dict[str, float]]] = []
+        trainer.policy.register_forward_pre_hook(lambda *_: self.start(), prepend=True)
+        trainer.policy.register_forward_hook(lambda *_: self.end("forward"))
+        step = trainer._optimizer_step
+
+        def timed_step(nonfinite: bool) -> tuple[float, bool]:
+            self.end("backward")
+            out = step(nonfinite)
+            self.end("optimizer")
+            return out
+
+        trainer._optimizer_step = timed_step
+
+    def start(self) -> None:
+        self.phases.append({})
+        reset_peak()
+
+    def end(self, phase: str) -> None:
+        """Record `phase`'s figures and reset the peak for the next one."""
+        self.phases[-1][phase] = {
+            "peak": status_kb("VmHWM") * self.per_param,
+            "resident": status_kb("VmRSS") * self.per_param,
+            "live": malloc_live_kb() * self.per_param,
+        }
+        reset_peak()
+
+
+def child(model: str, steps: int, tokens: int, lora_rank: int, checkpointing: bool) -> None:
     """The steps in this process; prints their figures as JSON."""
     import torch
 
+    from rlkit.protocol.model import LoraConfig
     from rlkit.trainer.config import ModelConfig, TrainerConfig
     from rlkit.trainer.packing import TokenSequence
     from rlkit.trainer.sft import sft_loss
@@ -65,35 +143,49 @@ def child(model: str, steps: int, tokens: int) -> None:
         )
         for _ in range(2)
     ]
+    lora = LoraConfig(rank=lora_rank, alpha=2.0 * lora_rank)
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer = Trainer(TrainerConfig(run_dir=run_dir, model=ModelConfig(path=model)), steps)
-        params = sum(p.numel() for p in trainer.policy.parameters())
+        model_cfg = ModelConfig(path=model, lora=lora, activation_checkpointing=checkpointing)
+        cfg = TrainerConfig(run_dir=run_dir, model=model_cfg)
+        trainer = Trainer(cfg, steps)
+        named = trainer.policy.named_parameters()
+        params = sum(p.numel() for name, p in named if ".lora_" not in name)
         per_param = 1024 / params
-        built = status_kb("VmRSS") * per_param
+        load_peak, built = status_kb("VmHWM") * per_param, status_kb("VmRSS") * per_param
+        memory = PhaseMemory(trainer, per_param)
         peaks, resident, seconds = [], [], []
         for _ in range(steps):
-            Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+            reset_peak()
             result = trainer.train_step(seqs, sft_loss, normalizer=2.0 * (length - prompt))
             assert not result.skipped
-            peaks.append(status_kb("VmHWM") * per_param)
+            peaks.append(max(p["peak"] for p in memory.phases[-1].values()))
             resident.append(status_kb("VmRSS") * per_param)
             seconds.append(result.metrics["step_time_s"])
         trainer.close()
-    figures = {"params": params, "built": built, "step_peak": peaks, "step_resident": resident}
-    print(json.dumps({**figures, "step_s": seconds}))
-
-
-def rounded_figures(figures: dict) -> dict:
-    return {
-        k: [round(x, 2) for x in v] if isinstance(v, list) else round(v, 2)
-        for k, v in figures.items()
+    figures = {"params": params, "load_peak": load_peak, "built": built}
+    figures |= {"step_peak": peaks, "step_resident": resident, "step_s": seconds}
+    phases = {
+        phase: {key: [step[phase][key] for step in memory.phases] for key in PHASE_FIGURES}
+        for phase in PHASES
     }
+    print(json.dumps({**figures, "phases": phases}))
 
 
-def run_child(variant: str, model: Path, steps: int, tokens: int) -> dict:
+def rounded_figures(figures: Any) -> Any:
+    """`figures` with every number rounded to 2 decimals (nested dicts and lists alike)."""
+    if isinstance(figures, dict):
+        return {k: rounded_figures(v) for k, v in figures.items()}
+    if isinstance(figures, list):
+        return [rounded_figures(x) for x in figures]
+    return round(figures, 2)
+
+
+def run_child(variant: str, model: Path, args: argparse.Namespace) -> dict:
     """One variant in a fresh process with its allocator settings."""
     cmd = [sys.executable, __file__, "--child", "--model", str(model)]
-    cmd += ["--steps", str(steps), "--tokens", str(tokens)]
+    cmd += ["--steps", str(args.steps), "--tokens", str(args.tokens)]
+    cmd += ["--lora-rank", str(args.lora_rank)]
+    cmd += ["--activation-checkpointing"] if args.activation_checkpointing else []
     return json_line_of(cmd, ROOT, {**os.environ, **VARIANTS[variant]})
 
 
@@ -104,11 +196,13 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=600, help="tokens per step (two sequences)")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--variants", default=",".join(VARIANTS), help="glibc first, then any others")
+    p.add_argument("--lora-rank", type=int, default=0, help="0: full weights")
+    p.add_argument("--activation-checkpointing", action="store_true", help="model's option")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        child(args.model, args.steps, args.tokens)
+        child(args.model, args.steps, args.tokens, args.lora_rank, args.activation_checkpointing)
         return
 
     from rlkit.models.tiny import init_tiny
@@ -118,9 +212,12 @@ def main() -> None:
         runs: dict[str, list[dict]] = {name: [] for name in args.variants.split(",")}
         for _ in range(args.rounds):
             for variant in runs:
-                runs[variant].append(run_child(variant, model, args.steps, args.tokens))
+                runs[variant].append(run_child(variant, model, args))
                 print(f"[train-memory] {variant}: {runs[variant][-1]}", file=sys.stderr)
-    highest = {v: statistics.median(max(r["step_peak"]) for r in rs) for v, rs in runs.items()}
+    highest = {
+        v: statistics.median(max(r["load_peak"], *r["step_peak"]) for r in rs)
+        for v, rs in runs.items()
+    }
     # the first step also allocates the optimizer's moments: the later ones are the steady state
     step_s = {
         v: statistics.median(s for r in rs for s in r["step_s"][1:]) for v, rs in runs.items()
@@ -133,6 +230,8 @@ def main() -> None:
                 "size": args.size,
                 "steps": args.steps,
                 "tokens_per_step": args.tokens,
+                "lora_rank": args.lora_rank,
+                "activation_checkpointing": args.activation_checkpointing,
                 "bytes_per_param": rounded,
                 "highest_peak": {v: round(x, 2) for v, x in highest.items()},
                 "later_step_s": {v: round(x, 2) for v, x in step_s.items()},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlkit.trainer import logprobs as logprobs_module
 from rlkit.trainer.logprobs import chunked_logprobs, naive_logprobs
 
 
@@ -71,6 +72,25 @@ def test_frozen_weight_and_no_entropy() -> None:
     h_ref = hidden.clone().requires_grad_()
     naive_logprobs(h_ref, weight, targets)[0].sum().backward()
     torch.testing.assert_close(h.grad, h_ref.grad)
+
+
+def test_a_narrower_frozen_weight_gives_its_upcast_copy_s_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """LoRA's frozen bf16 LM head under fp32 compute: upcast a block of vocabulary rows at a
+    time (7 of 50 here), the same logprobs, entropy and hidden gradient as an fp32 copy."""
+    monkeypatch.setattr(logprobs_module, "VOCAB_BLOCK", 7)
+    monkeypatch.setattr(logprobs_module, "ENTROPY_ROWS", 4)
+    hidden, weight, targets = _inputs()
+    narrow = weight.to(torch.bfloat16)
+    results = []
+    for w in (narrow, narrow.float()):
+        h = hidden.clone().requires_grad_()
+        lp, ent = chunked_logprobs(h, w, targets, chunk_size=16, temperature=0.7, with_entropy=True)
+        lp.sum().backward()
+        results.append((lp.detach(), ent, h.grad))
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want)
 
 
 def test_bf16_parameters_within_bf16_tolerance() -> None:
