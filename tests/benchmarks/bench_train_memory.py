@@ -143,7 +143,7 @@ def child(model: str, steps: int, tokens: int, lora_rank: int, checkpointing: bo
         )
         for _ in range(2)
     ]
-    lora = LoraConfig(rank=lora_rank, alpha=2.0 * lora_rank)
+    lora = LoraConfig(rank=lora_rank, alpha=2.0 * lora_rank) if lora_rank else LoraConfig()
     with tempfile.TemporaryDirectory() as run_dir:
         model_cfg = ModelConfig(path=model, lora=lora, activation_checkpointing=checkpointing)
         cfg = TrainerConfig(run_dir=run_dir, model=model_cfg)
