@@ -220,7 +220,8 @@ def main() -> None:
     }
     # the first step also allocates the optimizer's moments: the later ones are the steady state
     step_s = {
-        v: statistics.median(s for r in rs for s in r["step_s"][1:]) for v, rs in runs.items()
+        v: statistics.median(s for r in rs for s in r["step_s"][1:] or r["step_s"])
+        for v, rs in runs.items()
     }
     rounded = {v: [rounded_figures(r) for r in rs] for v, rs in runs.items()}
     print(
