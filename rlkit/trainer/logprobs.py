@@ -153,7 +153,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         # Accumulate in fp32 across chunks so bf16 weights do not lose precision per chunk; a
-        # frozen weight (LoRA) gets none: [V, H] fp32 zeros are 0.58 GiB at Qwen3-0.6B's shape.
+        # frozen weight (LoRA) gets none: [V, H] fp32 zeros the size of the whole LM head.
         grad_weight = None
         if need_weight:
             grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)

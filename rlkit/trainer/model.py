@@ -134,12 +134,12 @@ def keeps_root_stored(lm: nn.Module) -> bool:
     """Whether FSDP2's root group (what the decoder layers leave: the embeddings and the LM
     head, tied or not) is all frozen, so it can stay in its stored dtype when unsharded.
 
-    The root's unsharded parameters are held from forward to backward, and cast to an fp32
-    compute dtype Qwen3-0.6B's tied 151,936 x 1,024 embedding alone is 0.58 GiB beside LoRA's
-    1.1 GiB bf16 base; kept bf16 it is half that. The computation does not change: the
-    embeddings' output is cast to the compute dtype (exact), the LM head's logits are computed
-    from a block of upcast vocabulary rows at a time (`chunked_logprobs`), and the final norm
-    gets its own group with the layers' casting policy (`load_policy`).
+    The root's unsharded parameters are held from forward to backward; cast to an fp32
+    compute dtype, a real vocabulary's embedding alone is a large share of a LoRA trainer's
+    memory (docs/benchmarks.md), kept bf16 it is half that. The computation does not change:
+    the embeddings' output is cast to the compute dtype (exact), the LM head's logits are
+    computed from a block of upcast vocabulary rows at a time (`chunked_logprobs`), and the
+    final norm gets its own group with the layers' casting policy (`load_policy`).
     """
     norm = getattr(getattr(lm, "model", None), "norm", None)
     embeddings = getattr(getattr(lm, "model", None), "embed_tokens", None)
