@@ -69,12 +69,9 @@ def _check_inputs(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
 
 
-def _weight_blocks(weight: Tensor, dtype: torch.dtype) -> Iterator[tuple[int, Tensor]]:
-    """(first row, rows in `dtype`) of `weight`: all of it when it is in `dtype` already, else
-    `VOCAB_BLOCK` rows at a time, so a narrower weight is never held upcast whole."""
-    if weight.dtype == dtype:
-        yield 0, weight
-        return
+def _upcast_blocks(weight: Tensor, dtype: torch.dtype) -> Iterator[tuple[int, Tensor]]:
+    """(first row, rows in `dtype`) of a narrower `weight`, `VOCAB_BLOCK` rows at a time, so it
+    is never held upcast whole (callers take a weight already in `dtype` whole)."""
     for start in range(0, weight.shape[0], VOCAB_BLOCK):
         yield start, weight[start : start + VOCAB_BLOCK].to(dtype)
 
@@ -85,7 +82,7 @@ def _fp32_logits(hidden: Tensor, weight: Tensor, temperature: Temperature) -> Te
         logits = (hidden @ weight.T).float()
     else:
         logits = hidden.new_empty((hidden.shape[0], weight.shape[0]), dtype=torch.float32)
-        for start, block in _weight_blocks(weight, hidden.dtype):
+        for start, block in _upcast_blocks(weight, hidden.dtype):
             logits[:, start : start + block.shape[0]] = hidden @ block.T
     if isinstance(temperature, Tensor) or temperature != 1.0:
         logits.div_(temperature)
@@ -97,7 +94,7 @@ def _times_weight(grad_logits: Tensor, weight: Tensor, dtype: torch.dtype) -> Te
     if weight.dtype == dtype:
         return (grad_logits.to(weight.dtype) @ weight).to(dtype)
     out = torch.zeros(grad_logits.shape[0], weight.shape[1], dtype=dtype, device=weight.device)
-    for start, block in _weight_blocks(weight, dtype):
+    for start, block in _upcast_blocks(weight, dtype):
         out.addmm_(grad_logits[:, start : start + block.shape[0]].to(dtype), block)
     return out
 
