@@ -6,14 +6,17 @@ repacked copy). The canary checks the result: the trainer scores a fixed short t
 with the weights it publishes and writes the logprobs into the version's record
 (`rlkit.protocol.weights.Canary`); after the
 update every server scores the same tokens (`prompt_logprobs` through the completions API) and
-`canary_kl` compares the two: the mean k3 estimate exp(d) - 1 - d over the tokens, with d the
-trainer's minus the engine's logprob, the same estimator as the run's mismatch KL. Its floor is
-the usual trainer/engine numeric mismatch (precision, kernels); a wrong update is far above it.
+`canary_kl` compares the two: the median over the tokens of the k3 estimate exp(d) - 1 - d, with
+d the trainer's minus the engine's logprob. The median, not the mean: a wrong update moves most
+tokens' logprobs, while the engine's bf16 arithmetic against the trainer's fp32 can move one
+token's by several nats (a policy with a large activation at an early position), which alone
+put the mean above the limit on right weights (docs/benchmarks.md, `bench_canary.py`).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +42,12 @@ def canary_token_ids(tokenizer: Any) -> list[int]:
 
 
 def canary_kl(trainer: list[float], engine: list[float]) -> float:
-    """Mean k3 KL estimate between the trainer's and the engine's logprobs of the same tokens."""
+    """Median per-token k3 KL estimate between the trainer's and the engine's logprobs of the
+    same tokens (module doc: why the median)."""
     if len(trainer) != len(engine) or not trainer:
         raise ValueError(f"canary: {len(trainer)} trainer vs {len(engine)} engine logprobs")
-    return sum(math.expm1(t - e) - (t - e) for t, e in zip(trainer, engine, strict=True)) / len(
-        trainer
+    return statistics.median(
+        math.expm1(t - e) - (t - e) for t, e in zip(trainer, engine, strict=True)
     )
 
 

@@ -119,11 +119,12 @@ class InferenceConfig(Config):
         "server that has not loaded it).",
     )
     canary_max_kl: float = Field(
-        0.1,
+        0.05,
         gt=0,
         description="Stop the run when a server's canary logprobs after a weight update are "
-        "further than this KL (k3) from the trainer's (metric weights_canary_kl). Above the "
-        "engine's bf16 floor, below a wrong update's (tests/benchmarks/bench_canary.py).",
+        "further than this KL (median per-token k3) from the trainer's (metric "
+        "weights_canary_kl). Above the engine's bf16 floor, below a wrong update's "
+        "(tests/benchmarks/bench_canary.py).",
     )
     gpu_memory_utilization: float | None = Field(
         None,

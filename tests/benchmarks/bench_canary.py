@@ -10,12 +10,15 @@ prints, side by side:
 - the engine's floor: `weights_canary_kl` over the run's steps (its metrics.jsonl),
 - the same weights through transformers in fp32 and in bf16 (no engine),
 - wrong updates of the last version through transformers in fp32: the last layer a stale copy
-  of the one before, and the first two layers swapped (the same bytes under each other's
-  names: what the tensor table cannot see),
+  of the one before, the first two layers swapped (the same bytes under each other's
+  names: what the tensor table cannot see), and the run's first version served instead (an
+  update that never arrived),
 
-and each one's ratio to the threshold.
+and each one's ratio to the threshold. Each row shows the canary's statistic, the median of the
+tokens' k3, beside their mean (the statistic before: one token bf16 moves can push it over).
+`--version` scores another published version than the last (e.g. the one a run stopped on).
 
-    python tests/benchmarks/bench_canary.py [--run runs/tiny-cpu/rl]
+    python tests/benchmarks/bench_canary.py [--run runs/tiny-cpu/rl] [--version step_000017]
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ def swap_layers(layers: torch.nn.ModuleList, a: int, b: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, default=Path("runs/tiny-cpu/rl"))
+    parser.add_argument("--version", default=None, help="a published version (default: last)")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -62,7 +66,7 @@ def main() -> None:
     versions = sorted(p for p in layout.weights.glob("step_*") if canary_of(p) is not None)
     if not versions:
         raise SystemExit(f"{args.run}: no published version with a canary (run the demo first)")
-    last = versions[-1]
+    last = versions[-1] if args.version is None else layout.weights / args.version
     canary = canary_of(last)
     assert canary is not None
     ids, trainer = canary.token_ids, canary.logprobs
@@ -73,30 +77,35 @@ def main() -> None:
         for r in map(json.loads, layout.metrics.read_text().splitlines())
         if r.get("weights_canary_kl") is not None
     ]
-    rows = {
-        "engine_max": max(engine),
-        "engine_median": statistics.median(engine),
-    }
+    print(
+        f"run {args.run}: {len(engine)} updates, the engine's weights_canary_kl (as the run "
+        f"computed it) max {max(engine):.3g}, median {statistics.median(engine):.3g}"
+    )
+    scored: dict[str, list[float]] = {}
     for dtype in (torch.float32, torch.bfloat16):
         model = AutoModelForCausalLM.from_pretrained(last, dtype=dtype)
-        rows[f"right_{str(dtype).split('.')[-1]}"] = canary_kl(trainer, canary_logprobs(model, ids))
+        scored[f"right_{str(dtype).split('.')[-1]}"] = canary_logprobs(model, ids)
     model = AutoModelForCausalLM.from_pretrained(last, dtype=torch.float32)
     layers = model.model.layers
     swap_layers(layers, 0, 1)
-    rows["wrong_two_layers_swapped"] = canary_kl(trainer, canary_logprobs(model, ids))
+    scored["wrong_two_layers_swapped"] = canary_logprobs(model, ids)
     swap_layers(layers, 0, 1)
     layers[-1].load_state_dict(layers[-2].state_dict())
-    rows["wrong_last_layer_stale"] = canary_kl(trainer, canary_logprobs(model, ids))
+    scored["wrong_last_layer_stale"] = canary_logprobs(model, ids)
+    if versions[0] != last:
+        first = AutoModelForCausalLM.from_pretrained(versions[0], dtype=torch.float32)
+        scored[f"wrong_{versions[0].name}_served"] = canary_logprobs(first, ids)
 
-    print(f"run {args.run}: {len(engine)} updates, last version {last.name}, limit {limit}")
-    for name, kl in rows.items():
-        print(f"  {name:28s} KL {kl:10.3g}   {kl / limit:8.3g}x the limit")
-    floor, wrong = (
-        rows["engine_max"],
-        min(rows["wrong_last_layer_stale"], rows["wrong_two_layers_swapped"]),
-    )
+    print(f"version {last.name}, limit {limit}")
+    rows = {name: canary_kl(trainer, engine_lp) for name, engine_lp in scored.items()}
+    for name, engine_lp in scored.items():
+        mean = statistics.fmean(canary_kl([t], [e]) for t, e in zip(trainer, engine_lp))
+        kl = rows[name]
+        print(f"  {name:28s} KL {kl:10.3g} (mean {mean:9.3g})   {kl / limit:8.3g}x the limit")
+    floor = max(rows["right_float32"], rows["right_bfloat16"], max(engine))
+    wrong = min(v for k, v in rows.items() if k.startswith("wrong_"))
     print(
-        f"margins: limit / engine max {limit / floor:.3g}x, "
+        f"margins: limit / largest right score {limit / floor:.3g}x, "
         f"mildest wrong / limit {wrong / limit:.3g}x"
     )
 
