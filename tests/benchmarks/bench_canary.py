@@ -99,7 +99,8 @@ def main() -> None:
     print(f"version {last.name}, limit {limit}")
     rows = {name: canary_kl(trainer, engine_lp) for name, engine_lp in scored.items()}
     for name, engine_lp in scored.items():
-        mean = statistics.fmean(canary_kl([t], [e]) for t, e in zip(trainer, engine_lp))
+        pairs = zip(trainer, engine_lp, strict=True)
+        mean = statistics.fmean(canary_kl([t], [e]) for t, e in pairs)
         kl = rows[name]
         print(f"  {name:28s} KL {kl:10.3g} (mean {mean:9.3g})   {kl / limit:8.3g}x the limit")
     floor = max(rows["right_float32"], rows["right_bfloat16"], max(engine))
