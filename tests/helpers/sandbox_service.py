@@ -59,11 +59,12 @@ class Service:
 
 
 @contextmanager
-def sandbox_service(folder: Path, *args: str) -> Iterator[Service]:
-    """A running service with `args` (e.g. `--concurrency 2`); its token file in `folder`."""
+def sandbox_service(folder: Path, *args: str, port: int | None = None) -> Iterator[Service]:
+    """A running service with `args` (e.g. `--concurrency 2`) on `port` (else a free one); its
+    token file in `folder` (kept, so a service started again there takes the same token)."""
     problem = backends.Bwrap().problem()
     require_system("bubblewrap", problem is None, str(problem))
-    port = free_port()
+    port = port or free_port()
     token_file = folder / "sandbox.token"
     command = [sys.executable, "-m", "rlkit_cli.main", "sandbox", "serve", "--port", str(port)]
     proc = subprocess.Popen(

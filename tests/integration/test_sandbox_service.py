@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from rlkit import sandbox
+from rlkit.inference.lifecycle import free_port
 from rlkit.sandbox import runner
 from rlkit.sandbox.session import PythonSession
 from tests.helpers.cli import tiny_train_cmd
@@ -272,6 +273,23 @@ async def test_a_service_killed_mid_run_errors_its_requests(tmp_path: Path) -> N
             await _wait_for(lambda: not _pids_with(marker), timeout=10)
         finally:
             runner.configure(url="")
+
+
+async def test_a_restarted_service_answers_the_clients_next_request(tmp_path: Path) -> None:
+    """The client's kept connection to the service that stopped (closed by it, unread while the
+    client's loop was blocked) is not used: the first program sent to the service started again
+    on the same port runs instead of erroring its rollout."""
+    port = free_port()
+    runner.configure(url=f"http://127.0.0.1:{port}", token_file=str(tmp_path / "sandbox.token"))
+    try:
+        with sandbox_service(tmp_path, "--pool-size", "1", port=port):
+            assert (await sandbox.run("print(1)")).stdout == "1\n"
+            assert (await sandbox.run("print(2)")).stdout == "2\n"  # on the kept connection
+        with sandbox_service(tmp_path, "--pool-size", "1", port=port):
+            after = await sandbox.run("print(3)")
+            assert after.status == "ok" and after.stdout == "3\n", after.stderr
+    finally:
+        runner.configure(url="")
 
 
 def test_rlkit_train_starts_one_sandbox_service_for_the_run(

@@ -1,10 +1,15 @@
 """The sandbox service's parts that need no bubblewrap: admission (limit, bounded queue,
-Retry-After), configuration, wire encoding, and a client whose service is not there."""
+Retry-After), configuration, wire encoding, and a client whose service is not there, restarts
+or dies mid-request."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -150,3 +155,119 @@ def test_the_client_keeps_one_connection_per_event_loop_and_closes_it_with_the_l
     second = asyncio.run(calls())
     assert second is not first and second.closed
     assert len(set(peers[:3])) == 1 and len(set(peers[3:])) == 1  # one connection a loop
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ThreadedService:
+    """A stand-in service on its own event loop in a thread, so it can stop and start again while
+    the client's loop is not running: the client's kept connection then learns of the close only
+    when it is next used (as on a client whose loop was busy while the service restarted)."""
+
+    def __init__(self, port: int, handler: Handler) -> None:
+        self.port, self.handler = port, handler
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.runner: web.AppRunner | None = None
+
+    def _wait(self, work: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(work, self.loop).result(10)
+
+    def start(self) -> None:
+        async def up() -> web.AppRunner:
+            app = web.Application()
+            app.router.add_post("/run", self.handler)
+            runner_ = web.AppRunner(app)
+            await runner_.setup()
+            await web.TCPSite(runner_, "127.0.0.1", self.port).start()
+            return runner_
+
+        self.runner = self._wait(up())
+
+    def stop(self) -> None:
+        if self.runner is not None:
+            self._wait(self.runner.cleanup())
+            self.runner = None
+
+    def close(self) -> None:
+        self.stop()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@contextmanager
+def threaded_client(
+    tmp_path: Path, handler: Handler
+) -> Iterator[tuple[ThreadedService, SandboxClient, Callable[[], sandbox.SandboxResult]]]:
+    """A running stand-in service, a client of it, and a `/run` through that client on one event
+    loop kept between calls (so its session and kept connection are too)."""
+    token_file = tmp_path / "token"
+    write_token_file(token_file)
+    service = ThreadedService(free_port(), handler)
+    service.start()
+    client = SandboxClient(f"http://127.0.0.1:{service.port}", str(token_file))
+    loop = asyncio.new_event_loop()
+
+    def run() -> sandbox.SandboxResult:
+        return loop.run_until_complete(client.run("print(1)", "python", "", 5.0, 256, None))
+
+    try:
+        yield service, client, run
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())  # closes the client's session
+        loop.close()
+        service.close()
+
+
+def _answer(peers: list[Any]) -> Handler:
+    async def answer(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername"))
+        return web.json_response({"status": "ok", "stdout": "1\n", "exit_code": 0})
+
+    return answer
+
+
+def test_a_restarted_service_gets_the_next_request_on_a_new_connection(tmp_path: Path) -> None:
+    """The kept connection the old service closed is not used: the request after the restart
+    succeeds instead of erroring its rollout."""
+    peers: list[Any] = []
+    with threaded_client(tmp_path, _answer(peers)) as (service, _, run):
+        assert run().status == "ok"
+        assert run().status == "ok"
+        service.stop()
+        service.start()  # the same port, the client's loop idle meanwhile
+        after = run()
+        assert after.status == "ok", after.stderr
+        assert len(peers) == 3 and peers[0] == peers[1] != peers[2]
+
+
+def test_a_request_the_service_received_is_not_sent_again(tmp_path: Path) -> None:
+    """A service that dies holding a request on a kept connection, before its first answer byte
+    or mid-answer, errors that request (it may have run the program): it is not sent twice."""
+    received: list[int] = []
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        received.append(len(received) + 1)
+        if len(received) == 2:  # dies before answering
+            request.transport.abort()
+            return web.Response()
+        if len(received) == 4:  # dies mid-answer
+            reply = web.StreamResponse(headers={"Content-Length": "100"})
+            reply.content_type = "application/json"
+            await reply.prepare(request)
+            await reply.write(b'{"status": "o')
+            request.transport.abort()
+            return reply
+        return web.json_response({"status": "ok", "exit_code": 0})
+
+    with threaded_client(tmp_path, answer) as (_, _, run):
+        for expected in ("ok", "sandbox_error", "ok", "sandbox_error", "ok"):
+            result = run()
+            assert result.status == expected, result.stderr
+            if expected == "sandbox_error":
+                assert result.stderr.startswith("sandbox service")
+        assert received == [1, 2, 3, 4, 5]  # each request once
