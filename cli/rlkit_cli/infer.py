@@ -48,6 +48,7 @@ def infer(
     load only from `--allowed-weights-root` directories.
     """
     from rlkit.inference.lifecycle import (
+        RPC_DIR_OWNER,
         check_model_dir,
         check_port_free,
         infer_credentials,
@@ -55,6 +56,7 @@ def infer(
         security_args,
         server_command,
         server_env,
+        server_temp_dir,
     )
     from rlkit.protocol.credentials import TOKEN_FILE_ENV
 
@@ -67,5 +69,8 @@ def infer(
     typer.echo(f"token file: {creds.token_file} (clients: rlkit eval --token-file FILE)")
     for name, path in creds.tenant_files.items():
         typer.echo(f"tenant {name}: {path} (that run's inference.token_file)")
+    env = {**server_env(), TOKEN_FILE_ENV: str(creds.token_file)}
+    temp_dir = server_temp_dir(env)  # what vLLM leaves in the temporary folder goes there
+    (temp_dir / RPC_DIR_OWNER).write_text(str(os.getpid()))  # the server's pid: exec keeps it
     sys.stdout.flush()
-    os.execvpe(argv[0], argv, {**server_env(), TOKEN_FILE_ENV: str(creds.token_file)})
+    os.execvpe(argv[0], argv, env)

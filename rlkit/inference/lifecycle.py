@@ -197,7 +197,7 @@ class ServerProcess:
     log_path: Path
     token_file: Path
     _log_file: object = field(default=None, repr=False)
-    rpc_dir: Path | None = field(default=None, repr=False)  # its vLLM sockets, when rlkit chose
+    rpc_dir: Path | None = field(default=None, repr=False)  # its `server_temp_dir`
 
     @property
     def token(self) -> str:
@@ -282,6 +282,43 @@ def remove_stale_rpc_dirs(grace_s: float = 600.0) -> list[Path]:
     return removed
 
 
+def server_temp_dir(env: dict[str, str]) -> Path:
+    """A new folder of the server's own for all it puts in the temporary folder, named in `env`
+    as its `TMPDIR` and (unless `env` names another) `VLLM_RPC_BASE_PATH`.
+
+    vLLM leaves files in the system temporary folder at every engine start and removes none:
+    the UNIX sockets of its processes (`<uuid>`, in VLLM_RPC_BASE_PATH, the temporary folder by
+    default) and the torch.distributed FileStore file of its process group (`vllm_dist_<hex>`,
+    always in the temporary folder). This folder goes instead: `ServerProcess.stop` removes it,
+    the server removes it on exit (`remove_own_temp_dir`) and, once its server is gone, the
+    next server's start (`remove_stale_rpc_dirs`; the caller writes the server's pid in
+    RPC_DIR_OWNER). Torch Inductor's cache folder (`torchinductor_<user>` in the temporary
+    folder: compiled kernels, 150 MB precompiled headers) is a link to the shared one there, so
+    that servers keep reusing what earlier ones compiled (removing the folder unlinks it)."""
+    remove_stale_rpc_dirs()
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    folder = Path(tempfile.mkdtemp(prefix=RPC_DIR_PREFIX))
+    inductor = Path(default_cache_dir())
+    inductor.mkdir(parents=True, exist_ok=True)
+    (folder / inductor.name).symlink_to(inductor, target_is_directory=True)
+    env["TMPDIR"] = str(folder)
+    env.setdefault("VLLM_RPC_BASE_PATH", str(folder))
+    return folder
+
+
+def remove_own_temp_dir() -> None:
+    """In a server exiting: remove its `server_temp_dir` folder (`rlkit infer` has no launcher
+    left to do it: it execs the server)."""
+    folder = Path(os.environ.get("TMPDIR", "/nonexistent"))
+    try:
+        ours = (folder / RPC_DIR_OWNER).read_text() == str(os.getpid())
+    except OSError:
+        return
+    if folder.name.startswith(RPC_DIR_PREFIX) and ours:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def start_server(
     model: str,
     *,
@@ -314,14 +351,7 @@ def start_server(
     log_file = open(log_path, "ab")
     security = security_args(weights_roots, tenants_dir, max_update_s)
     server_vars = {**server_env(), **(env or {}), TOKEN_FILE_ENV: str(token_file.resolve())}
-    # vLLM's processes talk over UNIX sockets it names in VLLM_RPC_BASE_PATH (the temporary
-    # folder itself by default): a folder of this server's own, removed by `stop`, so an engine
-    # that was killed leaves none behind
-    rpc_dir = None
-    if "VLLM_RPC_BASE_PATH" not in server_vars:
-        remove_stale_rpc_dirs()
-        rpc_dir = Path(tempfile.mkdtemp(prefix=RPC_DIR_PREFIX))
-        server_vars["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
+    rpc_dir = server_temp_dir(server_vars)
     proc = subprocess.Popen(
         server_command(model, host, port, [*security, *(extra_args or [])]),
         stdout=log_file,
@@ -330,8 +360,7 @@ def start_server(
         start_new_session=True,
         preexec_fn=die_with_parent_preexec(),
     )
-    if rpc_dir is not None:
-        (rpc_dir / RPC_DIR_OWNER).write_text(str(proc.pid))
+    (rpc_dir / RPC_DIR_OWNER).write_text(str(proc.pid))
     return ServerProcess(
         process=proc,
         url=f"http://{host}:{port}",

@@ -69,6 +69,7 @@ from rlkit.inference.auth import (
     security,
     visible_adapters,
 )
+from rlkit.inference.lifecycle import remove_own_temp_dir
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.inference.weights import check_adapter_dir, check_signature, weight_signature
 from rlkit.lifetime import SERVER_PID_ENV
@@ -536,7 +537,10 @@ def main(argv: list[str] | None = None) -> None:
 
     entry.build_app = build_app
     fork_engine_processes_on_cpu(user_start_method)
-    uvloop.run(entry.run_server(args))
+    try:
+        uvloop.run(entry.run_server(args))
+    finally:
+        remove_own_temp_dir()
 
 
 if __name__ == "__main__":

@@ -63,6 +63,12 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def process_environ(pid: int) -> dict[str, str]:
+    """The environment `pid` started with (from /proc)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    return dict(v.split("=", 1) for v in raw.split("\0") if "=" in v)
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

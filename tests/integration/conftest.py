@@ -59,11 +59,14 @@ def lora_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     by the LoRA tests that neither kill nor restart it: each unloads the adapters it loaded and
     serves the base weights again if it changed them. One LoRA engine start in a session. Its
     owner holds the tests' run token (what tests publish is signed with it); tenants `a` and `b`
-    hold their own (`tenants/NAME.token` beside it); weights load from the tests' folders."""
+    hold their own (`tenants/NAME.token` beside it); weights load from the tests' folders.
+    What vLLM puts in the temporary folder goes to the server's own (its TMPDIR, where its
+    `vllm_dist_*` file is), which the server removes when it stops."""
     from rlkit.inference import ServerProcess
-    from rlkit.inference.lifecycle import free_port
+    from rlkit.inference.lifecycle import RPC_DIR_PREFIX, free_port
     from rlkit.protocol.credentials import TOKEN_FILE_ENV
     from tests.helpers.cli import RLKIT, TEST_SERVER_ARGS
+    from tests.helpers.roles import process_environ
     from tests.helpers.train_runs import start
 
     port = free_port()
@@ -78,6 +81,10 @@ def lora_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     )
     try:
         server.wait_ready(timeout=600)
+        temp_dir = Path(process_environ(server.pid)["TMPDIR"])
+        assert temp_dir.name.startswith(RPC_DIR_PREFIX), temp_dir
+        assert any(p.name.startswith("vllm_dist_") for p in temp_dir.iterdir())
         yield server
     finally:
         server.stop()
+    assert not temp_dir.exists()

@@ -40,7 +40,7 @@ from tests.helpers.broadcast_trainer import (
 )
 from tests.helpers.cli import TEST_SERVER_ARGS
 from tests.helpers.published import publish_files
-from tests.helpers.roles import descendants
+from tests.helpers.roles import descendants, process_environ
 
 pytestmark = pytest.mark.slow
 PROMPT_IDS = [5, 6, 7, 8, 9, 10, 11, 12]
@@ -60,8 +60,10 @@ def hf_logprobs(model_dir: Path, prompt: list[int], completion: list[int]) -> li
 def test_engine_processes_are_forked_when_asked(tiny_model_dir: Path, tmp_path: Path) -> None:
     """`VLLM_WORKER_MULTIPROC_METHOD=fork` on CPU: the engine core and its worker are forks of
     the server (no fresh interpreter importing vLLM and torch again), which vLLM's CPU platform
-    would otherwise replace by spawn; and it still serves. Its processes' UNIX sockets live in
-    a folder of the server's own, gone once it is stopped, even after a SIGKILL."""
+    would otherwise replace by spawn; and it still serves. What its processes would put in the
+    system temporary folder (their UNIX sockets, the `vllm_dist_*` file of vLLM's process
+    group) lives in a folder of the server's own, its TMPDIR, gone once it is stopped, even
+    after a SIGKILL."""
     env = {**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": "fork"}
     server = start_server(
         str(tiny_model_dir),
@@ -83,6 +85,10 @@ def test_engine_processes_are_forked_when_asked(tiny_model_dir: Path, tmp_path: 
         assert len(gen.completion_token_ids) == 4
         rpc_dir = server.rpc_dir
         assert rpc_dir is not None and any(p.is_socket() for p in rpc_dir.iterdir())
+        assert any(p.name.startswith("vllm_dist_") for p in rpc_dir.iterdir())
+        assert {process_environ(p).get("TMPDIR") for p in [pid, *engine]} == {str(rpc_dir)}
+        sockets = bound_socket_paths([pid, *engine])  # none in the system temporary folder
+        assert sockets and {Path(s).parent for s in sockets} == {rpc_dir}, sockets
         assert rpc_dir not in remove_stale_rpc_dirs()  # a live server's folder is kept
         os.killpg(pid, signal.SIGKILL)  # what a kill test does: vLLM cleans up nothing
         server.process.wait(timeout=30)
@@ -90,6 +96,21 @@ def test_engine_processes_are_forked_when_asked(tiny_model_dir: Path, tmp_path: 
         assert rpc_dir in remove_stale_rpc_dirs() and not rpc_dir.exists()
     finally:
         server.stop()
+
+
+def bound_socket_paths(pids: list[int]) -> set[str]:
+    """The paths of the UNIX sockets these processes bound (/proc/net/unix by inode)."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    rows = [line.split() for line in Path("/proc/net/unix").read_text().splitlines()[1:]]
+    return {row[7] for row in rows if len(row) > 7 and row[6] in inodes and row[7][0] == "/"}
 
 
 async def complete(server: ServerProcess, model: str):

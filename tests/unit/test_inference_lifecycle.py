@@ -63,3 +63,83 @@ def test_stale_server_socket_folders_are_removed(
     other.mkdir()
     assert sorted(lifecycle.remove_stale_rpc_dirs()) == sorted([dead, orphan])
     assert live.exists() and starting.exists() and other.exists()
+
+
+def test_a_server_gets_a_temporary_folder_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """vLLM's sockets and `vllm_dist_*` FileStore files go to the server's TMPDIR, a folder the
+    stale sweep knows; Inductor's cache folder in it is the shared one."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    env: dict[str, str] = {}
+    folder = lifecycle.server_temp_dir(env)
+    assert folder.is_dir() and folder.parent == tmp_path
+    assert folder.name.startswith(lifecycle.RPC_DIR_PREFIX)
+    assert env == {"TMPDIR": str(folder), "VLLM_RPC_BASE_PATH": str(folder)}
+    shared = Path(default_cache_dir())
+    assert shared.parent == tmp_path and shared.is_dir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))  # what the server sees
+    assert Path(default_cache_dir()).resolve() == shared
+    env = {"VLLM_RPC_BASE_PATH": "/sockets"}
+    folder = lifecycle.server_temp_dir(env)
+    assert env == {"VLLM_RPC_BASE_PATH": "/sockets", "TMPDIR": str(folder)}  # the user's wins
+
+
+def test_a_server_removes_its_own_folder_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    theirs = lifecycle.server_temp_dir({})
+    (theirs / lifecycle.RPC_DIR_OWNER).write_text(str(os.getppid()))
+    monkeypatch.setenv("TMPDIR", str(theirs))
+    lifecycle.remove_own_temp_dir()
+    assert theirs.exists()
+    ours = lifecycle.server_temp_dir({})
+    (ours / lifecycle.RPC_DIR_OWNER).write_text(str(os.getpid()))
+    (ours / "vllm_dist_0123").write_text("")
+    shared = Path(default_cache_dir())
+    (ours / shared.name / "kernel").write_text("")  # through the link
+    monkeypatch.setenv("TMPDIR", str(ours))
+    lifecycle.remove_own_temp_dir()
+    assert not ours.exists()
+    assert (shared / "kernel").exists()  # the shared cache stays
+    other = tmp_path / "not-ours"  # any other TMPDIR is never removed
+    other.mkdir()
+    (other / lifecycle.RPC_DIR_OWNER).write_text(str(os.getpid()))
+    monkeypatch.setenv("TMPDIR", str(other))
+    lifecycle.remove_own_temp_dir()
+    assert other.exists()
+
+
+def test_rlkit_infer_execs_the_server_with_its_own_temporary_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`rlkit infer` becomes the server (exec): the folder's owner is its own pid."""
+    from rlkit_cli.main import app
+    from typer.testing import CliRunner
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("RLKIT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("VLLM_RPC_BASE_PATH", raising=False)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"")
+    execs = []
+
+    def fake_exec(path: str, argv: list[str], env: dict[str, str]) -> None:
+        execs.append(env)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execvpe", fake_exec)
+    port = str(lifecycle.free_port())
+    result = CliRunner().invoke(app, ["infer", "--model", str(model), "--port", port])
+    assert result.exit_code == 0, result.output
+    folder = Path(execs[0]["TMPDIR"])
+    assert folder.parent == tmp_path and folder.name.startswith(lifecycle.RPC_DIR_PREFIX)
+    assert execs[0]["VLLM_RPC_BASE_PATH"] == str(folder)
+    assert (folder / lifecycle.RPC_DIR_OWNER).read_text() == str(os.getpid())
