@@ -6,7 +6,9 @@ whose tail is included in any start-up error.
 
 from __future__ import annotations
 
+import getpass
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -296,15 +298,20 @@ def server_temp_dir(env: dict[str, str]) -> Path:
     folder: compiled kernels, 150 MB precompiled headers) is a link to the shared one there, so
     that servers keep reusing what earlier ones compiled (removing the folder unlinks it)."""
     remove_stale_rpc_dirs()
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
     folder = Path(tempfile.mkdtemp(prefix=RPC_DIR_PREFIX))
-    inductor = Path(default_cache_dir())
+    inductor = shared_inductor_cache()
     inductor.mkdir(parents=True, exist_ok=True)
     (folder / inductor.name).symlink_to(inductor, target_is_directory=True)
     env["TMPDIR"] = str(folder)
     env.setdefault("VLLM_RPC_BASE_PATH", str(folder))
     return folder
+
+
+def shared_inductor_cache() -> Path:
+    """Torch Inductor's default cache folder, as `torch._inductor.runtime.cache_dir_utils.
+    default_cache_dir` names it (not imported: the launcher need not import torch for this)."""
+    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    return Path(tempfile.gettempdir()) / f"torchinductor_{user}"
 
 
 def remove_own_temp_dir() -> None:

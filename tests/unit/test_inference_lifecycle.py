@@ -143,3 +143,11 @@ def test_rlkit_infer_execs_the_server_with_its_own_temporary_folder(
     assert folder.parent == tmp_path and folder.name.startswith(lifecycle.RPC_DIR_PREFIX)
     assert execs[0]["VLLM_RPC_BASE_PATH"] == str(folder)
     assert (folder / lifecycle.RPC_DIR_OWNER).read_text() == str(os.getpid())
+
+
+def test_the_shared_inductor_cache_is_torchs_default() -> None:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from rlkit.inference.lifecycle import shared_inductor_cache
+
+    assert shared_inductor_cache() == Path(default_cache_dir())
