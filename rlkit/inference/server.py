@@ -470,9 +470,9 @@ def fork_engine_processes_on_cpu(user_method: str | None) -> None:
     engine process and then its worker each start a fresh interpreter and import vLLM and torch
     again: most of a tiny model's engine start on the 2-core machine (`tests/benchmarks/
     bench_inference.py --start-methods fork,spawn`). Forked, both start before either runs an
-    OpenMP region (the worker binds its threads after the fork). Not the default: runs with
-    forked engines failed to learn where spawned ones learned (docs/benchmarks.md, cause not
-    found). `user_method` is what the user's environment named before vLLM's CLI set its own.
+    OpenMP region (the worker binds its threads after the fork). Not the default: some runs
+    with forked engines learned less than spawned ones (docs/benchmarks.md, cause not found).
+    `user_method` is what the user's environment named before vLLM's CLI set its own.
     """
     from vllm.platforms import current_platform
 
