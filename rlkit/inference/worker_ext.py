@@ -7,7 +7,8 @@ with ``engine.collective_rpc("rlkit_update", args=(record_json, ...))``. The wei
 vLLM's in-place reload, which handles fused layouts (qkv, gate/up, experts). Importing this
 module (vLLM does it in every worker) also applies `RLKIT_VLLM_BUSY_LOOP_S` (see `polling`)
 and makes the worker kill its process group (engine core included) once rlkit's API server is
-gone (`rlkit.lifetime.follow_process`), so a killed server leaves no engine process behind.
+gone (`rlkit.lifetime.follow_process`), so a killed server leaves no engine process behind,
+and asks Linux for the CPU's AMX tile state (`allow_amx`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,17 @@ import torch
 from rlkit.inference.polling import apply_from_env
 from rlkit.lifetime import SERVER_PID_ENV, follow_process
 
+
+def allow_amx() -> None:
+    """Ask the kernel for AMX tile state where the CPU has it: Linux grants it to a process only
+    on request, and vLLM's CPU attention uses AMX tiles on such CPUs while only torch.compile's
+    ISA probe asks for them, so an eager engine died of SIGILL at its first request."""
+    if torch.cpu._is_amx_tile_supported():
+        torch.cpu._init_amx()
+
+
 apply_from_env()
+allow_amx()
 if os.environ.get(SERVER_PID_ENV, "").isdigit() and int(os.environ[SERVER_PID_ENV]) != os.getpid():
     follow_process(int(os.environ[SERVER_PID_ENV]))
 
