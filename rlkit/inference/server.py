@@ -488,6 +488,23 @@ def fork_engine_processes_on_cpu(user_method: str | None) -> None:
     platform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign]
 
 
+def worker_in_engine_process_on_cpu() -> None:
+    """On CPU, run vLLM's worker inside its engine process (the `uni` executor) unless the
+    user's environment sets `VLLM_ENABLE_V1_MULTIPROCESSING`.
+
+    vLLM's CPU platform asks for a worker process of its own so that the worker starts as a
+    fresh interpreter after vLLM has set its OpenMP and allocator libraries (`LD_PRELOAD`). The
+    API server starts the engine process that way too (AsyncLLM always runs the engine in a
+    process of its own), so a worker inside it gets the same libraries, and each engine start
+    imports vLLM and torch in one process fewer (`tests/benchmarks/bench_inference.py
+    --start-methods uni,spawn`). A tensor-parallel engine keeps one process per worker.
+    """
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Start vLLM's server with rlkit's extension and routes."""
     # no unauthenticated development routes (/collective_rpc, /pause, /sleep...), and no
@@ -537,6 +554,7 @@ def main(argv: list[str] | None = None) -> None:
 
     entry.build_app = build_app
     fork_engine_processes_on_cpu(user_start_method)
+    worker_in_engine_process_on_cpu()
     try:
         uvloop.run(entry.run_server(args))
     finally:

@@ -1,13 +1,15 @@
 """Engine start time and generation throughput of the rlkit vLLM server, tiny vs small model,
-and per way of starting vLLM's engine and worker processes on CPU.
+and per way of running vLLM's engine and worker processes on CPU.
 
 Run: python tests/benchmarks/bench_inference.py [--requests 32] [--max-tokens 128]
-     [--start-methods fork,spawn] [--sizes tiny,small]
+     [--start-methods uni,spawn,fork] [--sizes tiny,small]
 Prints one JSON line: per start method and model size, seconds from launch to /health ready
 and generated tokens/s for a batch of concurrent completions (ignore_eos, fixed length); the
 tiny/small throughput ratio and each method's start and throughput against the first one's.
-`fork` is what `rlkit infer` does on CPU; `spawn` is vLLM's CLI default (set through
-`VLLM_WORKER_MULTIPROC_METHOD`, which the server honours). Methods alternate per size.
+`uni` is rlkit's CPU default: the worker runs inside the engine process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`); `spawn` is vLLM's own CPU default, a worker process of
+its own; `fork` forks both (`VLLM_WORKER_MULTIPROC_METHOD=fork`, opt-in). Methods alternate
+per size.
 """
 
 from __future__ import annotations
@@ -24,6 +26,12 @@ from pathlib import Path
 from rlkit.inference import ServerProcess, start_server
 from rlkit.models import init_tiny
 
+METHODS = {
+    "uni": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
+    "spawn": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
+    "fork": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_WORKER_MULTIPROC_METHOD": "fork"},
+}
+
 
 async def throughput(server: ServerProcess, model: str, requests: int, max_tokens: int) -> float:
     sampling = {"max_tokens": max_tokens, "temperature": 1.0, "ignore_eos": True}
@@ -38,7 +46,7 @@ async def throughput(server: ServerProcess, model: str, requests: int, max_token
 
 
 def measure(model: str, log: Path, requests: int, max_tokens: int, method: str) -> dict[str, float]:
-    env = {**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": method}
+    env = {**os.environ, **METHODS[method]}
     t0 = time.perf_counter()
     server = start_server(model, log_path=log, env=env)
     try:
@@ -54,7 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--start-methods", default="fork,spawn")
+    parser.add_argument("--start-methods", default="uni,spawn,fork")
     parser.add_argument("--sizes", default="tiny,small")
     args = parser.parse_args()
     methods = args.start_methods.split(",")

@@ -58,12 +58,12 @@ def hf_logprobs(model_dir: Path, prompt: list[int], completion: list[int]) -> li
 
 @pytest.mark.skipif(has_cuda(), reason="on GPUs vLLM picks its own start method")
 def test_engine_processes_are_forked_when_asked(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """`VLLM_WORKER_MULTIPROC_METHOD=fork` on CPU: the engine core and its worker are forks of
-    the server (no fresh interpreter importing vLLM and torch again), which vLLM's CPU platform
-    would otherwise replace by spawn; and it still serves. What its processes would put in the
-    system temporary folder (their UNIX sockets, the `vllm_dist_*` file of vLLM's process
-    group) lives in a folder of the server's own, its TMPDIR, gone once it is stopped, even
-    after a SIGKILL."""
+    """`VLLM_WORKER_MULTIPROC_METHOD=fork` on CPU: the engine process, which runs the worker
+    inside it, is a fork of the server (no fresh interpreter importing vLLM and torch again),
+    which vLLM's CPU platform would otherwise replace by spawn; and it still serves. What its
+    processes would put in the system temporary folder (their UNIX sockets, the `vllm_dist_*`
+    file of vLLM's process group) lives in a folder of the server's own, its TMPDIR, gone once
+    it is stopped, even after a SIGKILL."""
     env = {**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": "fork"}
     server = start_server(
         str(tiny_model_dir),
@@ -76,7 +76,8 @@ def test_engine_processes_are_forked_when_asked(tiny_model_dir: Path, tmp_path: 
         pid = server.process.pid
         names = {p: Path(f"/proc/{p}/comm").read_text().strip() for p in descendants(pid)}
         engine = [p for p, name in names.items() if name.startswith("VLLM::")]
-        assert {"VLLM::EngineCor", "VLLM::Worker"} <= set(names.values()), names
+        assert engine and set(names.values()) >= {"VLLM::EngineCor"}, names
+        assert "VLLM::Worker" not in names.values(), names
         # a fork never execs: it keeps the server's auxiliary vector (exec's addresses,
         # randomised per exec); a spawned interpreter has its own
         auxv = Path(f"/proc/{pid}/auxv").read_bytes()
@@ -96,6 +97,25 @@ def test_engine_processes_are_forked_when_asked(tiny_model_dir: Path, tmp_path: 
         assert rpc_dir in remove_stale_rpc_dirs() and not rpc_dir.exists()
     finally:
         server.stop()
+
+
+@pytest.mark.skipif(has_cuda(), reason="on GPUs vLLM picks its own executor")
+def test_the_worker_runs_inside_a_spawned_engine_process_with_vllms_libraries(
+    vllm_server: ServerProcess,
+) -> None:
+    """By default on CPU the worker runs inside vLLM's engine process (one interpreter fewer
+    to start), and that process, a fresh interpreter started after vLLM chose its OpenMP and
+    allocator libraries (`LD_PRELOAD`), runs with them loaded as a worker process of its own
+    would."""
+    pid = vllm_server.process.pid
+    names = {p: Path(f"/proc/{p}/comm").read_text().strip() for p in descendants(pid)}
+    engine = [p for p, name in names.items() if name == "VLLM::EngineCor"]
+    assert len(engine) == 1 and "VLLM::Worker" not in names.values(), names
+    preload = process_environ(engine[0]).get("LD_PRELOAD", "")
+    assert "libgomp" in preload, preload  # torch's OpenMP runtime, named by vLLM's CPU platform
+    maps = Path(f"/proc/{engine[0]}/maps").read_text()
+    assert all(str(Path(lib).resolve()) in maps for lib in preload.split(":")), preload
+    assert Path(f"/proc/{engine[0]}/auxv").read_bytes() != Path(f"/proc/{pid}/auxv").read_bytes()
 
 
 def bound_socket_paths(pids: list[int]) -> set[str]:
