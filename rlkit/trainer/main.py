@@ -38,10 +38,12 @@ class TrainerRanks:
     rdzv_id: str = "rlkit"
 
     def torchrun_args(self) -> list[str]:
-        """`-m torch.distributed.run ...` options (no restarts: a lost rank ends the run)."""
+        """`-m torch.distributed.run ...` options (no restarts: a lost rank ends the run). No
+        log folder: torchrun would make one in the temporary folder per run and never remove
+        it, and the ranks write to the trainer's own log."""
         args = ["-m", "torch.distributed.run", "--nproc-per-node", str(self.nproc)]
         if self.nnodes == 1:
-            return [*args, "--standalone"]
+            return [*args, "--standalone", "--log-dir", os.devnull]
         is_host = "true" if self.node_rank == 0 else "false"
         return [
             *args,
@@ -57,6 +59,8 @@ class TrainerRanks:
             f"is_host={is_host}",
             "--max-restarts",
             "0",
+            "--log-dir",
+            os.devnull,
         ]
 
 

@@ -87,9 +87,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+def _run(cmd: list[str], tmp: Path) -> None:
+    """Run `cmd` with `tmp` as its temporary folder; torchrun leaves no folder of its own there."""
+    tmp.mkdir()
+    env = {**_env(), "TMPDIR": str(tmp)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("torchelastic_")]
 
 
 def _compare(one: dict, two: dict) -> None:
@@ -112,8 +116,9 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., dict]
 
     def reference(model_dir: Path, *args: str) -> dict:
         if (model_dir, args) not in results:
-            single = tmp_path_factory.mktemp("one-process") / "one.pt"
-            _run([sys.executable, __file__, str(single), str(model_dir), *args])
+            folder = tmp_path_factory.mktemp("one-process")
+            single = folder / "one.pt"
+            _run([sys.executable, __file__, str(single), str(model_dir), *args], folder / "tmp")
             results[model_dir, args] = torch.load(single)
         return results[model_dir, args]
 
@@ -135,7 +140,7 @@ def test_two_ranks_match_one_process(
     args = ["full", "8"] if arch == "lora" else []
     double = tmp_path / "two.pt"
     torchrun = [sys.executable, *TrainerRanks(nproc=2).torchrun_args()]
-    _run([*torchrun, __file__, str(double), str(model_dir), *args])
+    _run([*torchrun, __file__, str(double), str(model_dir), *args], tmp_path / "tmp")
     two = torch.load(double)
     assert two["mesh"] == ((2,), None)
     if arch == "lora":
