@@ -464,12 +464,13 @@ def vllm_serve_modules() -> tuple[Any, Any]:
 
 def fork_engine_processes_on_cpu(user_method: str | None) -> None:
     """On CPU, with `VLLM_WORKER_MULTIPROC_METHOD=fork` in the user's environment, start vLLM's
-    engine and worker processes by fork (opt-in; spawn stays the default).
+    engine process (and a worker process, where it has one) by fork (opt-in; spawn stays the
+    default).
 
     vLLM's CPU platform replaces any method by spawn while it configures the engine, so the
-    engine process and then its worker each start a fresh interpreter and import vLLM and torch
+    engine process (and a worker process) starts a fresh interpreter and imports vLLM and torch
     again: most of a tiny model's engine start on the 2-core machine (`tests/benchmarks/
-    bench_inference.py --start-methods fork,spawn`). Forked, both start before either runs an
+    bench_inference.py --start-methods uni,spawn,fork`). Forked, both start before either runs an
     OpenMP region (the worker binds its threads after the fork). Not the default: some runs
     with forked engines learned less than spawned ones (docs/benchmarks.md, cause not found).
     `user_method` is what the user's environment named before vLLM's CLI set its own.
