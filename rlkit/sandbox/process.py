@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 import time
 from collections.abc import Callable
@@ -28,14 +27,20 @@ _REAPING: set[asyncio.Task] = set()
 
 class _CappedReader:
     """Reads a stream incrementally, keeping at most `limit` bytes (host memory stays bounded).
-    With an `end` marker (a warm sandbox), notes the program's exit code once the stream ends
-    with that marker (the program has ended and flushed: nothing more will come)."""
+    With an `end` marker prefix (a warm sandbox), notes the program's exit code and calls
+    `on_marked` once the stream ends with that marker (the program has ended and flushed:
+    nothing more will come)."""
 
-    def __init__(self, stream: asyncio.StreamReader, limit: int, end: re.Pattern | None) -> None:
-        self.stream, self.limit, self.end = stream, limit, end
+    def __init__(
+        self,
+        stream: asyncio.StreamReader,
+        limit: int,
+        end: bytes | None,
+        on_marked: Callable[[], None],
+    ) -> None:
+        self.stream, self.limit, self.end, self.on_marked = stream, limit, end, on_marked
         self.data = bytearray()
         self.cut = False  # more came than the reader keeps
-        self.ended = asyncio.Event()
         self.code: int | None = None
 
     @property
@@ -52,12 +57,21 @@ class _CappedReader:
             if len(chunk) > room:
                 self.cut = True
                 on_overflow()
-            elif self.end and (
-                found := self.end.search(self.data, max(0, len(self.data) - MARKER_ROOM))
-            ):
-                self.code = int(found[1])
-                del self.data[found.start() :]
-                self.ended.set()
+            elif self.end and self.code is None and self._take_marker(self.end):
+                self.on_marked()
+
+    def _take_marker(self, end: bytes) -> bool:
+        """Whether the data ends with `end` + the exit code's digits + a newline (then the
+        marker is cut off and the code kept): a plain byte comparison, no per-request regex."""
+        if not self.data.endswith(b"\n"):
+            return False
+        at = self.data.rfind(end, max(0, len(self.data) - MARKER_ROOM))
+        digits = self.data[at + len(end) : -1]
+        if at < 0 or not 1 <= len(digits) <= 3 or not digits.isdigit():
+            return False
+        self.code = int(digits)
+        del self.data[at:]
+        return True
 
     def text(self) -> str:
         return self.data[: self.limit].decode("utf-8", errors="replace")
@@ -69,11 +83,10 @@ def kill_tree(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
+async def _feed(stdin: asyncio.StreamWriter) -> None:
+    """Drain what `supervise` wrote to the program's stdin, then close it (its EOF)."""
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        if data:
-            stdin.write(data)
-            await stdin.drain()
+        await stdin.drain()
         stdin.close()
         await stdin.wait_closed()
 
@@ -127,10 +140,10 @@ async def execute(launch: Launch, stdin: str, timeout: float, output_limit: int)
     return await supervise(proc, launch, stdin.encode(), timeout, output_limit, start)
 
 
-def end_pattern(end: str) -> re.Pattern:
-    """What ends each stream of a warm sandbox's program that ended by itself with code N:
-    `loader.end_marker(end, N)` as the stream's last bytes."""
-    return re.compile(rb"\x00rlkit-end:" + re.escape(end.encode()) + rb":(\d{1,3})\n\Z")
+def end_prefix(end: str) -> bytes:
+    """What ends each stream of a warm sandbox's program that ended by itself with code N,
+    before N and a newline: `loader.end_marker(end, N)` as the stream's last bytes."""
+    return b"\x00rlkit-end:" + end.encode() + b":"
 
 
 async def _reap(proc: asyncio.subprocess.Process, tasks: list[asyncio.Future]) -> int:
@@ -142,9 +155,10 @@ async def _reap(proc: asyncio.subprocess.Process, tasks: list[asyncio.Future]) -
     return returncode
 
 
-async def _both_ended(out: _CappedReader, err: _CappedReader) -> None:
-    await out.ended.wait()
-    await err.ended.wait()
+async def _kill_and_reap(proc: asyncio.subprocess.Process, tasks: list[asyncio.Future]) -> int:
+    """Kill an answered sandbox and reap it: as a task, it runs once the answer is on its way."""
+    kill_tree(proc.pid)
+    return await _reap(proc, tasks)
 
 
 async def supervise(
@@ -160,33 +174,47 @@ async def supervise(
     strikes, kill its tree and classify how it ended (a fresh or a warm sandbox alike).
 
     With `end` (a warm sandbox's nonce), both streams ending with its marker is the end: the
-    answer comes at once and the killed sandbox is reaped in the background."""
+    answer comes at once and the sandbox is killed and reaped in the background."""
     assert proc.stdin and proc.stdout and proc.stderr
-    pattern = end_pattern(end) if end else None
-    out = _CappedReader(proc.stdout, output_limit, pattern)
-    err = _CappedReader(proc.stderr, output_limit, pattern)
+    if stdin:
+        # Written now, before the rest is set up, so a waiting sandbox starts on it at once;
+        # what the pipe does not take now is drained by `_feed`.
+        proc.stdin.write(stdin)
+    marked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_marked() -> None:
+        if out.code is not None and err.code is not None and not marked.done():
+            marked.set_result(None)
+
+    prefix = end_prefix(end) if end else None
+    out = _CappedReader(proc.stdout, output_limit, prefix, on_marked)
+    err = _CappedReader(proc.stderr, output_limit, prefix, on_marked)
     tasks = [
-        asyncio.ensure_future(_feed(proc.stdin, stdin)),
+        asyncio.ensure_future(_feed(proc.stdin)),
         asyncio.ensure_future(out.run(lambda: kill_tree(proc.pid))),
         asyncio.ensure_future(err.run(lambda: kill_tree(proc.pid))),
     ]
     exited = asyncio.ensure_future(proc.wait())
-    marked = asyncio.ensure_future(_both_ended(out, err))
     try:
         done, _ = await asyncio.wait(
             {exited, marked}, timeout=timeout, return_when="FIRST_COMPLETED"
         )
+    except BaseException:
+        kill_tree(proc.pid)  # cancelled: nothing the program started outlives it
+        raise
     finally:
-        # Always: background processes the program left behind die with it.
-        kill_tree(proc.pid)
         marked.cancel()
     timed_out = not done
     if marked in done and not exited.done():
-        reaping = asyncio.ensure_future(_reap(proc, tasks))
+        # Killed (background processes the program left behind with it) by a task of its own,
+        # which runs after this task's current step: a caller that answers without awaiting
+        # (the service's `POST /run`) has sent its answer before the teardown starts.
+        reaping = asyncio.ensure_future(_kill_and_reap(proc, tasks))
         _REAPING.add(reaping)
         reaping.add_done_callback(_REAPING.discard)
         returncode = None
     else:
+        kill_tree(proc.pid)  # always: background processes the program left behind die with it
         returncode = await _reap(proc, tasks)
     duration = time.monotonic() - start
     stdout, stderr = out.text(), err.text()

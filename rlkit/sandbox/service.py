@@ -411,4 +411,6 @@ def serve(host: str, port: int, security: ServerSecurity, config: ServiceSetting
         timeout_graceful_shutdown=5,
         timeout_keep_alive=KEEP_ALIVE_S,
         loop="asyncio",
+        access_log=False,  # nothing logged per request (log_level alone still asks the logger)
+        proxy_headers=False,  # no client address is used: X-Forwarded-* is not parsed at all
     )

@@ -24,6 +24,7 @@ from rlkit.sandbox import runner
 from rlkit.sandbox.client import SandboxClient
 from rlkit.sandbox.config import SandboxConfig
 from rlkit.sandbox.pool import Profile
+from rlkit.sandbox.process import _CappedReader, end_prefix
 from rlkit.sandbox.service import Admission, Busy
 from rlkit.sandbox.session import PythonSession
 from rlkit.sandbox.wire import decode_files, encode_files
@@ -271,3 +272,36 @@ def test_a_request_the_service_received_is_not_sent_again(tmp_path: Path) -> Non
             if expected == "sandbox_error":
                 assert result.stderr.startswith("sandbox service")
         assert received == [1, 2, 3, 4, 5]  # each request once
+
+
+@pytest.mark.parametrize(
+    ("chunks", "code", "kept"),
+    [
+        ([b"out", b"put\n\x00rlkit-end:ab12:7\n"], 7, b"output\n"),  # split across reads
+        ([b"x\x00rlkit-end:ab1", b"2:0\n"], 0, b"x"),  # the marker itself split
+        ([b"\x00rlkit-end:ab12:255\n"], 255, b""),
+        ([b"x\x00rlkit-end:ab12:1234\n"], None, None),  # not an exit code
+        ([b"x\x00rlkit-end:ab12:7"], None, None),  # no newline: not the stream's end
+        ([b"x\x00rlkit-end:ab12:\n"], None, None),
+        ([b"x\x00rlkit-end:zz99:7\n"], None, None),  # another request's nonce
+        ([b"x\x00rlkit-end:ab12:7\nmore"], None, None),  # output after it: not the end
+    ],
+)
+async def test_a_warm_sandboxs_end_marker_must_end_the_stream(
+    chunks: list[bytes], code: int | None, kept: bytes | None
+) -> None:
+    """The marker (`loader.end_marker`) with this request's nonce and a 1-3 digit code, as the
+    stream's last bytes, ends it: the code is kept and the marker cut from the output."""
+    stream = asyncio.StreamReader()
+    marked: list[int | None] = []
+    reader = _CappedReader(stream, 4096, end_prefix("ab12"), lambda: marked.append(reader.code))
+    reading = asyncio.ensure_future(reader.run(lambda: None))
+    for chunk in chunks:
+        stream.feed_data(chunk)
+        for _ in range(3):  # the reader takes this chunk alone
+            await asyncio.sleep(0)
+    stream.feed_eof()
+    await reading
+    assert reader.code == code
+    assert marked == ([] if code is None else [code])
+    assert bytes(reader.data) == (kept if kept is not None else b"".join(chunks))
