@@ -32,9 +32,10 @@ import types
 
 READY = b"\x00rlkit-ready\n"
 PROGRAM = "/program/main.py"
-# How long a finished loader waits for the host's kill before it leaves by itself (a host that
-# died: bubblewrap's --die-with-parent ends it sooner).
-KILL_WAIT_S = 30.0
+# How long a finished loader waits for the host's kill before it leaves by itself. Short: a
+# host that did not take the markers as the end (the program redirected fd 1 or 2, or left a
+# process writing to them) answers when the sandbox ends, as if the loader had left at once.
+KILL_WAIT_S = 0.1
 
 
 def end_marker(end: str, code: int) -> bytes:

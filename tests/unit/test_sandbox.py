@@ -275,6 +275,19 @@ async def test_a_warm_sandbox_answers_before_it_is_killed_and_leaves_nothing_beh
     await pool.close()
 
 
+async def test_a_warm_program_that_hides_a_marker_still_ends_soon() -> None:
+    """A program that sends its stderr elsewhere: the host never sees that stream's marker and
+    answers when the sandbox ends, which the loader does shortly after its markers by itself."""
+    pool = WarmPool(Profile(timeout=10.0, memory_mb=512), 1, runner.active_backend())
+    sandbox = await pool.take()
+    assert sandbox is not None
+    code = "import os\nos.dup2(os.open('/dev/null', os.O_WRONLY), 2)\nprint('hidden')"
+    result = await sandbox.run(code, "python", "", {}, runner.limits(8.0, 256), 4096)
+    assert (result.status, result.stdout, result.exit_code) == ("ok", "hidden\n", 0)
+    assert result.duration < 4.0  # not the request's timeout
+    await pool.close()
+
+
 def _running_with_argument(argument: str) -> bool:
     """Whether a process on this host has `argument` on its command line."""
     for entry in Path("/proc").iterdir():
