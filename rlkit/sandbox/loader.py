@@ -14,11 +14,10 @@ interpreter's start.
 
 When a Python program has ended (no thread of its own still running), the loader runs its exit
 handlers, flushes its output and writes `end_marker(end, code)` as the last bytes of stdout and
-of stderr, then waits for the host's kill instead of the interpreter's teardown: the host
-answers on the markers instead of waiting for this interpreter, bubblewrap and the namespaces to
-be torn down (most of a warm request's time), and kills the sandbox once it has answered.
-`end` is the request's own random nonce; a program that prints it early only cuts its own
-output short (the host kills the sandbox on the markers either way).
+of stderr, then leaves without the interpreter's teardown: the host answers on the markers
+instead of waiting for this interpreter, bubblewrap and the namespaces to be torn down (most of
+a warm request's time). `end` is the request's own random nonce; a program that prints it early
+only cuts its own output short (the host kills the sandbox on the markers either way).
 """
 
 import atexit
@@ -27,15 +26,10 @@ import marshal
 import os
 import resource
 import sys
-import time
 import types
 
 READY = b"\x00rlkit-ready\n"
 PROGRAM = "/program/main.py"
-# How long a finished loader waits for the host's kill before it leaves by itself. Short: a
-# host that did not take the markers as the end (the program redirected fd 1 or 2, or left a
-# process writing to them) answers when the sandbox ends, as if the loader had left at once.
-KILL_WAIT_S = 0.1
 
 
 def end_marker(end: str, code: int) -> bytes:
@@ -134,10 +128,8 @@ def own_threads_running() -> bool:
 
 def finish(end: str, code: int) -> None:
     """End as the interpreter would (exit handlers, flushed output), then mark both streams and
-    wait for the host's kill, which comes once the host has answered: the teardown of this
-    interpreter and its namespaces then does not compete with the answer for the CPU. A program
-    that still runs threads, or whose output cannot be flushed, ends through the interpreter's
-    own exit instead (the host then waits for the sandbox to end)."""
+    leave at once; a program that still runs threads, or whose output cannot be flushed, ends
+    through the interpreter's own exit instead (the host then waits for the sandbox to end)."""
     if own_threads_running():
         sys.exit(code)
     atexit._run_exitfuncs()
@@ -150,7 +142,6 @@ def finish(end: str, code: int) -> None:
     try:
         os.write(1, marker)
         os.write(2, marker)
-        time.sleep(KILL_WAIT_S)
     finally:
         os._exit(code)
 

@@ -75,8 +75,7 @@ class WarmSandbox:
         request: Limits,
         output_limit: int,
     ) -> SandboxResult:
-        """Hand the request over and supervise it like a fresh sandbox; this one is not used
-        again (killed by `supervise`, at once or just after the answer)."""
+        """Hand the request over, supervise it like a fresh sandbox, then discard this one."""
         end = secrets.token_hex(16)  # this request's end marker (`loader.finish`)
         header = marshal.dumps(
             {
@@ -95,14 +94,11 @@ class WarmSandbox:
         payload = b"%d\n" % len(header) + header + stdin.encode()
         start = time.monotonic()
         try:
-            result = await supervise(
+            return await supervise(
                 self.proc, self.launch, payload, request.timeout, output_limit, start, end
             )
-        except BaseException:
+        finally:
             self.discard()
-            raise
-        self.stack.close()  # `supervise` has killed the sandbox, or has a task to kill it
-        return result
 
     def discard(self) -> None:
         kill_tree(self.proc.pid)

@@ -155,12 +155,6 @@ async def _reap(proc: asyncio.subprocess.Process, tasks: list[asyncio.Future]) -
     return returncode
 
 
-async def _kill_and_reap(proc: asyncio.subprocess.Process, tasks: list[asyncio.Future]) -> int:
-    """Kill an answered sandbox and reap it: as a task, it runs once the answer is on its way."""
-    kill_tree(proc.pid)
-    return await _reap(proc, tasks)
-
-
 async def supervise(
     proc: asyncio.subprocess.Process,
     launch: Launch,
@@ -174,7 +168,7 @@ async def supervise(
     strikes, kill its tree and classify how it ended (a fresh or a warm sandbox alike).
 
     With `end` (a warm sandbox's nonce), both streams ending with its marker is the end: the
-    answer comes at once and the sandbox is killed and reaped in the background."""
+    answer comes at once and the killed sandbox is reaped in the background."""
     assert proc.stdin and proc.stdout and proc.stderr
     if stdin:
         # Written now, before the rest is set up, so a waiting sandbox starts on it at once;
@@ -199,22 +193,17 @@ async def supervise(
         done, _ = await asyncio.wait(
             {exited, marked}, timeout=timeout, return_when="FIRST_COMPLETED"
         )
-    except BaseException:
-        kill_tree(proc.pid)  # cancelled: nothing the program started outlives it
-        raise
     finally:
+        # Always: background processes the program left behind die with it.
+        kill_tree(proc.pid)
         marked.cancel()
     timed_out = not done
     if marked in done and not exited.done():
-        # Killed (background processes the program left behind with it) by a task of its own,
-        # which runs after this task's current step: a caller that answers without awaiting
-        # (the service's `POST /run`) has sent its answer before the teardown starts.
-        reaping = asyncio.ensure_future(_kill_and_reap(proc, tasks))
+        reaping = asyncio.ensure_future(_reap(proc, tasks))
         _REAPING.add(reaping)
         reaping.add_done_callback(_REAPING.discard)
         returncode = None
     else:
-        kill_tree(proc.pid)  # always: background processes the program left behind die with it
         returncode = await _reap(proc, tasks)
     duration = time.monotonic() - start
     stdout, stderr = out.text(), err.text()
