@@ -57,6 +57,8 @@ def test_multi_node_trainer_command() -> None:
         "is_host=true",
         "--max-restarts",
         "0",
+        "--log-dir",
+        "/dev/null",
     ]
     assert head[12].startswith("rlkit-")
     assert commands[1] == [a.replace("is_host=true", "is_host=false") for a in commands[0]]
