@@ -470,8 +470,8 @@ def fork_engine_processes_on_cpu(user_method: str | None) -> None:
     vLLM's CPU platform replaces any method by spawn while it configures the engine, so the
     engine process (and a worker process) starts a fresh interpreter and imports vLLM and torch
     again: most of a tiny model's engine start on the 2-core machine (`tests/benchmarks/
-    bench_inference.py --start-methods uni,spawn,fork`). Forked, both start before either runs an
-    OpenMP region (the worker binds its threads after the fork). Not the default: some runs
+    bench_inference.py --start-methods uni,spawn,fork`). Forked, they start before any of them
+    runs an OpenMP region (the worker binds its threads after the fork). Not the default: some runs
     with forked engines learned less than spawned ones (docs/benchmarks.md, cause not found).
     `user_method` is what the user's environment named before vLLM's CLI set its own.
     """
@@ -493,12 +493,13 @@ def worker_in_engine_process_on_cpu() -> None:
     """On CPU, run vLLM's worker inside its engine process (the `uni` executor) unless the
     user's environment sets `VLLM_ENABLE_V1_MULTIPROCESSING`.
 
-    vLLM's CPU platform asks for a worker process of its own so that the worker starts as a
-    fresh interpreter after vLLM has set its OpenMP and allocator libraries (`LD_PRELOAD`). The
-    API server starts the engine process that way too (AsyncLLM always runs the engine in a
-    process of its own), so a worker inside it gets the same libraries, and each engine start
-    imports vLLM and torch in one process fewer (`tests/benchmarks/bench_inference.py
-    --start-methods uni,spawn`). A tensor-parallel engine keeps one process per worker.
+    vLLM's CPU platform asks for a worker process of its own ("OMP requires the MP executor"):
+    a fresh interpreter started after vLLM has named its OpenMP library (and an allocator, where
+    it bundles one) in `LD_PRELOAD`. The API server starts the engine process that way too
+    (AsyncLLM always runs the engine in a process of its own), so a worker inside it gets the
+    same libraries, and each engine start imports vLLM and torch in one process fewer
+    (`tests/benchmarks/bench_inference.py --start-methods uni,spawn`). A tensor-parallel engine
+    keeps one process per worker.
     """
     from vllm.platforms import current_platform
 

@@ -66,8 +66,10 @@ class _CappedReader:
         if not self.data.endswith(b"\n"):
             return False
         at = self.data.rfind(end, max(0, len(self.data) - MARKER_ROOM))
+        if at < 0:
+            return False
         digits = self.data[at + len(end) : -1]
-        if at < 0 or not 1 <= len(digits) <= 3 or not digits.isdigit():
+        if not 1 <= len(digits) <= 3 or not digits.isdigit():
             return False
         self.code = int(digits)
         del self.data[at:]
