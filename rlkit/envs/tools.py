@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError, validate_call
-from transformers.utils import get_json_schema
 
 from rlkit.envs.environment import Messages
 from rlkit.envs.multiturn import MultiTurnEnv
@@ -30,6 +29,8 @@ TOOL_CALL_TEXT = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 def tool_schema(func: Callable[..., Any]) -> dict[str, Any]:
     """The OpenAI tool schema of a function (every argument must be documented)."""
+    from transformers.utils import get_json_schema  # transformers only where tools are
+
     schema = get_json_schema(func)
     schema["function"].pop("return", None)
     return schema

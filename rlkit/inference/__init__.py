@@ -1,11 +1,11 @@
-"""vLLM inference: server launch with weight sync, async clients, a server pool."""
+"""vLLM inference: server launch with weight sync and async clients. The orchestrator's server
+pool (`rlkit.inference.pool`) is imported from its module: it brings the weight transports
+(torch), which an environment process never needs."""
 
 from rlkit.inference.client import Generation, InferenceClient, InferenceError
 from rlkit.inference.lifecycle import ServerProcess, free_port, start_server
-from rlkit.inference.pool import ClientPool
 
 __all__ = [
-    "ClientPool",
     "Generation",
     "InferenceClient",
     "InferenceError",

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from rlkit.envs.sampling import SamplingConfig, resolve_sampling
 from rlkit.eval.metrics import summarize
-from rlkit.inference import ClientPool
+from rlkit.inference.pool import ClientPool
 from rlkit.orchestrator.config import OnlineEvalConfig
 from rlkit.protocol.layout import RunLayout
 

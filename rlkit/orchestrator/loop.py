@@ -32,8 +32,8 @@ from typing import Any
 from rich.console import Console
 
 from rlkit.errors import RunStopped, UsageError
-from rlkit.inference import ClientPool
 from rlkit.inference.canary import pool_canary_kl
+from rlkit.inference.pool import ClientPool
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.orchestrator.batching import GroupProcessor, make_batch
 from rlkit.orchestrator.config import RolloutJobConfig, run_token

@@ -14,8 +14,7 @@ from typing import Any
 from rlkit.envs import load_environment
 from rlkit.envs.sampling import SamplingConfig
 from rlkit.errors import UsageError
-from rlkit.inference import ClientPool
-from rlkit.inference.pool import ServersLost
+from rlkit.inference.pool import ClientPool, ServersLost
 from rlkit.orchestrator.config import EnvSpec, OrchestratorConfig
 from rlkit.orchestrator.prompts import Prompt
 

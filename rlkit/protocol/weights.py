@@ -21,18 +21,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlkit.protocol.credentials import sign, verify
+
+if TYPE_CHECKING:  # torch is imported where tensors are handled: the record side needs none
+    import torch
 
 VERSION_FILE = "rlkit_version.json"
 WEIGHT_MOD = 65521  # positions are weighted 1..65521, repeating
 CHUNK = WEIGHT_MOD * 64  # elements per step (~4 M): bounds temporary memory, keeps sums exact
 ALIGN = 64  # byte offset of every tensor packed in a buffer: any dtype may view it in place
-Named = tuple[str, torch.Tensor]
+Named = tuple[str, "torch.Tensor"]
 
 
 class TensorEntry(BaseModel):
@@ -47,6 +49,8 @@ class TensorEntry(BaseModel):
 
     @property
     def nbytes(self) -> int:
+        import torch
+
         numel = 1
         for d in self.shape:
             numel *= d
@@ -124,6 +128,8 @@ def packed_offsets(entries: Iterable[TensorEntry]) -> tuple[list[int], int]:
 
 def _weights(device: torch.device) -> torch.Tensor:
     """Position weights of one chunk (every chunk starts at a multiple of WEIGHT_MOD)."""
+    import torch
+
     key = str(device)
     if key not in _WEIGHTS:
         _WEIGHTS[key] = (torch.arange(CHUNK, device=device) % WEIGHT_MOD + 1).double()
@@ -140,6 +146,8 @@ def tensor_checksum(tensor: torch.Tensor) -> tuple[int, int]:
     weights <= 65521, at most CHUNK of them) and therefore exact in any order; BLAS's dot
     product makes it one fast pass.
     """
+    import torch
+
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     if flat.numel() % 2 == 0:
         flat = flat.view(torch.int16)

@@ -19,16 +19,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlkit.errors import UsageError
-from rlkit.inference import (
-    ClientPool,
-    InferenceClient,
-    InferenceError,
-    ServerProcess,
-    start_server,
-)
+from rlkit.inference import InferenceClient, InferenceError, ServerProcess, start_server
 from rlkit.inference.admin import AdminClient
 from rlkit.inference.canary import CanaryMismatch, canary_token_ids, pool_canary_kl
 from rlkit.inference.lifecycle import has_cuda, remove_stale_rpc_dirs
+from rlkit.inference.pool import ClientPool
 from rlkit.models import init_tiny
 from rlkit.protocol.credentials import new_token, rendezvous_secret, token_from_env
 from rlkit.protocol.weights import VERSION_FILE, Canary, PublishedVersion, iter_safetensors

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.errors import UsageError
-from rlkit.inference import ClientPool
+from rlkit.inference.pool import ClientPool
 from rlkit.orchestrator.loop import require_routing
 from rlkit.protocol.batch import read_batch
 from rlkit.protocol.layout import RunLayout

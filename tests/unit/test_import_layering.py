@@ -9,6 +9,8 @@ its own node). The graph must be acyclic.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
@@ -118,6 +120,20 @@ def transitive(graph: dict[str, set[str]], start: str) -> set[str]:
             seen.add(node)
             todo.append(node)
     return seen
+
+
+def test_the_environment_side_imports_no_ml_framework() -> None:
+    """Environments, `rlkit eval` and `rlkit env check` talk to servers over HTTP: importing
+    them must not pull torch, transformers or vLLM (seconds of start-up for every eval and
+    environment process; the weight transports and the orchestrator's pool bring torch)."""
+    heavy = ("torch", "transformers", "vllm")
+    code = (
+        "import sys, rlkit.envs, rlkit.envs.check, rlkit.eval.runner\n"
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "[]", done.stdout
 
 
 def test_imports_inside_functions_and_relative_imports_count() -> None:

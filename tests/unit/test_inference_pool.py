@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from rlkit.errors import RunStopped
-from rlkit.inference import ClientPool, InferenceError, free_port
-from rlkit.inference.pool import ServersLost
+from rlkit.inference import InferenceError, free_port
+from rlkit.inference.pool import ClientPool, ServersLost
 from tests.helpers.cli import ROOT
 from tests.helpers.fake_openai import FakeOpenAIServer
 
