@@ -9,23 +9,22 @@ import sys
 import pytest
 import torch
 
-# arch_prctl(ARCH_GET_XCOMP_PERM, &mask): the extended state components this process may use
+# arch_prctl(ARCH_GET_XCOMP_PERM, &mask): the extended state components this process may use,
+# printed after torch alone and again after the worker extension, in one fresh interpreter
 PERMITTED_XSTATE = """
 import ctypes, sys
-mask = ctypes.c_uint64()
-libc = ctypes.CDLL(None, use_errno=True)
-if libc.syscall(158, 0x1022, ctypes.byref(mask)) != 0:
-    sys.exit(f"arch_prctl failed: errno {ctypes.get_errno()}")
-print(mask.value)
+def permitted():
+    mask = ctypes.c_uint64()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(158, 0x1022, ctypes.byref(mask)) != 0:
+        sys.exit(f"arch_prctl failed: errno {ctypes.get_errno()}")
+    print(mask.value)
+import torch
+permitted()
+import rlkit.inference.worker_ext
+permitted()
 """
 XTILEDATA = 1 << 18
-
-
-def permitted_xstate(imports: str) -> int:
-    code = imports + PERMITTED_XSTATE
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return int(done.stdout.split()[-1])
 
 
 @pytest.mark.skipif(
@@ -33,5 +32,10 @@ def permitted_xstate(imports: str) -> int:
     reason="the CPU has no AMX tiles (the grant exists only on x86-64 Linux with AMX)",
 )
 def test_importing_the_worker_extension_grants_amx_tiles() -> None:
-    assert not permitted_xstate("import torch\n") & XTILEDATA  # torch alone does not ask
-    assert permitted_xstate("import rlkit.inference.worker_ext\n") & XTILEDATA
+    done = subprocess.run(
+        [sys.executable, "-c", PERMITTED_XSTATE], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    torch_alone, with_extension = (int(line) for line in done.stdout.split()[-2:])
+    assert not torch_alone & XTILEDATA  # torch alone does not ask
+    assert with_extension & XTILEDATA
