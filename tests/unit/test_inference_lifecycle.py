@@ -27,6 +27,19 @@ def test_the_users_aot_compile_setting_wins(monkeypatch: pytest.MonkeyPatch) -> 
     assert lifecycle.server_env()["VLLM_USE_AOT_COMPILE"] == "1"
 
 
+def test_cpu_engines_openmp_threads_wait_passively_unless_the_user_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(lifecycle, "has_cuda", lambda: False)
+    assert lifecycle.server_env()["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert lifecycle.server_env()["OMP_WAIT_POLICY"] == "ACTIVE"
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.setattr(lifecycle, "has_cuda", lambda: True)
+    assert "OMP_WAIT_POLICY" not in lifecycle.server_env()
+
+
 def test_cpu_engines_keep_a_1_gib_kv_cache_the_user_can_change(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
