@@ -1,15 +1,16 @@
 """LoRA against full-weight RL on the CPU demo workload: a short learning-rate sweep of each.
 
     python tests/benchmarks/bench_lora.py [--size small] [--steps 60] [--rank 16]
-        [--full-lrs 2e-4,5e-4,1e-3] [--lora-lrs 2e-3,5e-3,1e-2] [--sft-steps N] [--work DIR]
+        [--full-lrs 2e-4,5e-4,1e-3] [--lora-lrs 2e-3,5e-3,1e-2] [--sft-steps N] [--sft-lr LR]
+        [--work DIR]
 
-Builds the demo's Qwen3 at `--size` (`rlkit model init-tiny --size`) and its SFT warm start once
-(as `scripts/demo.sh` does; `--sft-steps` overrides sft.toml's max_steps), then runs
-`rlkit train examples/tiny-cpu/train.toml` on it once per variant and learning rate, all with the
-same steps and seed: full weights at each of `--full-lrs`, `[model.lora]` (rank `--rank`, alpha
-2 x rank, the default targets: every attention and MLP projection, i.e. every linear layer but
-the output head) at each of `--lora-lrs`. The "LoRA without regret" claim is that LoRA on all
-linear layers matches full RL fine-tuning at about 10x the learning rate.
+Builds the demo's Qwen3 at `--size` (`rlkit model init-tiny --size`) and its SFT warm start once (as
+`scripts/demo.sh` does; `--sft-steps` and `--sft-lr` override sft.toml's max_steps and lr), then
+runs `rlkit train examples/tiny-cpu/train.toml` on it once per variant and learning rate, all with
+the same steps and seed: full weights at each of `--full-lrs`, `[model.lora]` (rank `--rank`, alpha
+2 x rank, the default targets: every attention and MLP projection, i.e. every linear layer but the
+output head) at each of `--lora-lrs`. The "LoRA without regret" claim is that LoRA on all linear
+layers matches full RL fine-tuning at about 10x the learning rate.
 
 Prints one progress line per run to stderr and one JSON line to stdout: each run's wall time,
 mean step time (steps after the first), mean weight-update time and bytes moved per update,
@@ -48,7 +49,7 @@ def lrs(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
-def warm_start(root: Path, size: str, sft_steps: int | None) -> Path:
+def warm_start(root: Path, size: str, sft_steps: int | None, sft_lr: float | None) -> Path:
     """The demo's base model at `size` and its SFT warm start; returns the SFT model directory."""
     final = root / "sft" / "final"
     if final.is_dir():
@@ -63,6 +64,8 @@ def warm_start(root: Path, size: str, sft_steps: int | None) -> Path:
     sft = ["--run_dir", str(root / "sft"), "--model.path", str(base), "--data.path", str(data)]
     if sft_steps is not None:
         sft += ["--max_steps", str(sft_steps)]
+    if sft_lr is not None:
+        sft += ["--optim.lr", str(sft_lr)]
     subprocess.run([RLKIT, "sft", str(ROOT / "examples/tiny-cpu/sft.toml"), *sft], check=True)
     return final
 
@@ -97,7 +100,7 @@ def run(model: Path, run_dir: Path, steps: int, extra: list[str]) -> dict[str, f
 
 
 def sweep(args: argparse.Namespace, root: Path) -> dict:
-    model = warm_start(root, args.size, args.sft_steps)
+    model = warm_start(root, args.size, args.sft_steps, args.sft_lr)
     lora = [f"--model.lora.rank={args.rank}", f"--model.lora.alpha={2 * args.rank}"]
     variants = {"full": (lrs(args.full_lrs), []), "lora": (lrs(args.lora_lrs), lora)}
     runs: dict[str, dict[str, dict]] = {}
@@ -139,6 +142,7 @@ def main() -> None:
     parser.add_argument("--full-lrs", default="5e-4", help="full weights' learning rates, a,b,c")
     parser.add_argument("--lora-lrs", default="5e-3", help="LoRA's learning rates, a,b,c")
     parser.add_argument("--sft-steps", type=int, help="override sft.toml's max_steps")
+    parser.add_argument("--sft-lr", type=float, help="override sft.toml's optim.lr")
     parser.add_argument("--work", type=Path, help="keep run directories here (default: a temp dir)")
     args = parser.parse_args()
     if args.work:
