@@ -1,5 +1,6 @@
 """The trainer's memory per parameter, step by step and phase by phase, under glibc's default
-allocator settings and with big allocations always mapped, side by side in one run.
+allocator settings and under others (big allocations always mapped, one heap), side by side in
+one run.
 
 Each round runs each variant in a fresh process holding a real `Trainer` (one rank, the default
 AdamW; full weights, or a LoRA adapter of `--lora-rank` on every linear layer, alpha twice the
@@ -18,10 +19,13 @@ the model (its base parameters with LoRA). Variants:
   of that size or more is its own mapping, returned to the system when freed (by default glibc
   raises the threshold to the size of the largest block freed so far, up to 32 MiB, and serves
   blocks below it from its heaps, which keep freed memory resident); each new mapping is paid
-  for in page faults when it is first written.
+  for in page faults when it is first written;
+- `arena1`: `MALLOC_ARENA_MAX=1`: every thread allocates from the one main heap (by default
+  glibc gives threads that contend for it heaps of their own, up to 8 per core, each keeping
+  its own freed blocks).
 
     python tests/benchmarks/bench_train_memory.py [--size qwen3-0.6b] [--steps 3] [--rounds 1]
-        [--variants glibc,mmap64k,mmap4m] [--lora-rank 16] [--activation-checkpointing]
+        [--variants glibc,mmap64k,mmap4m,arena1] [--lora-rank 16] [--activation-checkpointing]
 
 Prints one JSON line: per variant and round the load's peak and resident set, each step's peak,
 resident bytes and seconds and each phase's peak, resident and live bytes, per parameter; per
@@ -51,6 +55,7 @@ VARIANTS = {
     "glibc": {},
     "mmap64k": {"MALLOC_MMAP_THRESHOLD_": str(64 * 1024)},
     "mmap4m": {"MALLOC_MMAP_THRESHOLD_": str(4 * 1024 * 1024)},
+    "arena1": {"MALLOC_ARENA_MAX": "1"},
 }
 
 
