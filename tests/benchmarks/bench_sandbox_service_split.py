@@ -1,6 +1,8 @@
 """Where a warm `POST /run` of the sandbox service goes, hop by hop, each hop measured alone.
 
 p50 milliseconds of:
+- the machine's floor for one process hop: a byte written to another (already started, idle)
+  process's pipe and echoed back, nothing else;
 - the warm pool alone, in this process: a ready sandbox taken and run (the benchmark's program,
   and `pass`: the pipe round trip and the loader's own work);
 - HTTP through one kept socket written by hand (the floor of this machine's loopback and of the
@@ -22,11 +24,13 @@ import json
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from subprocess import PIPE
 
 import aiohttp
 
@@ -51,6 +55,25 @@ async def p50_ms(hop: Callable[[], Awaitable[object]], runs: int, gap: float) ->
         await hop()
         times.append(time.perf_counter() - start)
     return round(statistics.median(times) * 1000, 2)
+
+
+async def pipe_round_trip(runs: int, gap: float) -> float:
+    """p50 ms of one byte to an idle echoing process and back (blocking: nothing else runs)."""
+    echo = "import os\nwhile b := os.read(0, 1):\n    os.write(1, b)"
+    child = subprocess.Popen([sys.executable, "-c", echo], stdin=PIPE, stdout=PIPE, bufsize=0)
+    assert child.stdin is not None and child.stdout is not None
+    write, read = child.stdin.fileno(), child.stdout.fileno()
+
+    async def hop() -> None:
+        os.write(write, b"x")
+        os.read(read, 1)
+
+    try:
+        await hop()  # the child has started
+        return await p50_ms(hop, runs, gap)
+    finally:
+        child.stdin.close()
+        child.wait(10)
 
 
 async def pool_hops(runs: int, gap: float) -> dict[str, float]:
@@ -166,7 +189,8 @@ async def cpu_per_request(svc: Service, runs: int) -> dict[str, float]:
 async def main(folder: Path, runs: int) -> dict:
     out: dict = {"runs": runs}
     for gap in GAPS:
-        out[f"gap_{gap}"] = await pool_hops(runs, gap)
+        out[f"gap_{gap}"] = {"pipe_round_trip": await pipe_round_trip(runs, gap)}
+        out[f"gap_{gap}"].update(await pool_hops(runs, gap))
     with sandbox_service(folder, "--pool-size", "4") as svc:
         await asyncio.sleep(3.0)  # the pool fills
         headers = {"Authorization": f"Bearer {svc.token}"}
