@@ -30,7 +30,6 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from subprocess import PIPE
 
 import aiohttp
 
@@ -60,7 +59,8 @@ async def p50_ms(hop: Callable[[], Awaitable[object]], runs: int, gap: float) ->
 async def pipe_round_trip(runs: int, gap: float) -> float:
     """p50 ms of one byte to an idle echoing process and back (blocking: nothing else runs)."""
     echo = "import os\nwhile b := os.read(0, 1):\n    os.write(1, b)"
-    child = subprocess.Popen([sys.executable, "-c", echo], stdin=PIPE, stdout=PIPE, bufsize=0)
+    pipe = subprocess.PIPE
+    child = subprocess.Popen([sys.executable, "-c", echo], stdin=pipe, stdout=pipe, bufsize=0)
     assert child.stdin is not None and child.stdout is not None
     write, read = child.stdin.fileno(), child.stdout.fileno()
 
