@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 # Required system packages: the sandbox (bubblewrap, util-linux prlimit/setpriv, the system
 # python3 it runs), the hub's browser test (chromium) and its PostgreSQL tests (postgresql), and
-# the one-machine SLURM cluster of the --slurm test (slurm-wlm, munge; about 20 MB).
+# the one-machine SLURM cluster of the --slurm test (slurm-wlm, munge; about 20 MB), and the
+# trainer's allocators (libtcmalloc-minimal4, libjemalloc2: rlkit.trainer.allocator).
 missing_system_packages() {
   command -v bwrap >/dev/null || echo bubblewrap
   { command -v prlimit && command -v setpriv; } >/dev/null || echo util-linux
@@ -16,6 +17,8 @@ missing_system_packages() {
   [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch >/dev/null \
     || echo slurm-wlm
   [ -x /usr/sbin/munged ] || echo munge
+  /sbin/ldconfig -p | grep -q 'libtcmalloc_minimal\.so\.4' || echo libtcmalloc-minimal4
+  /sbin/ldconfig -p | grep -q 'libjemalloc\.so\.2' || echo libjemalloc2
 }
 need_apt=($(missing_system_packages))
 if [ ${#need_apt[@]} -gt 0 ]; then

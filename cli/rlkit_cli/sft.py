@@ -26,7 +26,9 @@ def sft(
     """
     from rlkit.atomic import atomic_write
     from rlkit.config import dump_toml, load_config
+    from rlkit.inference.lifecycle import has_cuda
     from rlkit.protocol.layout import RunLayout
+    from rlkit.trainer.allocator import with_allocator
     from rlkit.trainer.config import SFTConfig
     from rlkit.trainer.main import run, trainer_command
 
@@ -37,8 +39,11 @@ def sft(
         return
     resume_arg = "latest" if resume and not cfg.ckpt.resume else None
     RunLayout(cfg.run_dir).create()
-    if cfg.nproc > 1:  # every rank reads the resolved config, as `rlkit train`'s trainer does
+    env = with_allocator(dict(os.environ), cfg.allocator, has_cuda())
+    # torchrun's ranks, or a process that starts with the allocator preloaded, read the
+    # resolved config, as `rlkit train`'s trainer does
+    if cfg.nproc > 1 or env != dict(os.environ):
         resolved = atomic_write(Path(cfg.run_dir) / "sft.toml", dump_toml(cfg))
         argv = trainer_command(resolved, cfg.nproc, mode="sft", resume=resume_arg)
-        os.execv(argv[0], argv)
+        os.execve(argv[0], argv, env)
     run("sft", str(config), overrides, resume_arg)

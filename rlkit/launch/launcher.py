@@ -51,6 +51,7 @@ from rlkit.protocol import handoff
 from rlkit.protocol.credentials import TOKEN_FILE_ENV, read_token
 from rlkit.protocol.layout import RunLayout
 from rlkit.sandbox import runner as sandbox_runner
+from rlkit.trainer.allocator import Allocator, with_allocator
 from rlkit.trainer.main import TrainerRanks, trainer_command
 
 
@@ -158,8 +159,9 @@ class ServerFleet:
                 server.stop()
 
 
-def trainer_env(token_file: Path | None = None) -> dict[str, str]:
-    """The trainer's environment; on CPU its OpenMP threads wait passively.
+def trainer_env(allocator: Allocator, token_file: Path | None = None) -> dict[str, str]:
+    """The trainer's environment: `allocator` preloaded (`rlkit.trainer.allocator`); on CPU its
+    OpenMP threads wait passively.
 
     On CPU the trainer shares the cores with the inference server and the orchestrator, and
     libgomp's default spin-wait between parallel regions then makes 2 threads slower than 1
@@ -167,10 +169,11 @@ def trainer_env(token_file: Path | None = None) -> dict[str, str]:
     An OMP_WAIT_POLICY set by the user wins. The run's token reaches it through the file
     `RLKIT_TOKEN_FILE` names (it signs what it publishes).
     """
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cuda = has_cuda()
+    env = with_allocator({**os.environ, "PYTHONUNBUFFERED": "1"}, allocator, cuda)
     if token_file is not None:
         env[TOKEN_FILE_ENV] = str(token_file.resolve())
-    if not has_cuda():
+    if not cuda:
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
 
@@ -210,7 +213,7 @@ class TrainerProcess:
             trainer_command(config_path, trainer_ranks(cfg), resume=resume),
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env=trainer_env(run_token_file(cfg))
+            env=trainer_env(cfg.trainer.allocator, run_token_file(cfg))
             | ({gpus.VISIBLE: devices} if devices is not None else {}),
             start_new_session=True,
             preexec_fn=die_with_parent_preexec(),

@@ -13,6 +13,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from rlkit.config import Config
 from rlkit.protocol.model import ModelConfig
+from rlkit.trainer.allocator import Allocator
 from rlkit.trainer.loss import LOSSES, Correction, loss_correction
 from rlkit.trainer.optim import OptimConfig
 from rlkit.trainer.rl_loss import OldPolicy, ResolvedLoss
@@ -124,6 +125,13 @@ class TrainerSettings(Config):
         "auto",
         description="Pack several samples per micro-batch row (true), one padded row each "
         "(false), or whichever costs less compute for each batch (auto).",
+    )
+    allocator: Allocator = Field(
+        "auto",
+        description="The trainer processes' malloc: tcmalloc, jemalloc (both keep less freed "
+        "memory than glibc's: a lower peak per parameter), system (the C library's), or auto "
+        "(on CPU tcmalloc, else jemalloc, where installed; else, and on GPU, system). An "
+        "allocator already in LD_PRELOAD is kept.",
     )
     logprob_chunk_size: int = Field(
         1024, gt=0, description="Tokens per chunk when computing logprobs from hidden states."

@@ -20,6 +20,7 @@ from rlkit.errors import UsageError
 from rlkit.lifetime import die_with_parent
 from rlkit.progress import make_console, print_error
 from rlkit.protocol.batch import MalformedBatchError
+from rlkit.trainer.allocator import loaded_allocator
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,8 @@ def run(mode: str, config_path: str, overrides: list[str], resume: str | None = 
     cfg = load_config(model, config_path, overrides)
     if resume:
         cfg.ckpt.resume = resume
+    if os.environ.get("RANK", "0") == "0":
+        make_console().print(f"memory allocator: {loaded_allocator()}")
     if mode == "sft":
         from rlkit.trainer.sft import run_sft
 

@@ -2,24 +2,27 @@
 
     python tests/benchmarks/bench_lora.py [--size small] [--steps 60] [--rank 16]
         [--full-lrs 2e-4,5e-4,1e-3] [--lora-lrs 2e-3,5e-3,1e-2] [--sft-steps N] [--sft-lr LR]
-        [--work DIR]
+        [--eval-examples N] [--seeds 0,1] [--work DIR]
 
 Builds the demo's Qwen3 at `--size` (`rlkit model init-tiny --size`) and its SFT warm start once (as
 `scripts/demo.sh` does; `--sft-steps` and `--sft-lr` override sft.toml's max_steps and lr), then
-runs `rlkit train examples/tiny-cpu/train.toml` on it once per variant and learning rate, all with
-the same steps and seed: full weights at each of `--full-lrs`, `[model.lora]` (rank `--rank`, alpha
-2 x rank, the default targets: every attention and MLP projection, i.e. every linear layer but the
-output head) at each of `--lora-lrs`. The "LoRA without regret" claim is that LoRA on all linear
-layers matches full RL fine-tuning at about 10x the learning rate.
+runs `rlkit train examples/tiny-cpu/train.toml` on it once per variant, learning rate and seed
+(`--seeds`: the trainer's and the orchestrator's), all with the same steps and the eval on
+`--eval-examples` prompts (4 samples each; the demo's 64 by default): full weights at each of
+`--full-lrs`, `[model.lora]` (rank `--rank`, alpha 2 x rank, the default targets: every attention
+and MLP projection, i.e. every linear layer but the output head) at each of `--lora-lrs`. The
+"LoRA without regret" claim is that LoRA on all linear layers matches full RL fine-tuning at about
+10x the learning rate.
 
 Prints one progress line per run to stderr and one JSON line to stdout: each run's wall time,
 mean step time (steps after the first), mean weight-update time and bytes moved per update,
-eval reward before and after RL and its gain; per variant the best learning rate (largest gain)
-and that gain; `lora_gain_over_full` = best LoRA gain / best full gain (null unless full weights
-gained more than the eval's noise, EVAL_NOISE); and the full/LoRA ratios of step time, update
-time and update bytes of the two best runs. `--work DIR` keeps every run directory
-(metrics.jsonl, eval.jsonl, logs) under DIR and reuses the warm start and any finished run
-already there (so a sweep can be run in parts; a repeat needs a fresh DIR).
+eval reward before and after RL and its gain, and each learning rate's gain averaged over the
+seeds; per variant the best learning rate (largest mean gain) and that gain;
+`lora_gain_over_full` = best LoRA gain / best full gain (null unless full weights gained more
+than the eval's noise, EVAL_NOISE); and the full/LoRA ratios of step time, update time and
+update bytes of the two best learning rates' first-seed runs. `--work DIR` keeps every run
+directory (metrics.jsonl, eval.jsonl, logs) under DIR and reuses the warm start and any finished
+run already there (so a sweep can be run in parts; a repeat needs a fresh DIR).
 """
 
 from __future__ import annotations
@@ -103,29 +106,39 @@ def sweep(args: argparse.Namespace, root: Path) -> dict:
     model = warm_start(root, args.size, args.sft_steps, args.sft_lr)
     lora = [f"--model.lora.rank={args.rank}", f"--model.lora.alpha={2 * args.rank}"]
     variants = {"full": (lrs(args.full_lrs), []), "lora": (lrs(args.lora_lrs), lora)}
+    evals = [f"--env.0.args.num_eval_examples={args.eval_examples}"]
+    evals.append(f"--orchestrator.eval.examples={args.eval_examples}")
+    seeds = [int(x) for x in args.seeds.split(",")]
     runs: dict[str, dict[str, dict]] = {}
+    gains: dict[str, dict[str, float]] = {}
     for name, (rates, extra) in variants.items():
-        runs[name] = {}
+        runs[name], gains[name] = {}, {}
         for lr in rates:
-            res = run(
-                model, root / f"{name}-lr{lr:g}", args.steps, [*extra, f"--trainer.optim.lr={lr}"]
-            )
-            runs[name][f"{lr:g}"] = res
-            print(f"[bench_lora] {name} lr {lr:g}: {res}", file=sys.stderr, flush=True)
-    best = {name: max(by_lr, key=lambda lr: by_lr[lr]["eval_gain"]) for name, by_lr in runs.items()}
-    full, lora_best = runs["full"][best["full"]], runs["lora"][best["lora"]]
+            for seed in seeds:
+                opts = [*extra, *evals, f"--trainer.optim.lr={lr}", f"--trainer.seed={seed}"]
+                run_dir = root / f"{name}-lr{lr:g}-seed{seed}"
+                res = run(model, run_dir, args.steps, [*opts, f"--orchestrator.seed={seed}"])
+                runs[name][f"{lr:g}/seed{seed}"] = res
+                print(f"[bench_lora] {run_dir.name}: {res}", file=sys.stderr, flush=True)
+            mean = statistics.fmean(runs[name][f"{lr:g}/seed{s}"]["eval_gain"] for s in seeds)
+            gains[name][f"{lr:g}"] = round(mean, 4)
+    best = {name: max(by_lr, key=lambda lr: by_lr[lr]) for name, by_lr in gains.items()}
+    first = {name: runs[name][f"{best[name]}/seed{seeds[0]}"] for name in runs}
+    full, lora_best = first["full"], first["lora"]
+    full_gain, lora_gain = gains["full"][best["full"]], gains["lora"][best["lora"]]
     return {
         "bench": "lora",
         "size": args.size,
         "steps": args.steps,
         "rank": args.rank,
         "alpha": 2 * args.rank,
+        "eval_examples": args.eval_examples,
+        "seeds": seeds,
         "runs": runs,
+        "mean_gain": gains,
         "best_lr": best,
-        "best_gain": {name: runs[name][best[name]]["eval_gain"] for name in runs},
-        "lora_gain_over_full": round(lora_best["eval_gain"] / full["eval_gain"], 3)
-        if full["eval_gain"] > EVAL_NOISE
-        else None,
+        "best_gain": {"full": full_gain, "lora": lora_gain},
+        "lora_gain_over_full": round(lora_gain / full_gain, 3) if full_gain > EVAL_NOISE else None,
         "step_time_ratio_full_over_lora": round(full["step_s"] / lora_best["step_s"], 3),
         "update_time_ratio_full_over_lora": round(full["update_s"] / lora_best["update_s"], 2),
         "update_bytes_ratio_full_over_lora": round(
@@ -143,6 +156,8 @@ def main() -> None:
     parser.add_argument("--lora-lrs", default="5e-3", help="LoRA's learning rates, a,b,c")
     parser.add_argument("--sft-steps", type=int, help="override sft.toml's max_steps")
     parser.add_argument("--sft-lr", type=float, help="override sft.toml's optim.lr")
+    parser.add_argument("--eval-examples", type=int, default=64, help="eval prompts (x 4 samples)")
+    parser.add_argument("--seeds", default="0", help="seeds of every variant and lr, a,b")
     parser.add_argument("--work", type=Path, help="keep run directories here (default: a temp dir)")
     args = parser.parse_args()
     if args.work:

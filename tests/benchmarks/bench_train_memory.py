@@ -22,10 +22,14 @@ the model (its base parameters with LoRA). Variants:
   for in page faults when it is first written;
 - `arena1`: `MALLOC_ARENA_MAX=1`: every thread allocates from the one main heap (by default
   glibc gives threads that contend for it heaps of their own, up to 8 per core, each keeping
-  its own freed blocks).
+  its own freed blocks);
+- `tcmalloc` / `jemalloc`: that allocator preloaded (`LD_PRELOAD`) with its defaults, as
+  `rlkit train` and `rlkit sft` start their trainers with `trainer.allocator = "tcmalloc"` /
+  `"jemalloc"` (`rlkit.trainer.allocator`; `glibc` is `trainer.allocator = "system"`).
 
     python tests/benchmarks/bench_train_memory.py [--size qwen3-0.6b] [--steps 3] [--rounds 1]
-        [--variants glibc,mmap64k,mmap4m,arena1] [--lora-rank 16] [--activation-checkpointing]
+        [--variants glibc,mmap64k,mmap4m,arena1,tcmalloc,jemalloc] [--lora-rank 16]
+        [--activation-checkpointing]
 
 Prints one JSON line: per variant and round the load's peak and resident set, each step's peak,
 resident bytes and seconds and each phase's peak, resident and live bytes, per parameter; per
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import ctypes.util
 import json
 import os
 import statistics
@@ -56,6 +61,10 @@ VARIANTS = {
     "mmap64k": {"MALLOC_MMAP_THRESHOLD_": str(64 * 1024)},
     "mmap4m": {"MALLOC_MMAP_THRESHOLD_": str(4 * 1024 * 1024)},
     "arena1": {"MALLOC_ARENA_MAX": "1"},
+    "jemalloc": {"LD_PRELOAD": ctypes.util.find_library("jemalloc") or "libjemalloc.so.2"},
+    "tcmalloc": {
+        "LD_PRELOAD": ctypes.util.find_library("tcmalloc_minimal") or "libtcmalloc_minimal.so.4"
+    },
 }
 
 
@@ -82,10 +91,21 @@ class _Mallinfo2(ctypes.Structure):
 
 
 def malloc_live_kb() -> int:
-    """kB malloc hands out as live blocks now: in its heaps (all arenas) and mapped alone."""
-    libc = ctypes.CDLL(None)
-    libc.mallinfo2.restype = _Mallinfo2
-    info = libc.mallinfo2()
+    """kB malloc hands out as live blocks now: glibc's in its heaps (all arenas) and mapped
+    alone, or a preloaded jemalloc's or tcmalloc's own count of allocated bytes."""
+    process = ctypes.CDLL(None)
+    value, size = ctypes.c_size_t(), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
+    if hasattr(process, "mallctl"):  # jemalloc: refresh its statistics, then read them
+        epoch = ctypes.c_uint64(1)
+        process.mallctl(b"epoch", None, None, ctypes.byref(epoch), ctypes.sizeof(epoch))
+        process.mallctl(b"stats.allocated", ctypes.byref(value), ctypes.byref(size), None, 0)
+        return value.value // 1024
+    if hasattr(process, "MallocExtension_GetNumericProperty"):  # tcmalloc
+        name = b"generic.current_allocated_bytes"
+        process.MallocExtension_GetNumericProperty(name, ctypes.byref(value))
+        return value.value // 1024
+    process.mallinfo2.restype = _Mallinfo2
+    info = process.mallinfo2()
     return (info.uordblks + info.hblkhd) // 1024
 
 

@@ -251,7 +251,9 @@ def trainer_alone(run_dir: Path, root: Path, steps: int) -> float:
     from rlkit.launch.launcher import trainer_env
 
     with open(root / f"{alone.name}.log", "w") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=trainer_env())
+        subprocess.run(
+            cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=trainer_env("auto")
+        )
     records = [json.loads(x) for x in (alone / "trainer_metrics.jsonl").read_text().splitlines()]
     return statistics.median(r["step_time_s"] for r in records[1:])
 

@@ -16,6 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlkit.trainer.allocator import AUTO_ORDER, find_allocator
+
 RLKIT = str(Path(sys.executable).parent / "rlkit")
 
 
@@ -94,9 +96,12 @@ def test_sft_lowers_loss_and_kill9_resume_is_bitwise(
     cfg_b = write_config(tmp_path, tiny_model_dir, run_b, optim)
     trainer = [sys.executable, "-m", "rlkit.trainer.main", "--mode", "sft", "--config", str(cfg_b)]
 
-    # The uninterrupted run goes through the CLI and its dotted override (same value as the file).
+    # The uninterrupted run goes through the CLI and its dotted override (same value as the file),
+    # and so runs on the default allocator (`auto`); the other on the system's.
     cli = [RLKIT, "sft", str(cfg_a), f"--optim.name={optim}"]
-    full = subprocess.Popen(cli, env=env(), stderr=subprocess.PIPE)
+    out = tmp_path / "cli.out"
+    with out.open("w") as stdout:
+        full = subprocess.Popen(cli, env=env(), stdout=stdout, stderr=subprocess.PIPE)
     victim = subprocess.Popen(trainer, env=env(), start_new_session=True, stderr=subprocess.PIPE)
     latest = run_b / "checkpoints" / "latest"
     deadline = time.monotonic() + 300
@@ -112,6 +117,9 @@ def test_sft_lowers_loss_and_kill9_resume_is_bitwise(
     resumed = subprocess.run([*trainer, "--resume"], env=env(), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert full.wait(timeout=300) == 0, full.stderr.read().decode()[-2000:]
+    default = next((name for name in AUTO_ORDER if find_allocator(name)), "system")
+    assert f"memory allocator: {default}" in out.read_text()
+    assert "memory allocator: system" in resumed.stdout
 
     losses = [json.loads(line)["loss"] for line in (run_a / "sft_metrics.jsonl").open()]
     records_b = [json.loads(line) for line in (run_b / "sft_metrics.jsonl").open()]

@@ -13,15 +13,15 @@ from tests.helpers.cli import demo_config
 def test_cpu_trainer_waits_passively_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launcher, "has_cuda", lambda: False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert launcher.trainer_env()["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert launcher.trainer_env("system")["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    assert launcher.trainer_env()["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert launcher.trainer_env("system")["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
 def test_gpu_trainer_keeps_openmp_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launcher, "has_cuda", lambda: True)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert "OMP_WAIT_POLICY" not in launcher.trainer_env()
+    assert "OMP_WAIT_POLICY" not in launcher.trainer_env("system")
 
 
 def test_multi_node_trainer_command() -> None:
