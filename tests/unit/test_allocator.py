@@ -65,6 +65,7 @@ def test_a_missing_allocator_falls_back_on_auto_and_is_an_error_when_asked_for(
             with_allocator({}, name, cuda=False)
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("choice", ["auto", "tcmalloc", "jemalloc", "system"])
 def test_the_process_runs_on_the_allocator_chosen(choice: str) -> None:
     """Through the real loader: the child maps the library and says so (CI installs both)."""
