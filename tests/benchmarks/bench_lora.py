@@ -19,7 +19,7 @@ mean step time (steps after the first), mean weight-update time and bytes moved 
 eval reward before and after RL and its gain, and each learning rate's gain averaged over the
 seeds; per variant the best learning rate (largest mean gain) and that gain;
 `lora_gain_over_full` = best LoRA gain / best full gain (null unless full weights gained more
-than the eval's noise, EVAL_NOISE); and the full/LoRA ratios of step time, update time and
+than the eval's noise, `eval_noise`); and the full/LoRA ratios of step time, update time and
 update bytes of the two best learning rates' first-seed runs. `--work DIR` keeps every run
 directory (metrics.jsonl, eval.jsonl, logs) under DIR and reuses the warm start and any finished
 run already there (so a sweep can be run in parts; a repeat needs a fresh DIR).
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -42,6 +43,12 @@ RLKIT = str(Path(sys.executable).parent / "rlkit")
 # evals of one warm start: 0.43-0.45 on tiny, 0.252-0.264 on small); a ratio over a full-weight
 # gain no larger than that says nothing, so lora_gain_over_full is null then.
 EVAL_NOISE = 0.02
+EVAL_NOISE_EXAMPLES = 64  # the eval size EVAL_NOISE was read at
+
+
+def eval_noise(examples: int) -> float:
+    """The eval's noise at `examples` prompts: a mean's spread shrinks as 1/sqrt(samples)."""
+    return EVAL_NOISE * math.sqrt(EVAL_NOISE_EXAMPLES / examples)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -126,6 +133,7 @@ def sweep(args: argparse.Namespace, root: Path) -> dict:
     first = {name: runs[name][f"{best[name]}/seed{seeds[0]}"] for name in runs}
     full, lora_best = first["full"], first["lora"]
     full_gain, lora_gain = gains["full"][best["full"]], gains["lora"][best["lora"]]
+    noise = eval_noise(args.eval_examples)
     return {
         "bench": "lora",
         "size": args.size,
@@ -138,7 +146,8 @@ def sweep(args: argparse.Namespace, root: Path) -> dict:
         "mean_gain": gains,
         "best_lr": best,
         "best_gain": {"full": full_gain, "lora": lora_gain},
-        "lora_gain_over_full": round(lora_gain / full_gain, 3) if full_gain > EVAL_NOISE else None,
+        "eval_noise": round(noise, 4),
+        "lora_gain_over_full": round(lora_gain / full_gain, 3) if full_gain > noise else None,
         "step_time_ratio_full_over_lora": round(full["step_s"] / lora_best["step_s"], 3),
         "update_time_ratio_full_over_lora": round(full["update_s"] / lora_best["update_s"], 2),
         "update_bytes_ratio_full_over_lora": round(
