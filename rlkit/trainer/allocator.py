@@ -18,7 +18,7 @@ launcher of `rlkit train`, `rlkit sft`) puts it in that process's `LD_PRELOAD` w
 from __future__ import annotations
 
 import ctypes.util
-import os
+import functools
 from pathlib import Path
 from typing import Literal
 
@@ -33,43 +33,43 @@ AUTO_ORDER = ("tcmalloc", "jemalloc")
 PRELOADED_ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")
 
 
+@functools.cache
 def find_allocator(name: str) -> str | None:
     """The shared library of allocator `name` that the dynamic loader finds, or None."""
     return ctypes.util.find_library(LIBRARIES[name])
 
 
-def with_allocator(env: dict[str, str], allocator: Allocator, cuda: bool) -> dict[str, str]:
-    """`env` for a trainer process, with `allocator` preloaded.
+def default_allocator(cuda: bool) -> str:
+    """What `auto` is here: on CPU the first of `AUTO_ORDER` that is installed, else (and on
+    GPU) `system`."""
+    if cuda:
+        return "system"
+    return next((name for name in AUTO_ORDER if find_allocator(name)), "system")
 
-    `auto`: on CPU (`cuda` False) the first of tcmalloc and jemalloc that is installed, else (and
-    on GPU) the system's malloc; `tcmalloc` / `jemalloc`: that one, an error naming its package
-    if it is not installed; `system`: the C library's malloc.
-    """
+
+def with_allocator(env: dict[str, str], allocator: Allocator, cuda: bool) -> dict[str, str]:
+    """`env` for a trainer process, with `allocator` preloaded: `auto` as `default_allocator`
+    says; `tcmalloc` / `jemalloc`: that one, an error naming its package if it is not
+    installed; `system`: the C library's malloc."""
     preload = env.get("LD_PRELOAD", "")
-    if allocator == "system" or any(name in preload for name in PRELOADED_ALLOCATORS):
+    if any(name in preload for name in PRELOADED_ALLOCATORS):
         return env
-    if allocator == "auto" and cuda:
+    name = default_allocator(cuda) if allocator == "auto" else allocator
+    if name == "system":
         return env
-    for name in AUTO_ORDER if allocator == "auto" else (allocator,):
-        library = find_allocator(name)
-        if library is not None:
-            env = {**env, "LD_PRELOAD": f"{library}:{preload}" if preload else library}
-            if name == "tcmalloc":  # no report on stderr of each allocation of 1 GiB or more
-                env.setdefault("TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", str(1 << 62))
-            return env
-    if allocator == "auto":
-        return env
-    raise UsageError(
-        f"trainer.allocator = {allocator!r} but its library is not installed (Debian/Ubuntu: "
-        f"apt-get install {PACKAGES[allocator]}); or set trainer.allocator = 'auto' or 'system'"
-    )
+    library = find_allocator(name)
+    if library is None:
+        raise UsageError(
+            f"trainer.allocator = {name!r} but its library is not installed (Debian/Ubuntu: "
+            f"apt-get install {PACKAGES[name]}); or set trainer.allocator = 'auto' or 'system'"
+        )
+    env = {**env, "LD_PRELOAD": f"{library}:{preload}" if preload else library}
+    if name == "tcmalloc":  # no report on stderr of each allocation of 1 GiB or more
+        env.setdefault("TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", str(1 << 62))
+    return env
 
 
 def loaded_allocator() -> str:
     """The allocator this process runs with: a preloaded one mapped into it, else `system`."""
-    maps = Path(f"/proc/{os.getpid()}/maps")
-    mapped = maps.read_text() if maps.exists() else ""
-    for name in PRELOADED_ALLOCATORS:
-        if f"lib{name}" in mapped:
-            return name
-    return "system"
+    mapped = Path("/proc/self/maps").read_text()
+    return next((name for name in PRELOADED_ALLOCATORS if f"lib{name}" in mapped), "system")

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import ctypes.util
 import json
 import os
 import statistics
@@ -53,6 +52,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from rlkit.trainer.allocator import with_allocator  # noqa: E402
 from tests.helpers.bench_children import json_line_of, status_kb  # noqa: E402
 
 BASELINE = "glibc"
@@ -61,10 +61,8 @@ VARIANTS = {
     "mmap64k": {"MALLOC_MMAP_THRESHOLD_": str(64 * 1024)},
     "mmap4m": {"MALLOC_MMAP_THRESHOLD_": str(4 * 1024 * 1024)},
     "arena1": {"MALLOC_ARENA_MAX": "1"},
-    "jemalloc": {"LD_PRELOAD": ctypes.util.find_library("jemalloc") or "libjemalloc.so.2"},
-    "tcmalloc": {
-        "LD_PRELOAD": ctypes.util.find_library("tcmalloc_minimal") or "libtcmalloc_minimal.so.4"
-    },
+    "tcmalloc": {},  # these two: `rlkit.trainer.allocator.with_allocator`, as the trainer's
+    "jemalloc": {},
 }
 
 
@@ -211,7 +209,10 @@ def run_child(variant: str, model: Path, args: argparse.Namespace) -> dict:
     cmd += ["--steps", str(args.steps), "--tokens", str(args.tokens)]
     cmd += ["--lora-rank", str(args.lora_rank)]
     cmd += ["--activation-checkpointing"] if args.activation_checkpointing else []
-    return json_line_of(cmd, ROOT, {**os.environ, **VARIANTS[variant]})
+    env = {**os.environ, **VARIANTS[variant]}
+    if variant in ("tcmalloc", "jemalloc"):
+        env = with_allocator(env, variant, cuda=False)
+    return json_line_of(cmd, ROOT, env)
 
 
 def main() -> None:
