@@ -14,6 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
 
 
 def init_distributed(timeout_s: float = 600.0) -> torch.device:
@@ -90,3 +91,9 @@ def all_reduce_sum(values: list[float]) -> list[float]:
 def barrier() -> None:
     if world_size() > 1:
         dist.barrier()
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """The whole of `t`: a DTensor gathered from its ranks (a collective), else `t` itself (a
+    parameter FSDP2 left out on one rank, see `rlkit.trainer.model._shard`)."""
+    return t.full_tensor() if isinstance(t, DTensor) else t

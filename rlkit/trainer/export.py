@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from rlkit.atomic import atomic_dir
 from rlkit.protocol import handoff
@@ -139,7 +138,7 @@ def gather_state(
         if trainable_only and not value.requires_grad:
             continue
         if id(value) not in gathered:
-            whole = value.full_tensor() if isinstance(value, DTensor) else value
+            whole = dist.whole(value)
             # a copy even where no cast is needed: the transport may read it after training goes on
             gathered[id(value)] = whole.detach().to("cpu", dtype, copy=True) if main else None
         if main:

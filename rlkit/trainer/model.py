@@ -4,6 +4,7 @@
 LM-head projection: `fully_shard` goes on every decoder layer, then on the wrapper, whose
 pre-forward hook unshards the embeddings, final norm and `lm_head`. Inside `forward`,
 `lm_head.weight` is therefore a full tensor and `chunked_logprobs` never builds [N, V] logits.
+On one rank, groups that FSDP2 would neither shard nor cast stay plain tensors (`_shard`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.nn import functional as F
 
 from rlkit.errors import UsageError
 from rlkit.protocol.model import LoraConfig, ModelConfig
@@ -55,7 +57,12 @@ class PolicyModel(nn.Module):
         """
         self.router.set_routing(None if routing is None else routing.flatten(0, 1), replay)
         self.router.keep_logits = token_mask is not None
-        out = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        embedding = self.lm.model.embed_tokens
+        if trained_tied(embedding, self.lm.lm_head):
+            embeds = embed_into_weight_grad(embedding, input_ids)
+            out = self.lm.model(inputs_embeds=embeds, position_ids=position_ids, use_cache=False)
+        else:
+            out = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
         if token_mask is not None:
             self.aux_loss = self.router.aux_loss(token_mask.flatten())
         hidden = out.last_hidden_state.flatten(0, 1)[flat_index]
@@ -68,6 +75,43 @@ class PolicyModel(nn.Module):
             with_entropy=True,
         )
         return logprobs, entropy
+
+
+def trained_tied(embedding: nn.Module, lm_head: nn.Module) -> bool:
+    """Whether a plain `nn.Embedding` shares its trainable weight with the LM head."""
+    weight = getattr(embedding, "weight", None)
+    return (
+        type(embedding) is nn.Embedding  # not a subclass that scales or adds to the lookup
+        and weight is getattr(lm_head, "weight", None)
+        and weight.requires_grad
+    )
+
+
+def embed_into_weight_grad(embedding: nn.Embedding, input_ids: Tensor) -> Tensor:
+    """`embedding(input_ids)`, with the rows' gradient added into `embedding.weight.grad` in
+    place by a hook, for a weight tied to the LM head.
+
+    Through autograd, the lookup's backward builds a dense [V, H] gradient at the end of the
+    backward, and the engine adds it to the LM head's gradient of the same weight, computed at
+    the start: two [V, H] gradients at once, at the moment the full-weight trainer's memory
+    peaks (docs/benchmarks.md). Here the looked-up rows are a leaf of their own, so autograd
+    gives the weight the LM head's gradient alone, and the hook adds the rows' gradient to it:
+    the same sum, with one [V, H] gradient.
+    """
+    weight = embedding.weight
+    rows = F.embedding(input_ids, weight.detach(), embedding.padding_idx).requires_grad_()
+    flat_ids = input_ids.flatten()
+    counted = flat_ids != (-1 if embedding.padding_idx is None else embedding.padding_idx)
+    ids = flat_ids[counted]  # nn.Embedding gives the padding row no gradient
+
+    def add_rows(grad: Tensor) -> None:
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        flat = grad.flatten(0, -2)[counted].to(weight.dtype)
+        weight.grad.index_put_((ids,), flat, accumulate=True)
+
+    rows.register_hook(add_rows)
+    return rows
 
 
 def decoder_layers(lm: nn.Module) -> list[nn.Module]:
@@ -186,16 +230,18 @@ def load_policy(
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     dtype = compute_dtype(cfg, device)
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    one_rank = mesh is None and world_size() == 1
     for layer in decoder_layers(lm):
-        fully_shard(layer, mp_policy=mp, mesh=mesh)
+        _shard(layer, mp, mesh, one_rank)
     policy = PolicyModel(lm, chunk_size)
     root_mp = mp
     if dtype != stored and keeps_root_stored(lm):
-        fully_shard(lm.model.norm, mp_policy=mp, mesh=mesh)
+        _shard(lm.model.norm, mp, mesh, one_rank)
         lm.model.embed_tokens.register_forward_hook(lambda _m, _i, out: out.to(dtype))
         root_mp = MixedPrecisionPolicy(reduce_dtype=torch.float32)
-    fully_shard(policy, mp_policy=root_mp, mesh=mesh)
+    _shard(policy, root_mp, mesh, one_rank)
     policy.to_empty(device=device)
+    lm.tie_weights()  # to_empty gives each plain (unsharded) parameter its own storage
     full = {f"lm.{k}": v for k, v in source.state_dict().items()} if source is not None else {}
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(policy, full, options=options)
@@ -204,6 +250,35 @@ def load_policy(
         lm.generation_config = source.generation_config
     del source, full
     return policy
+
+
+def _shard(
+    module: nn.Module, mp: MixedPrecisionPolicy, mesh: DeviceMesh | None, one_rank: bool
+) -> None:
+    """`fully_shard(module)`: its parameters not yet in a group of a submodule become one FSDP2
+    group, unsharded (and cast to `mp.param_dtype`) for its forward and backward.
+
+    On one rank a group that needs no cast is left out instead (`ignored_params`): there FSDP2
+    would only copy it. It keeps an unsharded copy of each parameter beside the one-rank
+    "shard", and after the backward copies each gradient twice through its reduce-scatter; the
+    root group's real-vocabulary embedding made that the largest part of the full-weight
+    trainer's peak over AdamW's 16 bytes per parameter (docs/benchmarks.md). Left out, the
+    parameters are plain tensors that autograd accumulates gradients into, as in a
+    single-device torchtitan run; the trainer reads them through `dist.whole`.
+    """
+    taken = {
+        id(p)
+        for sub in module.modules()
+        if sub is not module and isinstance(sub, FSDPModule)
+        for p in sub.parameters()
+    }
+    own = [p for p in module.parameters() if id(p) not in taken]
+    no_cast = mp.param_dtype is None or all(p.dtype == mp.param_dtype for p in own)
+    if one_rank and no_cast:
+        if taken:  # the submodules' groups still need a root above them
+            fully_shard(module, mp_policy=mp, mesh=mesh, ignored_params=set(own))
+        return
+    fully_shard(module, mp_policy=mp, mesh=mesh)
 
 
 def load_reference(

@@ -222,9 +222,7 @@ class Trainer:
     def _optimizer_step(self, nonfinite: bool) -> tuple[float, bool]:
         """Clip and apply the accumulated gradients unless non-finite; returns (norm, skipped)."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        grad_norm = float(grad_norm)
+        grad_norm = float(dist.whole(grad_norm))
         skipped = nonfinite or not math.isfinite(grad_norm)
         if not skipped:
             self.optimizer.step()

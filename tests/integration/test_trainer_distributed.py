@@ -64,15 +64,16 @@ def probe(out: str, model_dir: str, sharding: str = "full", lora_rank: str = "0"
     grads = {}
     for name, param in trainer.policy.named_parameters():
         if (grad := param.grad) is not None:  # frozen (LoRA base) parameters have none
-            grads[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).clone()
-    mesh = next(trainer.policy.parameters()).device_mesh
+            grads[name] = dist.whole(grad).clone()
+    # one process: no mesh (the parameters FSDP2 would only copy stay plain tensors)
+    mesh = getattr(next(trainer.policy.parameters()), "device_mesh", None)
     if dist.is_main():
         torch.save(
             {
                 "metrics": metrics,
                 "grads": grads,
                 "micro_batches": n_mbs,
-                "mesh": (tuple(mesh.shape), mesh.mesh_dim_names),
+                "mesh": mesh and (tuple(mesh.shape), mesh.mesh_dim_names),
             },
             out,
         )
@@ -126,7 +127,7 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., dict]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["dense", "moe", "lora"])
+@pytest.mark.parametrize("arch", ["dense", "moe", "lora", "tied"])
 def test_two_ranks_match_one_process(
     arch: str,
     one_process: Callable[..., dict],
@@ -135,8 +136,14 @@ def test_two_ranks_match_one_process(
     tmp_path: Path,
 ) -> None:
     """The MoE's experts are 3-D parameters sharded with their decoder layer; a LoRA model's
-    FSDP groups mix frozen base weights with the trainable adapter (only it has gradients)."""
+    FSDP groups mix frozen base weights with the trainable adapter (only it has gradients); a
+    tied embedding's rows add their gradient into the unsharded weight's (`model.py`'s hook),
+    which FSDP2 then reduces."""
+    from rlkit.models import init_tiny
+
     model_dir = tiny_moe_model_dir if arch == "moe" else tiny_model_dir
+    if arch == "tied":
+        model_dir = init_tiny(tmp_path / "tied", seed=0, tie_embeddings=True)
     args = ["full", "8"] if arch == "lora" else []
     double = tmp_path / "two.pt"
     torchrun = [sys.executable, *TrainerRanks(nproc=2).torchrun_args()]

@@ -15,6 +15,7 @@ import torch
 
 from rlkit.protocol.layout import RunLayout
 from rlkit.trainer.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
+from rlkit.trainer.dist import whole
 from rlkit.trainer.packing import TokenSequence, make_micro_batches
 from rlkit.trainer.rl import split_mini_batches
 from rlkit.trainer.sft import sft_loss
@@ -92,7 +93,7 @@ def spy_gradients(trainer: Trainer) -> list[torch.Tensor]:
     step = trainer._optimizer_step
 
     def recording(nonfinite: bool) -> tuple[float, bool]:
-        grads.append(torch.cat([p.grad.full_tensor().flatten() for p in trainer.params]).clone())
+        grads.append(torch.cat([whole(p.grad).flatten() for p in trainer.params]).clone())
         return step(nonfinite)
 
     trainer._optimizer_step = recording  # type: ignore[method-assign]
@@ -184,7 +185,7 @@ def test_tokens_outside_the_icepop_band_get_no_gradient(
 
         def grads_of(batch: list[TokenSequence]) -> torch.Tensor:
             metrics, _, _ = trainer.compute_gradients(batch, loss_fn, norm, recompute_old=True)
-            flat = torch.cat([p.grad.full_tensor().flatten() for p in trainer.params]).clone()
+            flat = torch.cat([whole(p.grad).flatten() for p in trainer.params]).clone()
             trainer.optimizer.zero_grad(set_to_none=True)
             return flat, metrics
 

@@ -17,6 +17,7 @@ from rlkit.protocol.model import LoraConfig
 from rlkit.protocol.weights import published_bytes
 from rlkit.trainer import dist
 from rlkit.trainer.config import ModelConfig, OptimConfig, TrainerConfig
+from rlkit.trainer.dist import whole
 from rlkit.trainer.lora import to_peft_state
 from rlkit.trainer.packing import TokenSequence, make_micro_batches
 from rlkit.trainer.sft import sft_loss
@@ -92,11 +93,11 @@ def test_lora_trains_adapter_only_resumes_and_exports_peft(
         # the frozen base stays in the checkpoint's bf16 (half of fp32's memory); A and B fp32
         dtypes = {p.requires_grad: p.dtype for p in trainer.policy.parameters()}
         assert dtypes == {False: torch.bfloat16, True: torch.float32}
-        frozen = {n: p.detach().full_tensor().clone() for n, p in trainer.policy.named_parameters()}
+        frozen = {n: whole(p.detach()).clone() for n, p in trainer.policy.named_parameters()}
         for _ in range(2):
             assert not trainer.train_step(data, sft_loss, normalizer=64.0).skipped
         for n, p in trainer.policy.named_parameters():
-            moved = not torch.equal(p.detach().full_tensor(), frozen[n])
+            moved = not torch.equal(whole(p.detach()), frozen[n])
             if "lora_A" not in n:  # B starts at zero: A's first step has no gradient
                 assert moved == (n in trainable), n
         ckpt = trainer.save_checkpoint(2, {"next": 3})

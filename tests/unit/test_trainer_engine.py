@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlkit.trainer.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
+from rlkit.trainer.dist import whole
 from rlkit.trainer.optim import lr_factor
 from rlkit.trainer.packing import TokenSequence
 from rlkit.trainer.trainer import Trainer
@@ -46,7 +47,7 @@ def gradients(model_dir: Path, tmp_path: Path, checkpointing: bool) -> tuple[flo
         metrics, _, _ = trainer.compute_gradients(
             seqs, cfg.loss.resolved, cfg.loss.resolved.normalizer(seqs)
         )
-        grads = {n: p.grad.full_tensor().clone() for n, p in trainer.policy.named_parameters()}
+        grads = {n: whole(p.grad).clone() for n, p in trainer.policy.named_parameters()}
         return metrics["loss"], grads
     finally:
         trainer.close()

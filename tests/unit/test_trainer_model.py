@@ -50,7 +50,7 @@ def test_meta_init_loads_the_checkpoint_exactly(
     assert ours.keys() == expected.keys()
     for name, value in expected.items():
         assert not ours[name].is_meta, name
-        full = ours[name].full_tensor() if hasattr(ours[name], "full_tensor") else ours[name]
+        full = dist.whole(ours[name])
         assert full.dtype == torch.float32, name
         torch.testing.assert_close(full, value, rtol=0, atol=0, msg=name)
     buffers = dict(ref.named_buffers())
@@ -82,6 +82,42 @@ def test_meta_init_gives_the_old_paths_logprobs(tiny_model_dir: Path, group: obj
             token_lp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0]
             expected.append(token_lp[1:])  # targets: the tokens with loss mask 1 (from the 3rd)
     torch.testing.assert_close(lp, torch.cat(expected), rtol=1e-5, atol=1e-5)
+
+
+def test_tied_embedding_gradient_is_autograds(tmp_path: Path, group: object) -> None:
+    """A tied, trained embedding's gradient (the LM head's plus the looked-up rows', added by
+    `embed_into_weight_grad`'s hook) equals the plain HF model's autograd gradient over two
+    accumulated micro-batches, padding tokens included (their row gets none)."""
+    from rlkit.models import init_tiny
+
+    model_dir = init_tiny(tmp_path / "tied", seed=0, tie_embeddings=True)
+    policy = load_policy(ModelConfig(path=str(model_dir)), CPU, chunk_size=16)
+    lm = policy.lm
+    assert model.trained_tied(lm.model.embed_tokens, lm.lm_head)
+    pad = lm.model.embed_tokens.padding_idx
+    assert pad is not None
+    ref = reference(model_dir)
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for lengths in ((9, 17), (12, 5)):
+        seqs = []
+        for n in lengths:
+            ids = torch.randint(0, 500, (n,), generator=g)
+            ids[3] = pad  # a padding token inside a sample: the row it reads gets no gradient
+            seqs.append(TokenSequence(ids.tolist(), [0, 0] + [1] * (n - 2), [0.0] * n))
+        batches.append((seqs, make_micro_batches(seqs, 64, packing=True)[0]))
+    for seqs, mb in batches:
+        lp, _ = policy(mb.input_ids, mb.position_ids, mb.flat_index, mb.targets)
+        lp.sum().backward()
+        for seq in seqs:
+            ids = torch.tensor([seq.token_ids])
+            logits = ref(input_ids=ids).logits[0, :-1]
+            token_lp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0]
+            token_lp[1:].sum().backward()
+    ours = lm.model.embed_tokens.weight.grad
+    expected = ref.model.embed_tokens.weight.grad
+    assert ours is lm.lm_head.weight.grad and expected.abs().sum() > 0
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-6)
 
 
 def test_attention_selection(monkeypatch: pytest.MonkeyPatch) -> None:
