@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn import functional as F
@@ -24,6 +23,7 @@ from rlkit.protocol.model import LoraConfig, ModelConfig
 from rlkit.trainer.dist import is_main, world_size
 from rlkit.trainer.logprobs import chunked_logprobs
 from rlkit.trainer.lora import add_lora, store_frozen_in
+from rlkit.trainer.rank0_load import load_from_rank0
 from rlkit.trainer.routing import RouterControl
 
 
@@ -203,7 +203,8 @@ def load_policy(
     `rlkit.trainer.lora`), so FSDP2 shards base and adapter together.
     Only rank 0 reads the checkpoint (in its stored dtype); the full state dict is broadcast and
     every rank keeps just its fp32 shards, so no rank but 0 ever holds the whole model, and
-    rank 0 only in the checkpoint's dtype. Buffers (rotary tables) come from rank 0 as well.
+    rank 0 only in the checkpoint's dtype, one decoder layer resident at a time
+    (`rlkit.trainer.rank0_load`). Buffers (rotary tables) come from rank 0 as well.
     `mesh`: None shards over all ranks; a 2-D (replicate, shard) mesh is HSDP.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -242,13 +243,12 @@ def load_policy(
     _shard(policy, root_mp, mesh, one_rank)
     policy.to_empty(device=device)
     lm.tie_weights()  # to_empty gives each plain (unsharded) parameter its own storage
-    full = {f"lm.{k}": v for k, v in source.state_dict().items()} if source is not None else {}
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(policy, full, options=options)
     _broadcast_buffers(lm, source, device)
+    full = {f"lm.{k}": v for k, v in source.state_dict().items()} if source is not None else {}
     if source is not None:  # rank 0 exports: keep the checkpoint's generation defaults
         lm.generation_config = source.generation_config
-    del source, full
+    del source
+    load_from_rank0(policy, full)
     return policy
 
 

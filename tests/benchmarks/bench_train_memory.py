@@ -3,17 +3,17 @@ allocator settings and under others (big allocations always mapped, one heap), s
 one run.
 
 Each round runs each variant in a fresh process holding a real `Trainer` (one rank, the default
-AdamW; full weights, or a LoRA adapter of `--lora-rank` on every linear layer, alpha twice the
-rank, as bench_scale's `0.6b-lora`) on a model of `--size`, and takes `--steps` SFT steps on the
-same random sequences (`--tokens` in all, two sequences). The load's peak is the process's
-high-water mark (VmHWM) once the `Trainer` is built. Each step is split into its phases, forward,
-backward (with the loss) and optimizer (clipping, the step, zeroing the gradients), by hooks on
-the real `train_step`: the policy's forward pre- and post-hooks and a wrapper of the optimizer
-step. Before each phase the high-water mark is reset to the resident set
-(/proc/self/clear_refs); after it the phase's peak, the resident set and the bytes malloc holds
-for live blocks (glibc's mallinfo2: in its heaps and mapped; the rest of the resident set is
-freed blocks glibc keeps, the runtime's code and its own mappings) are read, all per parameter of
-the model (its base parameters with LoRA). Variants:
+AdamW; full weights, or a LoRA adapter of `--lora-rank` on every linear layer, alpha twice the rank,
+as bench_scale's `0.6b-lora`) on a model of `--size`, and takes `--steps` SFT steps on the same
+random sequences (`--tokens` in all, two sequences). The load's peak is the process's high-water
+mark (VmHWM) once the `Trainer` is built, its time the `Trainer`'s construction. Each step is split
+into its phases, forward, backward (with the loss) and optimizer (clipping, the step, zeroing the
+gradients), by hooks on the real `train_step`: the policy's forward pre- and post-hooks and a
+wrapper of the optimizer step. Before each phase the high-water mark is reset to the resident set
+(/proc/self/clear_refs); after it the phase's peak, the resident set and the bytes malloc holds for
+live blocks (glibc's mallinfo2: in its heaps and mapped; the rest of the resident set is freed
+blocks glibc keeps, the runtime's code and its own mappings) are read, all per parameter of the
+model (its base parameters with LoRA). Variants:
 - `glibc`: the allocator as the trainer runs today;
 - `mmap64k` / `mmap4m`: `MALLOC_MMAP_THRESHOLD_` fixed at 64 KiB / 4 MiB: every allocation
   of that size or more is its own mapping, returned to the system when freed (by default glibc
@@ -31,10 +31,10 @@ the model (its base parameters with LoRA). Variants:
         [--variants glibc,mmap64k,mmap4m,arena1,tcmalloc,jemalloc] [--lora-rank 16]
         [--activation-checkpointing]
 
-Prints one JSON line: per variant and round the load's peak and resident set, each step's peak,
-resident bytes and seconds and each phase's peak, resident and live bytes, per parameter; per
-variant against glibc, the ratio of the highest peak (load or step) and of the later steps'
-median time.
+Prints one JSON line: per variant and round the load's peak, resident set and seconds, each step's
+peak, resident bytes and seconds and each phase's peak, resident and live bytes, per parameter; per
+variant against glibc, the ratio of the highest peak (load or step) and of the later steps' median
+time.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -170,7 +171,9 @@ def child(model: str, steps: int, tokens: int, lora_rank: int, checkpointing: bo
     with tempfile.TemporaryDirectory() as run_dir:
         model_cfg = ModelConfig(path=model, lora=lora, activation_checkpointing=checkpointing)
         cfg = TrainerConfig(run_dir=run_dir, model=model_cfg)
+        start = time.perf_counter()
         trainer = Trainer(cfg, steps)
+        load_s = time.perf_counter() - start
         named = trainer.policy.named_parameters()
         params = sum(p.numel() for name, p in named if ".lora_" not in name)
         per_param = 1024 / params
@@ -185,7 +188,7 @@ def child(model: str, steps: int, tokens: int, lora_rank: int, checkpointing: bo
             resident.append(status_kb("VmRSS") * per_param)
             seconds.append(result.metrics["step_time_s"])
         trainer.close()
-    figures = {"params": params, "load_peak": load_peak, "built": built}
+    figures = {"params": params, "load_peak": load_peak, "built": built, "load_s": load_s}
     figures |= {"step_peak": peaks, "step_resident": resident, "step_s": seconds}
     phases = {
         phase: {key: [step[phase][key] for step in memory.phases] for key in PHASE_FIGURES}
