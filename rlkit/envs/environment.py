@@ -17,6 +17,7 @@ from typing import Any
 from datasets import Dataset
 
 from rlkit.envs.data import quiet_datasets
+from rlkit.envs.exploits import Exploit
 from rlkit.envs.parsers import Parser
 from rlkit.envs.rollout import Rollout
 from rlkit.envs.rows import Messages, clean_messages, format_row
@@ -70,6 +71,8 @@ class Environment:
         self._raw_datasets = {"train": dataset, "eval": eval_dataset}
         self.sampling_defaults: dict[str, Any] = dict(sampling_defaults or {})
         self.version: str | None = None  # set by load_environment from the package metadata
+        # the family's exploit policies `rlkit env audit` plays (rlkit.envs.exploits)
+        self.exploits: list[Exploit] = []
 
     def close(self) -> None:
         """Release what the environment holds outside this process (a bridged environment's
