@@ -69,12 +69,15 @@ def check_cmd(
     max_tokens: int | None = typer.Option(
         None, "--max-tokens", min=0, help="Completion tokens (default: the env's sampling)."
     ),
+    audit: bool = typer.Option(
+        False, "--audit", help="Also run `rlkit env audit` on the same rows (exploit policies)."
+    ),
 ) -> None:
     """Check that empty and garbage replies score the minimum and gold answers the maximum.
 
     A verifiers environment runs in its bridge worker, the scripted replies served to it over
     HTTP. Exit 0 when every case scores as expected (and with --model every prompt fits), 1
-    otherwise (with a per-row report).
+    otherwise (with a per-row report). With --audit, also 1 when an exploit beats the floor.
     """
     from rlkit.envs.check import check_environment
     from rlkit.envs.loader import load_resolved
@@ -91,7 +94,83 @@ def check_cmd(
         fits = True
         if model is not None:
             fits = _check_fit(env, report.split, model, max_model_len, max_tokens)
-    raise typer.Exit(0 if report.ok and fits else 1)
+        audited = True
+        if audit:
+            audited = _run_audit(env, num_rows, report.split, None, 0.05, as_json=False)
+    raise typer.Exit(0 if report.ok and fits and audited else 1)
+
+
+def _run_audit(
+    env: Environment,
+    num_rows: int,
+    split: str,
+    only: str | None,
+    margin: float,
+    as_json: bool,
+) -> bool:
+    """Audit `env`, print the table (or its JSON) and say whether it passed."""
+    from rlkit.envs.audit import audit_environment, report_json, report_lines
+    from rlkit.errors import UsageError
+
+    names = [n.strip() for n in only.split(",") if n.strip()] if only else None
+    try:
+        with console.status(f"auditing {env.env_id}"):
+            report = audit_environment(
+                env, num_rows=num_rows, split=split, only=names, margin=margin
+            )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if as_json:
+        print(report_json(report))
+    else:
+        for line in report_lines(report):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+    return report.ok
+
+
+@app.command("audit")
+def audit_cmd(
+    env_id: str = typer.Argument(..., help="Environment id (reverse-text, owner/name)."),
+    env_args: str | None = typer.Option(
+        None, "--env-args", "-a", help="Environment loader arguments as a JSON object."
+    ),
+    num_rows: int = typer.Option(10, "--num-rows", "-n", min=1, help="Rows to play on."),
+    split: Split = typer.Option(Split.EVAL, "--split", help="Which rows to play on."),
+    only: str | None = typer.Option(
+        None, "--exploits", help="Comma-separated exploit names to play (default: all)."
+    ),
+    margin: float = typer.Option(
+        0.05,
+        "--margin",
+        min=0.0,
+        max=0.99,
+        help="How far above the empty reply's mean (as a share of the reward range) an "
+        "exploit may average before it fails.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+    verifiers_version: str | None = typer.Option(
+        None, "--verifiers-version", help="Run a verifiers environment with this exact version."
+    ),
+) -> None:
+    """Play exploit policies (echo, constants, every option at once, format only, judge bait,
+    the family's own: runner shadowing, restated premises, ...) through the environment's own
+    rollout and rubric, and compare each with the empty reply and the gold completion.
+
+    Exit 0 when no exploit reaches the maximum on any row or averages above the floor (the
+    empty reply's mean plus --margin of the reward range), 1 otherwise. Two-way guesses are
+    reported apart with the split's balance and fail only on a lopsided split.
+    """
+    from rlkit.envs.loader import load_resolved
+    from rlkit.envs.resolve import resolve_env_id
+    from rlkit_cli.eval import json_object
+
+    kwargs = json_object(env_args, "-a/--env-args") or {}
+    resolved = resolve_env_id(env_id)
+    if not as_json:
+        console.print(resolved.describe(), markup=False, highlight=False, soft_wrap=True)
+    with closing(load_resolved(resolved, verifiers_version=verifiers_version, **kwargs)) as env:
+        ok = _run_audit(env, num_rows, split.value, only, margin, as_json)
+    raise typer.Exit(0 if ok else 1)
 
 
 def _check_fit(
