@@ -9,7 +9,9 @@ finished group it
 5. turns each rollout into a `TrainSample` stamped with the oldest policy version that
    produced any of its turns (what staleness and `max_off_policy_steps` are measured from)
    and the temperature its turns record (the trainer divides logits by it).
-It also accumulates the per-step statistics the metrics logger reports.
+It also accumulates the per-step statistics the metrics logger reports, among them the
+high-reward (solved) rollouts that an environment's exploit detectors flag
+(`Exploit.detect`, `rlkit env audit`): a reward the policy is learning to game shows there.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlkit.envs.exploits import Exploit
 from rlkit.envs.rollout import Rollout, TrainingTokens
 from rlkit.orchestrator.advantages import GroupEstimator
 from rlkit.orchestrator.sampler import PromptSampler
@@ -47,6 +50,8 @@ class GroupStats:
     exact_continuations: int = 0  # rollouts whose turns extend each other token for token
     token_prompts: int = 0  # rollouts sent as token-id prompts (token in, token out)
     context_ended: int = 0  # rollouts ended because the next prompt would not fit
+    # "{env_id}/{exploit}" -> solved rollouts that exploit's detector flagged
+    flagged: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 class GroupProcessor:
@@ -61,13 +66,32 @@ class GroupProcessor:
         solve_threshold: float,
         sampler: PromptSampler | None = None,
         watchdog: NoSignalWatchdog | None = None,
+        detectors: dict[str, list[Exploit]] | None = None,
     ) -> None:
         self.estimator = GroupEstimator(advantage, advantage_params)  # validated once, here
         self.drop_zero_advantage = drop_zero_advantage
         self.solve_threshold = solve_threshold
         self.sampler = sampler
         self.watchdog = watchdog
+        # env id -> its exploits that can recognise themselves in a real rollout
+        self.detectors = {
+            env_id: [e for e in exploits if e.detect is not None]
+            for env_id, exploits in (detectors or {}).items()
+        }
         self.stats = GroupStats()
+
+    def flag(self, env_id: str, rollout: Rollout) -> None:
+        """Count the exploits whose detector recognises this solved rollout; a raising detector
+        counts under `{exploit}!error` (it must not stop training, nor hide)."""
+        for exploit in self.detectors.get(env_id, []):
+            assert exploit.detect is not None
+            try:
+                hit = exploit.detect(rollout)
+            except Exception:
+                self.stats.flagged[f"{env_id}/{exploit.name}!error"] += 1
+                continue
+            if hit:
+                self.stats.flagged[f"{env_id}/{exploit.name}"] += 1
 
     def take_stats(self) -> GroupStats:
         stats, self.stats = self.stats, GroupStats()
@@ -105,7 +129,10 @@ class GroupProcessor:
                 continue
             valid.append((rollout, sample, trained))
             stats.rewards[env_id].append(rollout.reward)
-            stats.solved[env_id].append(float(rollout.reward >= self.solve_threshold))
+            solved = rollout.reward >= self.solve_threshold
+            stats.solved[env_id].append(float(solved))
+            if solved:
+                self.flag(env_id, rollout)
             for name, value in rollout.metrics.items():
                 stats.reward_functions[f"{env_id}/{name}"].append(value)
             if rollout.info.get("task") is not None:  # environments with named tasks (logic)

@@ -31,6 +31,7 @@ from typing import Any
 
 from rich.console import Console
 
+from rlkit.envs.exploits import exploits_for
 from rlkit.errors import RunStopped, UsageError
 from rlkit.inference.canary import pool_canary_kl
 from rlkit.inference.pool import ClientPool
@@ -272,6 +273,7 @@ class Orchestrator:
             watchdog=NoSignalWatchdog(
                 *watchdog_limits(o, max_rollout_tokens(envs, o)), console=console
             ),
+            detectors={env_id: exploits_for(env) for env_id, env in envs.items()},
         )
         scheduler = scheduler_class(o.scheduler).from_config(
             cfg, source, processor, prompts, version=start_step

@@ -70,6 +70,11 @@ def step_record(
         record[f"reward_mean/{env_task}"] = statistics.fmean(rewards)
     for env_function, scores in sorted(stats.reward_functions.items()):
         record[f"reward_fn_mean/{env_function}"] = statistics.fmean(scores)
+    record["exploit_flagged"] = sum(
+        count for name, count in stats.flagged.items() if not name.endswith("!error")
+    )
+    for env_exploit, count in sorted(stats.flagged.items()):
+        record[f"exploit_flagged/{env_exploit}"] = count
     lengths = stats.completion_lengths
     staleness = batch.meta["staleness"]
     record.update(

@@ -11,6 +11,7 @@ import pytest
 
 from rlkit.config import load_config
 from rlkit.envs import Rollout, Turn
+from rlkit.envs.exploits import Exploit
 from rlkit.errors import UsageError
 from rlkit.launch.config import RLJobConfig
 from rlkit.orchestrator.batching import GroupProcessor, make_batch
@@ -220,6 +221,47 @@ def test_group_processor_advantages_errors_and_zero_signal(tmp_path: Path) -> No
     back = read_batch(write_batch(batch, tmp_path))
     assert back.meta["group_uids"] == [0] and len(back.samples) == 2
     assert back.samples[0].loss_mask == [0, 0, 1, 1, 1]
+
+
+def test_exploit_detectors_count_solved_rollouts_they_recognise(tmp_path: Path) -> None:
+    """Only solved rollouts are checked; a raising detector is counted apart, not fatal."""
+
+    def touched_runner(r: Rollout) -> bool:
+        return r.info.get("edited") == "pytest.py"
+
+    def broken(r: Rollout) -> bool:
+        raise RuntimeError("detector bug")
+
+    detectors = {
+        "e": [
+            Exploit("runner shadowing", lambda env, row: {}, detect=touched_runner),
+            Exploit("broken", lambda env, row: {}, detect=broken),
+            Exploit("no detector", lambda env, row: {}),
+        ]
+    }
+    proc = GroupProcessor(
+        advantage="grpo", drop_zero_advantage=False, solve_threshold=1.0, detectors=detectors
+    )
+    group = Group(prompt=Prompt(0, "e", 0, 0), start_version=0)
+    group.rollouts = [rollout(1.0), rollout(1.0), rollout(0.0)]
+    group.rollouts[0].info = {"edited": "pytest.py"}
+    group.rollouts[2].info = {"edited": "pytest.py"}  # unsolved: not counted
+    proc(group)
+    record = step_record(
+        1,
+        make_batch(1, [group], version=0),
+        proc.take_stats(),
+        Counters(launched=3, finished=3),
+        rollout_time_s=1.0,
+        train_time_s=1.0,
+        step_time_s=2.0,
+        idle_s=0.0,
+        weights_wait_s=0.0,
+        weight_update_s=0.0,
+    )
+    assert record["exploit_flagged/e/runner shadowing"] == 1
+    assert record["exploit_flagged/e/broken!error"] == 2
+    assert record["exploit_flagged"] == 1
 
 
 def test_metrics_record_log_and_plot(tmp_path: Path) -> None:
