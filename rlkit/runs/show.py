@@ -1,10 +1,12 @@
 """`rlkit runs show RUN_DIR`: what a training run did, from the files it left.
 
-Read-only over the run directory (`rlkit.protocol.layout`): `metrics.jsonl` (one record per step), `eval.jsonl` (the
-interleaved evaluations), `samples.jsonl` (sample rollouts), `checkpoints/step_N`,
-`weights/step_N`, `config.toml`, and the `STOP` / `TRAINER_FAILED` notes of a run that stopped
-itself. `summary_lines` is the terminal summary (reward as a sparkline); `write_html` writes one
-self-contained page (inline SVG plots, no scripts, no external files) to open or attach anywhere.
+Read-only over the run directory (`rlkit.protocol.layout`): `metrics.jsonl` (one record per
+step), `eval.jsonl` (the interleaved evaluations), `samples.jsonl` (sample rollouts),
+`checkpoints/step_N`, `weights/step_N`, `config.toml`, and the `STOP` / `TRAINER_FAILED` notes
+of a run that stopped itself. `summary_lines` is the terminal summary (reward as a sparkline,
+eval reward and its strict measure before and after, warnings when the training reward rose
+without the strict measure); `write_html` writes one self-contained page (inline SVG plots, no
+scripts, no external files) to open or attach anywhere.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import Any
 
 from rlkit.atomic import atomic_write
 from rlkit.errors import UsageError
-from rlkit.protocol.panels import PLOT_PANELS
 from rlkit.protocol.layout import RunLayout
+from rlkit.protocol.panels import PLOT_PANELS
 
 SPARKS = "▁▂▃▄▅▆▇█"
 Z95 = 1.96  # eval error bars: a 95% interval of the mean over the eval's examples
@@ -122,6 +124,58 @@ def load_run(run_dir: str | Path) -> RunView:
     )
 
 
+REWARD_RISE = 0.05  # a training reward rise worth a look (in reward units)
+
+
+def strict_measure(record: dict[str, Any]) -> tuple[str, float] | None:
+    """An evaluation's strict measure: the environment's `exact_match` metric when it has one,
+    else pass@1 (the share of rollouts at the pass threshold, i.e. solved)."""
+    metrics = record.get("metrics") or {}
+    if isinstance(metrics.get("exact_match"), int | float):
+        return "exact match", float(metrics["exact_match"])
+    value = (record.get("pass_at_k") or {}).get("pass@1")
+    return ("solved (pass@1)", float(value)) if isinstance(value, int | float) else None
+
+
+def proportion_ci95(p: float, n: int) -> float:
+    """Half-width of a normal 95% interval of a proportion `p` over `n` units."""
+    return Z95 * (max(p * (1 - p), 0.0) / max(n, 1)) ** 0.5
+
+
+def reward_without_task(run: RunView) -> list[str]:
+    """Warnings that the training reward rose while a strict held-out measure did not (the
+    reward may pay for something other than the task), and the exploit detectors' flags."""
+    warnings = []
+    rewards = [v for _, v in run.series("reward_mean")]
+    if len(rewards) >= 2:
+        tenth = max(len(rewards) // 10, 1)
+        rise = statistics.fmean(rewards[-tenth:]) - statistics.fmean(rewards[:tenth])
+        for env, (first, final) in sorted(run.eval_before_after().items()):
+            before, after = strict_measure(first), strict_measure(final)
+            if rise <= REWARD_RISE or before is None or after is None or first is final:
+                continue
+            n = max(int(final.get("num_rollouts") or final.get("num_examples") or 1), 1)
+            noise = (proportion_ci95(before[1], n) ** 2 + proportion_ci95(after[1], n) ** 2) ** 0.5
+            if after[1] - before[1] <= noise:
+                warnings.append(
+                    f"WARNING {env}: the training reward rose by {rise:.3f} but held-out "
+                    f"{after[0]} did not ({before[1]:.3f} -> {after[1]:.3f}, a rise needs > "
+                    f"{noise:.3f}): the reward may pay for something other than the task; "
+                    f"`rlkit env audit {env}` plays the cheap answers that earn it"
+                )
+    flagged = {
+        k.removeprefix("exploit_flagged/"): int(sum(v for _, v in run.series(k)))
+        for k in sorted({k for r in run.steps for k in r if k.startswith("exploit_flagged/")})
+    }
+    flagged = {k: v for k, v in flagged.items() if v and not k.endswith("!error")}
+    if flagged:
+        listed = ", ".join(f"{k} {v}" for k, v in flagged.items())
+        warnings.append(
+            f"WARNING solved rollouts that look like known exploits (env/exploit count): {listed}"
+        )
+    return warnings
+
+
 def ci95(std: float | None, n: int) -> float:
     """Half-width of a normal 95% interval of a mean of `n` units with deviation `std`."""
     return Z95 * (std or 0.0) / n**0.5
@@ -173,6 +227,12 @@ def summary_lines(run: RunView) -> list[str]:
             f"eval {env}: reward {_eval_num(first)} (step {first['step']}) -> "
             f"{_eval_num(final)} (step {final['step']}){note}"
         )
+        before, after = strict_measure(first), strict_measure(final)
+        if before is not None and after is not None:
+            lines.append(
+                f"eval {env}: {after[0]} {_strict_num(first, before[1])} -> "
+                f"{_strict_num(final, after[1])}"
+            )
     lines.append(
         f"throughput {_num(run.mean('tokens_per_s'), '.0f')} completion tok/s, "
         f"inference idle {_num(run.mean('inference_idle_frac'), '.2f')}; "
@@ -205,6 +265,7 @@ def summary_lines(run: RunView) -> list[str]:
         f"rollouts {finished} finished, {errored} errored (scored 0), {purged} purged "
         "(dropped unused: too far off-policy to train on)"
     )
+    lines.extend(reward_without_task(run))
     if run.stopped:
         lines.append(f"stopped: {run.stopped}")
     lines.append(
@@ -213,6 +274,11 @@ def summary_lines(run: RunView) -> list[str]:
     if run.weights:
         lines.append(f"latest weights {run.weights[-1]}")
     return lines
+
+
+def _strict_num(record: dict[str, Any], value: float) -> str:
+    n = max(int(record.get("num_rollouts") or record.get("num_examples") or 1), 1)
+    return f"{value:.3f} ± {proportion_ci95(value, n):.3f}"
 
 
 def _eval_num(record: dict[str, Any]) -> str:
@@ -231,7 +297,9 @@ def _svg(run: RunView, title: str, keys: tuple[str, ...], w: int = 460, h: int =
     series = [(key, run.series(key)) for key in keys]
     evals = run.eval_points() if "reward_mean" in keys else []
     points = [p for _, s in series for p in s]
-    points += [(step, m + d) for _, step, m, d in evals] + [(step, m - d) for _, step, m, d in evals]
+    points += [(step, m + d) for _, step, m, d in evals] + [
+        (step, m - d) for _, step, m, d in evals
+    ]
     parts = [
         f'<svg class="plot" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
         'xmlns="http://www.w3.org/2000/svg" role="img">',
@@ -261,8 +329,10 @@ def _svg(run: RunView, title: str, keys: tuple[str, ...], w: int = 460, h: int =
             f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{value:.3g}</text>',
             f'<text x="{x:.1f}" y="{h - bottom + 14}" text-anchor="{anchor}">{step:.0f}</text>',
         ]
-    parts.append(f'<text x="{left + (w - left - right) / 2}" y="{h - bottom + 27}" '
-                 'text-anchor="middle">step</text>')
+    parts.append(
+        f'<text x="{left + (w - left - right) / 2}" y="{h - bottom + 27}" '
+        'text-anchor="middle">step</text>'
+    )
     for step in run.resumes:
         if x0 <= step <= x1:
             x = xy(step, y0).split(",")[0]

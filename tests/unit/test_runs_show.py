@@ -103,3 +103,46 @@ def test_the_html_report_answers_did_training_work(
     assert "eval reward (95% interval)" in page
     assert "resumed from step 3" in page and page.count('class="resume"') >= 5
     assert ">step</text>" in page and 'text-anchor="middle">3</text>' in page  # mid tick
+
+
+def write_rising_run(run: Path, exact_after: float) -> None:
+    """A run whose training reward rises 0.2 -> 0.7 and whose eval reports exact match."""
+    run.mkdir()
+    steps = [{"step": s, "reward_mean": 0.2 + 0.05 * s} for s in range(11)]
+    steps[-1]["exploit_flagged/e/echo"] = 3
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    evals = [
+        {
+            "step": 0,
+            "env_id": "e",
+            "reward_mean": 0.4,
+            "num_examples": 64,
+            "num_rollouts": 256,
+            "metrics": {"exact_match": 0.01},
+        },
+        {
+            "step": 10,
+            "env_id": "e",
+            "reward_mean": 0.6,
+            "num_examples": 64,
+            "num_rollouts": 256,
+            "metrics": {"exact_match": exact_after},
+        },
+    ]
+    (run / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+
+
+def test_runs_show_warns_when_reward_rises_without_the_strict_measure(tmp_path: Path) -> None:
+    """Issue 61: a training reward that rises while held-out exact match does not is flagged,
+    with the exploit detectors' counts; a real gain in exact match is not."""
+    write_rising_run(tmp_path / "gamed", exact_after=0.02)
+    lines = summary_lines(load_run(tmp_path / "gamed"))
+    assert "eval e: exact match 0.010 ± 0.012 -> 0.020 ± 0.017" in lines
+    warning = next(line for line in lines if line.startswith("WARNING e:"))
+    assert "did not (0.010 -> 0.020" in warning and "rlkit env audit e" in warning
+    assert any("e/echo 3" in line for line in lines)
+
+    write_rising_run(tmp_path / "learned", exact_after=0.3)
+    lines = summary_lines(load_run(tmp_path / "learned"))
+    assert not any(line.startswith("WARNING e:") for line in lines)
+    assert "eval e: exact match 0.010 ± 0.012 -> 0.300 ± 0.056" in lines
