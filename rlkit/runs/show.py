@@ -281,6 +281,14 @@ def _strict_num(record: dict[str, Any], value: float) -> str:
     return f"{value:.3f} ± {proportion_ci95(value, n):.3f}"
 
 
+def _strict_cell(record: dict[str, Any]) -> str:
+    """The HTML table's strict-measure cell: 'exact match 0.300 ± 0.056' (or '-')."""
+    measure = strict_measure(record)
+    return (
+        "-" if measure is None else html.escape(f"{measure[0]} {_strict_num(record, measure[1])}")
+    )
+
+
 def _eval_num(record: dict[str, Any]) -> str:
     mean = record.get("reward_mean")
     if mean is None or record.get("reward_std") is None:
@@ -394,8 +402,9 @@ def render_html(run: RunView) -> str:
     esc = html.escape
     plots = "".join(_svg(run, title, keys) for title, keys in PLOT_PANELS)
     evals = "".join(
-        f"<tr><td>{esc(env)}</td><td>{first['step']}</td><td>{_eval_num(first)}"
-        f"</td><td>{final['step']}</td><td>{_eval_num(final)}</td></tr>"
+        f"<tr><td>{esc(env)}</td><td>{first['step']}</td><td>{_eval_num(first)}</td>"
+        f"<td>{_strict_cell(first)}</td><td>{final['step']}</td><td>{_eval_num(final)}</td>"
+        f"<td>{_strict_cell(final)}</td></tr>"
         for env, (first, final) in sorted(run.eval_before_after().items())
     )
     samples = "".join(
@@ -413,7 +422,8 @@ def render_html(run: RunView) -> str:
     if evals:
         sections.append(
             '<h2>Evaluation</h2><table id="evals"><tr><th>environment</th><th>first step</th>'
-            f"<th>reward</th><th>last step</th><th>reward</th></tr>{evals}</table>"
+            "<th>reward</th><th>strict measure</th><th>last step</th><th>reward</th>"
+            f"<th>strict measure</th></tr>{evals}</table>"
         )
     if samples:
         sections.append(

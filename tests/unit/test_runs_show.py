@@ -146,3 +146,5 @@ def test_runs_show_warns_when_reward_rises_without_the_strict_measure(tmp_path: 
     lines = summary_lines(load_run(tmp_path / "learned"))
     assert not any(line.startswith("WARNING e:") for line in lines)
     assert "eval e: exact match 0.010 ± 0.012 -> 0.300 ± 0.056" in lines
+    page = render_html(load_run(tmp_path / "learned"))
+    assert "<td>exact match 0.300 ± 0.056</td>" in page
