@@ -16,6 +16,7 @@ from rlkit.progress import make_console
 if TYPE_CHECKING:
     from rlkit.envs import Environment
     from rlkit.envs.check import CheckReport
+    from rlkit.hub.records import AuditRecord
 
 app = typer.Typer(help="Create, publish and install environment packages.", no_args_is_help=True)
 
@@ -287,23 +288,52 @@ def push_cmd(
         None, "--private/--public", help="Visibility (default: public for new environments)."
     ),
     skip_check: bool = typer.Option(
-        False, "--skip-check", help="Publish without first running `rlkit env check` on it."
+        False,
+        "--skip-check",
+        help="Publish without first running `rlkit env check` and `rlkit env audit` on it "
+        "(the hub then shows the audit as not run).",
+    ),
+    allow_exploits: bool = typer.Option(
+        False,
+        "--allow-exploits",
+        help="Publish even when an exploit earns full reward on some row (the hub shows it).",
+    ),
+    audit_rows: int = typer.Option(
+        10, "--audit-rows", min=1, help="Rows the audit plays each exploit on."
     ),
 ) -> None:
-    """Check, then publish the package's current version (building it if dist/ lacks it)."""
-    from rlkit.envs.check import check_environment
-    from rlkit.envs.loader import load_environment_at
+    """Check and audit, then publish the package's current version (building it if dist/ lacks
+    it) with the audit's table attached to that version.
+
+    Refused (exit 1, nothing uploaded) when the check fails or an exploit policy earns full
+    reward on any row, unless --allow-exploits; an exploit that only averages above the floor
+    is published with a warning.
+    """
     from rlkit.hub import build_env, dist_files, open_hub
+    from rlkit.hub.records import AuditRecord
     from rlkit.hub.scaffold import project_metadata
 
-    if not skip_check:
-        name, _ = project_metadata(path)
-        with console.status(f"checking {name}"), closing(load_environment_at(path, name)) as env:
-            report = check_environment(env)
-        _print_check(report)
-        if not report.ok:
-            console.print("not published: fix the environment or pass --skip-check")
+    name, version = project_metadata(path)
+    audit = AuditRecord.not_run() if skip_check else _check_and_audit(path, name, audit_rows)
+    if audit.ran:
+        exploited = [row.exploit for row in audit.table if row.full_reward_rows and not row.two_way]
+        if exploited and not allow_exploits:
+            console.print(
+                f"not published: exploit(s) {', '.join(exploited)} earn full reward without "
+                "the task; fix the rubric or pass --allow-exploits",
+                markup=False,
+                soft_wrap=True,
+            )
             raise typer.Exit(1)
+        audit.exploits_allowed = bool(exploited)
+        if not audit.ok:
+            failed = [row.exploit for row in audit.table if row.verdict != "ok"]
+            console.print(
+                f"warning: publishing with a failed audit ({', '.join(failed)}): the hub "
+                "shows it on the environment's page",
+                markup=False,
+                soft_wrap=True,
+            )
     files = dist_files(path)
     if len(files) != 2:
         with console.status(f"building {path}"):
@@ -311,9 +341,36 @@ def push_cmd(
     target = open_hub(hub, token)
     visibility = None if private is None else ("private" if private else "public")
     with console.status(f"pushing {', '.join(f.name for f in files)} to {target.location}"):
-        card = target.push(files, owner=owner, visibility=visibility)
-    _, version = project_metadata(path)
+        card = target.push(files, owner=owner, visibility=visibility, audit=audit)
     console.print(f"published {card.owner}/{card.name}@{version} to {target.location}")
+
+
+def _check_and_audit(path: Path, name: str, num_rows: int) -> AuditRecord:
+    """`rlkit env check` then `rlkit env audit` on one loaded environment; exit 1 when the
+    check fails or the audit cannot run."""
+    from rlkit.envs.audit import audit_environment, report_lines
+    from rlkit.envs.check import check_environment
+    from rlkit.envs.loader import load_environment_at
+    from rlkit.hub.records import AuditRecord
+
+    with closing(load_environment_at(path, name)) as env:
+        with console.status(f"checking {name}"):
+            report = check_environment(env)
+        _print_check(report)
+        if not report.ok:
+            console.print("not published: fix the environment or pass --skip-check")
+            raise typer.Exit(1)
+        try:
+            with console.status(f"auditing {name}"):
+                audit = audit_environment(env, num_rows=num_rows)
+        except (RuntimeError, ValueError) as exc:
+            console.print(
+                f"not published: the audit could not run: {exc}", markup=False, soft_wrap=True
+            )
+            raise typer.Exit(1) from None
+    for line in report_lines(audit):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    return AuditRecord.from_report(audit)
 
 
 @app.command("install")
@@ -413,9 +470,12 @@ def info_cmd(
     env_id: str = typer.Argument(..., help="OWNER/NAME"),
     hub: str | None = HubOption,
     token: str | None = TokenOption,
-    as_json: bool = typer.Option(False, "--json", help="Print the full card as JSON."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the full card as JSON (each version with its audit)."
+    ),
 ) -> None:
-    """Show an environment's card: versions, files with sha256, evaluation results."""
+    """Show an environment's card: versions, files with sha256, the latest version's exploit
+    audit, evaluation results."""
     from rlkit.hub import open_hub, parse_env_id
 
     card = open_hub(hub, token).card(parse_env_id(env_id))
@@ -423,16 +483,52 @@ def info_cmd(
         print(card.model_dump_json(indent=2))
         return
     console.print(f"[bold]{card.owner}/{card.name}[/] {card.latest_version} ({card.visibility})")
-    console.print(card.summary)
-    console.print(f"tags: {', '.join(card.tags)}   license: {card.license}")
+    console.print(card.summary, markup=False)
+    console.print(f"tags: {', '.join(card.tags)}   license: {card.license}", markup=False)
     files = Table("version", "file", "sha256")
     for version in card.versions:
         for file in version.files:
             files.add_row(version.version, file.filename, file.sha256)
     console.print(files)
+    _print_audit(card.latest_version, card.latest_audit)
     if card.evals:
         board = Table("model", "version", "mean reward", "pass@k", "n", "date")
         for e in sorted(card.evals, key=lambda e: e.mean_reward, reverse=True):
             passes = " ".join(f"{k}={v:.3f}" for k, v in e.pass_at_k.items())
             board.add_row(e.model, e.version, f"{e.mean_reward:.3f}", passes, str(e.n), e.date)
         console.print(board)
+
+
+def _print_audit(version: str, audit: AuditRecord | None) -> None:
+    """The audit a version was pushed with: its figures, then one line per exploit (plain
+    text, never wrapped or read as markup: names and verdicts come from the package)."""
+    from rlkit.progress import print_line
+
+    if audit is None or not audit.ran:
+        state = "not audited" if audit is None else "not run (pushed with --skip-check)"
+        print_line(console, f"audit of {version}: {state}")
+        return
+
+    def fmt(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    allowed = " (published with --allow-exploits)" if audit.exploits_allowed else ""
+    print_line(
+        console,
+        f"audit of {version}: {audit.verdict}{allowed}; {audit.rows} {audit.split} rows, "
+        f"gold mean {fmt(audit.gold_mean)}, empty mean {fmt(audit.empty_mean)}, "
+        f"floor {fmt(audit.floor)} ({audit.date[:10]})",
+    )
+    print_line(
+        console,
+        f"  {'exploit':<28} {'family':<10} {'best variant':<24} {'mean':>6} "
+        f"{'full-reward rows':>16}  verdict",
+    )
+    for row in audit.table:
+        name = row.exploit + (" (two-way)" if row.two_way else "")
+        full = f"{row.full_reward_rows}/{row.rows}"
+        print_line(
+            console,
+            f"  {name:<28} {row.family:<10} {row.best_variant[:24]:<24} {fmt(row.mean):>6} "
+            f"{full:>16}  {row.verdict}",
+        )

@@ -9,6 +9,7 @@ from rlkit.errors import UsageError
 from rlkit.hub.artifacts import ArtifactError, check_filename
 from rlkit.hub.names import EnvRef
 from rlkit.hub.records import (
+    AuditRecord,
     EnvCard,
     EnvSummary,
     EvalRecord,
@@ -32,8 +33,15 @@ class Hub(Protocol):
     location: str
 
     def push(
-        self, files: list[Path], owner: str | None = None, visibility: Visibility | None = None
-    ) -> EnvCard: ...
+        self,
+        files: list[Path],
+        owner: str | None = None,
+        visibility: Visibility | None = None,
+        audit: AuditRecord | None = None,
+    ) -> EnvCard:
+        """Publish one version's files; `audit` (`rlkit env audit`'s record) is attached to
+        that version when it has none yet."""
+        ...
 
     def card(self, ref: EnvRef) -> EnvCard: ...
 

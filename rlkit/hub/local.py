@@ -24,6 +24,7 @@ from rlkit.hub.artifacts import ArtifactError, ArtifactInfo, inspect_artifact
 from rlkit.hub.base import HubError, download_path, matches
 from rlkit.hub.names import EnvRef, validate_owner
 from rlkit.hub.records import (
+    AuditRecord,
     EnvCard,
     EnvSummary,
     EvalRecord,
@@ -80,7 +81,11 @@ class LocalHub:
         atomic_write(self._card_path(card.name), card.model_dump_json(indent=2).encode())
 
     def push(
-        self, files: list[Path], owner: str | None = None, visibility: Visibility | None = None
+        self,
+        files: list[Path],
+        owner: str | None = None,
+        visibility: Visibility | None = None,
+        audit: AuditRecord | None = None,
     ) -> EnvCard:
         owner = validate_owner(owner or self.owner or default_owner())
         infos: list[tuple[bytes, ArtifactInfo]] = []  # the bytes checked are the bytes stored
@@ -111,6 +116,8 @@ class LocalHub:
                     continue
                 atomic_write(self.root / "files" / info.name / info.filename, data)
                 release.files.append(FileRecord(**publishing.file_fields(info)))
+            if audit is not None and release.audit is None:
+                release.audit = audit
             card.latest_version = publishing.latest_version(v.version for v in card.versions)
             if card.latest_version == first.version:
                 publishing.describe(card, first)

@@ -6,10 +6,14 @@ records and what the CLI prints, so both hub kinds look identical to their users
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from rlkit.envs.audit import AuditReport
 
 Visibility = Literal["public", "private"]
 
@@ -29,10 +33,133 @@ class FileRecord(BaseModel):
     upload_time: str = Field(default_factory=utc_now)
 
 
+MAX_AUDIT_EXPLOITS = 200
+MAX_AUDIT_BYTES = 256 * 1024  # the largest audit a hub server accepts (JSON body)
+AuditVerdict = Literal["passed", "failed", "not run"]
+
+
+def _finite(value: float | None, digits: int = 4) -> float | None:
+    """`value` rounded, or None when it is missing or not finite (JSON has no NaN)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return round(float(value), digits)
+
+
+class AuditRow(BaseModel):
+    """One exploit's line of a published audit (`rlkit.envs.audit.AuditReport.table`).
+
+    Exploit names, families and variants come from the environment's package: untrusted text,
+    bounded here and escaped wherever it is shown.
+    """
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    exploit: str = Field(max_length=200)
+    family: str = Field("generic", max_length=100)
+    best_variant: str = Field("-", max_length=200)
+    mean: float | None = Field(None, description="the best variant's mean reward")
+    rows: int = Field(0, ge=0, description="rows the exploit was played on")
+    full_reward_rows: int = Field(
+        0, ge=0, description="rows where a variant reached the maximum (two-way: 0)"
+    )
+    errors: int = Field(0, ge=0)
+    two_way: bool = False
+    two_way_balance: float | None = None
+    verdict: str = Field("ok", max_length=1000, description="'ok' or 'FAIL: why'")
+
+
+class AuditRecord(BaseModel):
+    """What the hub keeps of `rlkit env audit` for one version: the run's figures and its table.
+
+    `rlkit env push` runs the audit and attaches this record to the version it publishes
+    (`ran` False: pushed with `--skip-check`, shown as "not run"). `exploits_allowed`: an
+    exploit earned full reward and the owner published anyway (`--allow-exploits`). The record
+    is the publisher's own report; the hub validates its shape, not its truth.
+    """
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    ran: bool = True
+    date: str = Field(default_factory=utc_now, max_length=40)
+    rows: int = Field(0, ge=0)
+    split: str = Field("", max_length=20)
+    min_reward: float | None = None
+    max_reward: float | None = None
+    gold_mean: float | None = None
+    empty_mean: float | None = None
+    floor: float | None = Field(None, description="the mean no exploit may exceed")
+    ok: bool = Field(False, description="no exploit failed the audit")
+    exploits_allowed: bool = False
+    table: list[AuditRow] = Field([], max_length=MAX_AUDIT_EXPLOITS)
+
+    @model_validator(mode="after")
+    def _not_run_is_not_ok(self) -> AuditRecord:
+        if not self.ran and (self.ok or self.table):
+            raise ValueError("an audit that did not run has no table and is not ok")
+        return self
+
+    @property
+    def verdict(self) -> AuditVerdict:
+        if not self.ran:
+            return "not run"
+        return "passed" if self.ok else "failed"
+
+    @classmethod
+    def not_run(cls) -> AuditRecord:
+        return cls(ran=False)
+
+    @classmethod
+    def from_report(cls, report: AuditReport, exploits_allowed: bool = False) -> AuditRecord:
+        """The compact record of an `AuditReport` (`rlkit.envs.audit`)."""
+        from rlkit.envs.check import TOLERANCE
+
+        table: list[AuditRow] = []
+        for e, row in zip(report.exploits, report.table(), strict=True):
+            full = set()  # rows (not row x variant pairs) where some variant reached the maximum
+            if e.full_reward_rows:
+                for v in e.variants:
+                    for i, reward in zip(v.example_ids, v.rewards, strict=False):
+                        if reward >= report.max_reward - TOLERANCE:
+                            full.add(str(i))
+            table.append(
+                AuditRow(
+                    exploit=_clip(e.name, 200),
+                    family=_clip(e.family, 100),
+                    best_variant=_clip(str(row["best variant"]), 200),
+                    mean=_finite(e.mean),
+                    rows=e.rows,
+                    full_reward_rows=len(full),
+                    errors=e.errors,
+                    two_way=e.two_way,
+                    two_way_balance=_finite(e.balance, 3),
+                    verdict=_clip(str(row["verdict"]), 1000),
+                )
+            )
+        return cls(
+            rows=report.rows,
+            split=report.split,
+            min_reward=_finite(report.min_reward),
+            max_reward=_finite(report.max_reward),
+            gold_mean=_finite(report.gold_mean),
+            empty_mean=_finite(report.empty_mean),
+            floor=_finite(report.floor),
+            ok=report.ok,
+            exploits_allowed=exploits_allowed,
+            table=table[:MAX_AUDIT_EXPLOITS],
+        )
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class VersionRecord(BaseModel):
     version: str
     files: list[FileRecord] = []
     created: str = Field(default_factory=utc_now)
+    audit: AuditRecord | None = Field(
+        None, description="`rlkit env audit` as pushed with this version (None: not audited)"
+    )
 
 
 MAX_ROLLOUT_SAMPLE = 16
@@ -112,3 +239,9 @@ class EnvCard(EnvSummary):
         """The given version, or the latest one when `version` is None."""
         wanted = version or self.latest_version
         return next((v for v in self.versions if v.version == wanted), None)
+
+    @property
+    def latest_audit(self) -> AuditRecord | None:
+        """The latest version's audit (None: that version was not audited)."""
+        latest = self.get_version(None)
+        return latest.audit if latest else None

@@ -15,6 +15,7 @@ from rlkit.hub.base import HubError, download_path
 from rlkit.hub.names import EnvRef, normalize
 from rlkit.hub.publishing import files_to_add
 from rlkit.hub.records import (
+    AuditRecord,
     EnvCard,
     EnvSummary,
     EvalRecord,
@@ -58,7 +59,11 @@ class RemoteHub:
         return self._request("GET", "/api/v1/whoami").json()["owner"]
 
     def push(
-        self, files: list[Path], owner: str | None = None, visibility: Visibility | None = None
+        self,
+        files: list[Path],
+        owner: str | None = None,
+        visibility: Visibility | None = None,
+        audit: AuditRecord | None = None,
     ) -> EnvCard:
         from requests.exceptions import HTTPError
         from twine.commands.upload import upload
@@ -96,7 +101,25 @@ class RemoteHub:
             raise HubError(f"upload refused: {status} {detail}", status) from exc
         except TwineException as exc:
             raise HubError(f"upload failed: {exc}", 400) from exc
+        if audit is not None:
+            try:
+                self.set_audit(ref, infos[0].version, audit)
+            except HubError as exc:  # the files are published; say so
+                raise HubError(
+                    f"published {ref}, but the hub did not record its audit: {exc}", exc.status
+                ) from exc
         return self.card(ref)
+
+    def set_audit(self, ref: EnvRef, version: str, audit: AuditRecord) -> AuditRecord:
+        """Attach `audit` to a published version (the owner's token; once per version)."""
+        if not self.token:
+            raise HubError("no API token: set RLKIT_HUB_TOKEN or pass --token", 401)
+        response = self._request(
+            "POST",
+            f"/api/v1/envs/{ref.owner}/{ref.name}/{version}/audit",
+            json=audit.model_dump(mode="json"),
+        )
+        return AuditRecord.model_validate(response.json())
 
     def _missing(self, ref: EnvRef, files: list[Path], infos: list[ArtifactInfo]) -> list[Path]:
         """Files not yet on the hub, so an interrupted push can be completed; what the

@@ -23,14 +23,22 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
 from rlkit.hub.artifacts import ArtifactError, inspect_artifact
 from rlkit.hub.base import HubError
 from rlkit.hub.names import normalize
 from rlkit.hub.readme import render_readme
-from rlkit.hub.records import EnvCard, EnvSummary, EvalRecord, ReproductionRecord, Visibility
+from rlkit.hub.records import (
+    MAX_AUDIT_BYTES,
+    AuditRecord,
+    EnvCard,
+    EnvSummary,
+    EvalRecord,
+    ReproductionRecord,
+    Visibility,
+)
 from rlkit.hub.server.db import Identity, default_db_url, make_engine
 from rlkit.hub.server.store import HubStore
 from rlkit.hub.simple import (
@@ -214,6 +222,28 @@ def create_app(
         store.set_visibility(owner, normalize(name), require_owner(request), body.visibility)
         return {"owner": owner, "name": normalize(name), "visibility": body.visibility}
 
+    @app.post("/api/v1/envs/{owner}/{name}/{version}/audit", status_code=201)
+    async def set_audit(owner: str, name: str, version: str, request: Request) -> AuditRecord:
+        """The version's `rlkit env audit` record (its owner only, once): a JSON body of at
+        most MAX_AUDIT_BYTES, read with that bound and validated as an AuditRecord."""
+        viewer = await run_in_threadpool(require_owner, request)
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_AUDIT_BYTES):
+            raise HTTPException(413, f"an audit record is at most {MAX_AUDIT_BYTES} bytes")
+        body = bytearray()
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > MAX_AUDIT_BYTES:
+                raise HTTPException(413, f"an audit record is at most {MAX_AUDIT_BYTES} bytes")
+        try:
+            record = AuditRecord.model_validate_json(bytes(body))
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False, include_input=False, include_context=False)
+            raise HTTPException(422, errors) from None
+        return await run_in_threadpool(
+            store.set_audit, owner, normalize(name), version, record, viewer
+        )
+
     @app.post("/api/v1/envs/{owner}/{name}/{version}/evals", status_code=201)
     def add_eval(
         owner: str, name: str, version: str, record: Annotated[EvalRecord, Body()], request: Request
@@ -257,6 +287,7 @@ def create_app(
                 "readme_html": render_readme(card.readme, card.readme_content_type),
                 "leaderboard": board,
                 "pass_keys": sorted({k for e in board for k in e.pass_at_k}, key=_k_order),
+                "audit": card.latest_audit,
                 "hub_url": base,
             },
         )

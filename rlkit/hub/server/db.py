@@ -84,6 +84,8 @@ class Release(Base):
     project: Mapped[Project] = relationship(back_populates="releases")
     files: Mapped[list[File]] = relationship(order_by="File.id", cascade="all, delete-orphan")
     evals: Mapped[list[Eval]] = relationship(order_by="Eval.id", cascade="all, delete-orphan")
+    # `rlkit env audit` as pushed with this version (an AuditRecord's JSON); None: not audited
+    audit: Mapped[dict | None] = mapped_column(JSON, nullable=True, default=None)
 
 
 class File(Base):

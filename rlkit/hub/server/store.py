@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
@@ -21,6 +22,7 @@ from rlkit.hub import publishing
 from rlkit.hub.artifacts import ArtifactInfo
 from rlkit.hub.base import HubError, matches
 from rlkit.hub.records import (
+    AuditRecord,
     EnvCard,
     EnvSummary,
     EvalRecord,
@@ -87,11 +89,22 @@ def _eval_record(version: str, row: Eval) -> EvalRecord:
     )
 
 
+def _audit(row: Release) -> AuditRecord | None:
+    """A release's stored audit; one this code cannot read shows as not audited."""
+    if not row.audit:
+        return None
+    try:
+        return AuditRecord.model_validate(row.audit)
+    except ValidationError:
+        return None
+
+
 def _card(project: Project) -> EnvCard:
     versions = [
         VersionRecord(
             version=r.version,
             created=r.created.isoformat(timespec="seconds"),
+            audit=_audit(r),
             files=[
                 FileRecord(
                     filename=f.filename,
@@ -227,6 +240,23 @@ class HubStore:
                 raise HubError(f"{name} belongs to owner {project.owner}", 403)
             else:
                 project.visibility = visibility
+
+    def set_audit(
+        self, owner: str, name: str, version: str, record: AuditRecord, viewer: str
+    ) -> AuditRecord:
+        """Attach `rlkit env audit`'s record to a version; only the environment's owner may
+        (403), once per version (409: what a version was published with stays)."""
+        with self._write_lock, Session(self.engine) as session, session.begin():
+            project = self._project(session, name, viewer)
+            release = next((r for r in project.releases if r.version == version), None)
+            if project.owner != owner or release is None:
+                raise HubError(f"environment {owner}/{name}@{version} not found", 404)
+            if viewer != project.owner:
+                raise HubError(f"only {project.owner} may record the audit of {name}", 403)
+            if release.audit:
+                raise HubError(f"{owner}/{name}@{version} already has its audit", 409)
+            release.audit = record.model_dump(mode="json")
+            return record
 
     def add_eval(
         self, owner: str, name: str, version: str, record: EvalRecord, viewer: str
