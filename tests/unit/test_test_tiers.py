@@ -48,7 +48,7 @@ BRIDGED_ENV_PREFIX = "vf-"
 # a plain TCP listener: the fake OpenAI server's lean mode)
 NOT_TRIGGERS = {"asyncio"}
 
-LOADS_ENVS = {"run_cli", "load_environment", "check_environment", "RLKIT"}
+LOADS_ENVS = {"run_cli", "load_environment", "check_environment", "audit_environment", "RLKIT"}
 # tests of a trigger itself, not users of the resource
 EXEMPT = {
     "tests/unit/test_ci_system_requirements.py::test_require_system_skips_locally_and_fails_in_ci"
