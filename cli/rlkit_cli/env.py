@@ -348,10 +348,9 @@ def push_cmd(
 def _check_and_audit(path: Path, name: str, num_rows: int) -> AuditRecord:
     """`rlkit env check` then `rlkit env audit` on one loaded environment; exit 1 when the
     check fails or the audit cannot run."""
-    from rlkit.envs.audit import audit_environment, report_lines
+    from rlkit.envs.audit import audit_environment, hub_record, report_lines
     from rlkit.envs.check import check_environment
     from rlkit.envs.loader import load_environment_at
-    from rlkit.hub.records import AuditRecord
 
     with closing(load_environment_at(path, name)) as env:
         with console.status(f"checking {name}"):
@@ -370,7 +369,7 @@ def _check_and_audit(path: Path, name: str, num_rows: int) -> AuditRecord:
             raise typer.Exit(1) from None
     for line in report_lines(audit):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
-    return AuditRecord.from_report(audit)
+    return hub_record(audit)
 
 
 @app.command("install")

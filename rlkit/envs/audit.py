@@ -29,6 +29,7 @@ from rlkit.envs.check import TOLERANCE, _remote, _target, play
 from rlkit.envs.environment import Environment, Messages
 from rlkit.envs.exploits import Exploit, exploits_for, reply
 from rlkit.envs.scripted_server import ScriptedServer
+from rlkit.hub.records import MAX_AUDIT_EXPLOITS, AuditRecord, AuditRow, clip_text, finite
 
 DEFAULT_MARGIN = 0.05
 DEFAULT_TWO_WAY_MARGIN = 0.1
@@ -78,6 +79,11 @@ class ExploitResult(BaseModel):
     @property
     def errors(self) -> int:
         return sum(v.errors for v in self.variants)
+
+    @property
+    def full_reward_row_ids(self) -> set[str]:
+        """Rows (not row x variant pairs) where some variant reached the maximum."""
+        return {entry.split(" (", 1)[0] for entry in self.full_reward_rows}
 
     @property
     def balance(self) -> float | None:
@@ -340,6 +346,37 @@ def report_lines(report: AuditReport) -> list[str]:
         + ", ".join(e.name for e in failures)
     )
     return lines
+
+
+def hub_record(report: AuditReport, exploits_allowed: bool = False) -> AuditRecord:
+    """What a hub keeps of an audit with the version it publishes (bounded, finite numbers)."""
+    table = [
+        AuditRow(
+            exploit=clip_text(e.name, 200),
+            family=clip_text(e.family, 100),
+            best_variant=clip_text(row["best variant"], 200),
+            mean=finite(e.mean),
+            rows=e.rows,
+            full_reward_rows=len(e.full_reward_row_ids),
+            errors=e.errors,
+            two_way=e.two_way,
+            two_way_balance=finite(e.balance, 3),
+            verdict=clip_text(row["verdict"], 1000),
+        )
+        for e, row in zip(report.exploits, report.table(), strict=True)
+    ]
+    return AuditRecord(
+        rows=report.rows,
+        split=report.split,
+        min_reward=finite(report.min_reward),
+        max_reward=finite(report.max_reward),
+        gold_mean=finite(report.gold_mean),
+        empty_mean=finite(report.empty_mean),
+        floor=finite(report.floor),
+        ok=report.ok,
+        exploits_allowed=exploits_allowed,
+        table=table[:MAX_AUDIT_EXPLOITS],
+    )
 
 
 def report_json(report: AuditReport) -> str:

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-if TYPE_CHECKING:
-    from rlkit.envs.audit import AuditReport
 
 Visibility = Literal["public", "private"]
 
@@ -38,7 +35,7 @@ MAX_AUDIT_BYTES = 256 * 1024  # the largest audit a hub server accepts (JSON bod
 AuditVerdict = Literal["passed", "failed", "not run"]
 
 
-def _finite(value: float | None, digits: int = 4) -> float | None:
+def finite(value: float | None, digits: int = 4) -> float | None:
     """`value` rounded, or None when it is missing or not finite (JSON has no NaN)."""
     if value is None or not math.isfinite(value):
         return None
@@ -108,48 +105,8 @@ class AuditRecord(BaseModel):
     def not_run(cls) -> AuditRecord:
         return cls(ran=False)
 
-    @classmethod
-    def from_report(cls, report: AuditReport, exploits_allowed: bool = False) -> AuditRecord:
-        """The compact record of an `AuditReport` (`rlkit.envs.audit`)."""
-        from rlkit.envs.check import TOLERANCE
 
-        table: list[AuditRow] = []
-        for e, row in zip(report.exploits, report.table(), strict=True):
-            full = set()  # rows (not row x variant pairs) where some variant reached the maximum
-            if e.full_reward_rows:
-                for v in e.variants:
-                    for i, reward in zip(v.example_ids, v.rewards, strict=False):
-                        if reward >= report.max_reward - TOLERANCE:
-                            full.add(str(i))
-            table.append(
-                AuditRow(
-                    exploit=_clip(e.name, 200),
-                    family=_clip(e.family, 100),
-                    best_variant=_clip(str(row["best variant"]), 200),
-                    mean=_finite(e.mean),
-                    rows=e.rows,
-                    full_reward_rows=len(full),
-                    errors=e.errors,
-                    two_way=e.two_way,
-                    two_way_balance=_finite(e.balance, 3),
-                    verdict=_clip(str(row["verdict"]), 1000),
-                )
-            )
-        return cls(
-            rows=report.rows,
-            split=report.split,
-            min_reward=_finite(report.min_reward),
-            max_reward=_finite(report.max_reward),
-            gold_mean=_finite(report.gold_mean),
-            empty_mean=_finite(report.empty_mean),
-            floor=_finite(report.floor),
-            ok=report.ok,
-            exploits_allowed=exploits_allowed,
-            table=table[:MAX_AUDIT_EXPLOITS],
-        )
-
-
-def _clip(text: str, limit: int) -> str:
+def clip_text(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

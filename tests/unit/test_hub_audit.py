@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import inspect
 
-from rlkit.envs.audit import AuditReport, ExploitResult, VariantResult
+from rlkit.envs.audit import AuditReport, ExploitResult, VariantResult, hub_record
 from rlkit.hub import LocalHub
 from rlkit.hub.names import EnvRef
 from rlkit.hub.records import MAX_AUDIT_EXPLOITS, AuditRecord, AuditRow, EnvCard
@@ -50,7 +50,7 @@ def sample_report() -> AuditReport:
 
 
 def test_audit_record_from_a_report() -> None:
-    record = AuditRecord.from_report(sample_report())
+    record = hub_record(sample_report())
     assert (record.ran, record.ok, record.verdict) == (True, False, "failed")
     assert (record.rows, record.split, record.gold_mean, record.empty_mean) == (4, "eval", 1, 0)
     assert record.floor == pytest.approx(0.05)
@@ -81,7 +81,7 @@ def test_audit_record_bounds() -> None:
     report = sample_report()  # package-supplied names are clipped, a NaN mean dropped
     report.exploits[0].name = "n" * 500
     report.gold_mean = math.nan
-    record = AuditRecord.from_report(report)
+    record = hub_record(report)
     assert len(record.table[0].exploit) == 200 and record.gold_mean is None
 
 
@@ -96,7 +96,7 @@ def test_local_hub_keeps_each_versions_audit(tmp_path: Path) -> None:
             out.append(tmp_path / filename)
         return out
 
-    first = AuditRecord.from_report(sample_report(), exploits_allowed=True)
+    first = hub_record(sample_report(), exploits_allowed=True)
     hub.push(files("0.1.0"), audit=first)
     hub.push(files("0.2.0"), audit=AuditRecord.not_run())
     hub.push(files("0.3.0"))  # a library push without an audit
