@@ -1,9 +1,21 @@
 """The `code` environment: single-turn Python problems graded by tests run in rlkit.sandbox.
 
 `load_environment("code", dataset="offline" | "path.jsonl" | "hf/name", reward_mode="fraction" |
-"all", ...)`. Reward is the fraction of tests passed (soft reward, as Klear found better) or 1/0
-for all-pass; a sandbox infrastructure failure marks the rollout errored (kept out of training).
+"all", ...)`. A sandbox infrastructure failure marks the rollout errored (kept out of training).
 The module is `code_env` because `code` is a standard-library module.
+
+Reward. `"all"`: 1 when every test passes, else 0. `"fraction"` (default): a soft reward, as Klear
+found better for learning, but one that counts only work the program did. The raw fraction of
+tests passed pays programs that ignore the problem: print('YES') passes 3 of is-prime's 5 tests
+(0.6), and on any problem the most common expected output earns its share (issue 61). So the
+default pays the fraction above what the best trivial program passes on that problem's tests,
+computed from the tests themselves (`grading.trivial_share`: the most common expected output's
+share, or the echo of the input's, whichever is larger), rescaled:
+`max(0, (fraction - trivial) / (1 - trivial))`, 1.0 only when every test passes. A constant, an
+echo or a silent program therefore earns 0 on every problem, and gold still earns 1. Chosen over
+switching the default to all-pass because it keeps the dense signal on partially right programs.
+A problem whose tests all expect one output (trivial share 1) cannot tell a constant from a
+solution; `load_problems` logs it. The raw fraction is kept as the `pass_rate` metric.
 """
 
 from __future__ import annotations
@@ -11,8 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from code_env.dataset import load_problems
+from code_env.exploits import CODE_EXPLOITS
 from code_env.extract import extract_code
-from code_env.grading import SandboxFailure, TestSuite, run_tests
+from code_env.grading import SandboxFailure, TestSuite, earned_pass_rate, run_tests, trivial_share
 from rlkit import sandbox
 from rlkit.envs import Rubric, SingleTurnEnv
 from rlkit.envs.parsers import last_assistant_text
@@ -78,16 +91,27 @@ def load_environment(
         return state["test_results"]
 
     async def pass_rate(completion: Any, info: dict[str, Any], state: dict[str, Any]) -> float:
+        """The raw fraction of tests passed (a metric: a constant program earns some of it)."""
         results = await test_results(completion, info, state)
         return sum(results) / len(results)
 
     async def all_passed(completion: Any, info: dict[str, Any], state: dict[str, Any]) -> float:
         return float(all(await test_results(completion, info, state)))
 
-    weights = [1.0, 0.0] if reward_mode == "fraction" else [0.0, 1.0]
-    return CodeEnv(
+    async def earned_pass_rate_fn(
+        completion: Any, info: dict[str, Any], state: dict[str, Any]
+    ) -> float:
+        """The fraction of tests passed beyond what a constant or echo program passes."""
+        baseline = trivial_share(TestSuite.model_validate_json(info["tests"]))
+        return earned_pass_rate(await test_results(completion, info, state), baseline)
+
+    earned_pass_rate_fn.__name__ = "earned_pass_rate"
+    weights = [0.0, 0.0, 1.0] if reward_mode == "fraction" else [0.0, 1.0, 0.0]
+    env = CodeEnv(
         dataset=problems,
         system_prompt=system_prompt,
-        rubric=Rubric(funcs=[pass_rate, all_passed], weights=weights),
+        rubric=Rubric(funcs=[pass_rate, all_passed, earned_pass_rate_fn], weights=weights),
         env_id="code",
     )
+    env.exploits.extend(CODE_EXPLOITS)
+    return env

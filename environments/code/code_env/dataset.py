@@ -10,15 +10,17 @@ Accepted row shapes: rlkit's own (`question`, `tests` = {"style", "fn_name", "ca
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
 
-from code_env.grading import TestCase, TestSuite
+from code_env.grading import TestCase, TestSuite, trivial_share
 from rlkit.envs.data import load_dataset_any
 from rlkit.errors import UsageError
 
+logger = logging.getLogger(__name__)
 OFFLINE = Path(__file__).parent / "data" / "problems.jsonl"
 IO_HINTS = {
     "stdio": "Your program reads standard input and writes the answer to standard output.",
@@ -65,6 +67,12 @@ def load_problems(source: str = "offline", split: str = "train", max_tests: int 
         except (ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"code environment: problem {index} of {source}: {exc}") from exc
         suite.cases = suite.cases[:max_tests]
+        if trivial_share(suite) >= 1.0:
+            logger.warning(
+                "code problem %s: a constant or echo program passes every test; the reward "
+                "cannot tell it from a solution",
+                row.get("id", index),
+            )
         question = str(row.get("question") or row.get("problem") or "")
         hint = IO_HINTS[suite.style].format(fn_name=suite.fn_name)
         problem_id = str(row.get("id", index))

@@ -24,6 +24,7 @@ def extract_code(text: str) -> str | None:
         return None
     try:
         ast.parse(stripped)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        # CPython's parser gives up with MemoryError on some long non-code replies ("a a a ...")
         return None
     return stripped

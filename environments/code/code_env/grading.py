@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from code_env.harness import digest
+from code_env.harness import digest, normalize_stdout
 from rlkit import sandbox
 
 HARNESS = (Path(__file__).parent / "harness.py").read_text()
@@ -62,6 +62,62 @@ def _passed(record: dict[str, Any], suite: TestSuite, case: TestCase) -> bool:
         return values_equal(json.loads(record.get("result") or ""), case.output)
     except json.JSONDecodeError:
         return False
+
+
+def _shares(expected: list[Any], produced: list[Any], same: Any) -> float:
+    """The share of cases where a program's output (`produced[i]`) equals `expected[i]`."""
+    return sum(map(same, produced, expected)) / len(expected)
+
+
+def constant_share(suite: TestSuite) -> float:
+    """The fraction of the tests the best constant program passes: the one that always prints
+    (or returns) the suite's most common expected output."""
+    if not suite.cases:
+        return 0.0
+    outputs = [c.output for c in suite.cases]
+    if suite.style == "stdio":
+        texts = [normalize_stdout(str(o)) for o in outputs]
+        return max(texts.count(t) for t in texts) / len(texts)
+    return max(sum(values_equal(c, o) for o in outputs) for c in outputs) / len(outputs)
+
+
+def echo_share(suite: TestSuite) -> float:
+    """The fraction of the tests an echo passes: stdin printed back (stdio), or one argument
+    returned unchanged (function; the best argument position)."""
+    if not suite.cases:
+        return 0.0
+    if suite.style == "stdio":
+        same = lambda i, o: normalize_stdout(str(i)) == normalize_stdout(str(o))  # noqa: E731
+        return _shares([c.output for c in suite.cases], [c.input for c in suite.cases], same)
+    arity = max((len(c.input) for c in suite.cases if isinstance(c.input, list)), default=0)
+    best = 0.0
+    for k in range(arity):
+        args = [
+            c.input[k] if isinstance(c.input, list) and k < len(c.input) else None
+            for c in suite.cases
+        ]
+        best = max(best, _shares([c.output for c in suite.cases], args, values_equal))
+    return best
+
+
+def trivial_share(suite: TestSuite) -> float:
+    """What a program that ignores the problem earns under the raw fraction: the best of a
+    constant output and an echo of the input (`constant_share`, `echo_share`)."""
+    return max(constant_share(suite), echo_share(suite))
+
+
+def earned_pass_rate(passed: list[bool], baseline: float) -> float:
+    """The share of the tests passed beyond `baseline` (`trivial_share`), rescaled to [0, 1]:
+    max(0, (fraction - baseline) / (1 - baseline)); 1.0 only when every test passes, 0 for
+    anything a constant or an echo program reaches."""
+    if not passed:
+        return 0.0
+    if all(passed):
+        return 1.0
+    if baseline >= 1.0:
+        return 0.0
+    fraction = sum(passed) / len(passed)
+    return max(0.0, (fraction - baseline) / (1.0 - baseline))
 
 
 async def run_tests(

@@ -8,12 +8,14 @@ from typing import Any
 
 import datasets
 import pytest
-from code_env import extract_code, load_environment
+from code_env import extract_code, grading, load_environment
 from code_env.dataset import OFFLINE
+from code_env.exploits import CODE_EXPLOITS, constant_program
+from code_env.grading import earned_pass_rate, trivial_share
 
 from rlkit import sandbox
 from rlkit.envs import Rollout
-from rlkit.envs.check import check_environment, check_environment_async, report_lines
+from rlkit.envs.check import check_environment, check_environment_async, play, report_lines
 from rlkit.errors import UsageError
 from rlkit.sandbox import SandboxResult
 
@@ -46,6 +48,7 @@ async def _score(env: Any, completions: list[str], problem_index: int = 0) -> li
         ("print('bare program')", "print('bare program')"),
         ("I do not know how to solve this.", None),
         ("", None),
+        ("a " * 3000, None),  # the parser raises MemoryError on it: not code, not an error
     ],
 )
 def test_extract_code(text: str, code: str | None) -> None:
@@ -69,7 +72,8 @@ def test_every_reference_solution_is_gold() -> None:
     assert report.ok, report_lines(report)
     gold = [case for case in report.cases if case.kind == "gold"]
     assert len(gold) == len(PROBLEMS)
-    assert all(case.metrics == {"pass_rate": 1.0, "all_passed": 1.0} for case in gold)
+    full = {"pass_rate": 1.0, "all_passed": 1.0, "earned_pass_rate": 1.0}
+    assert all(case.metrics == full for case in gold)
 
 
 @pytest.mark.system
@@ -81,7 +85,13 @@ async def test_known_wrong_solutions_score_as_expected() -> None:
         for wrong in problem["known_wrong"]:
             [soft] = await _score(env, [_answer(wrong["code"])], index)
             [hard] = await _score(all_mode, [_answer(wrong["code"])], index)
-            assert soft.reward == pytest.approx(wrong["reward"]), problem["id"]
+            # `reward` in the data is the raw fraction of tests passed (the pass_rate metric);
+            # the default reward counts only the tests beyond what a constant program passes
+            assert soft.metrics["pass_rate"] == pytest.approx(wrong["reward"]), problem["id"]
+            suite = grading.TestSuite.model_validate_json(problem["tests"])
+            baseline = trivial_share(suite)
+            expected = max(0.0, (wrong["reward"] - baseline) / (1 - baseline))
+            assert soft.reward == pytest.approx(expected), problem["id"]
             assert hard.reward == 0.0 and soft.error is None
             checked += 1
     assert checked >= 5
@@ -128,10 +138,12 @@ async def test_each_test_runs_in_a_fresh_normal_process(tmp_path: Path) -> None:
     rollouts = await _score(env, [_answer(code) for code in stdio_variants], A_PLUS_B)
     assert [r.reward for r in rollouts] == [1.0] * len(stdio_variants)
 
-    # One input loops forever: only that test times out, the others still pass.
+    # One input loops forever: only that test times out, the others still pass (2 of 3, one
+    # more than a constant program passes: half of the reward above it).
     looping = "a, b = map(int, input().split())\nwhile a == 1:\n    pass\nprint(a + b)\n"
     [partial] = await _score(env, [_answer(looping)], A_PLUS_B)
-    assert partial.reward == pytest.approx(2 / 3)
+    assert partial.metrics["pass_rate"] == pytest.approx(2 / 3)
+    assert partial.reward == pytest.approx(1 / 2)
 
     # Global state does not leak from one test into the next.
     apps = tmp_path / "apps.jsonl"
@@ -199,7 +211,9 @@ async def test_apps_style_problem_is_graded(tmp_path: Path) -> None:
         env,
         [_answer("def double(x):\n    return 2 * x\n"), _answer("def double(x):\n    return 2\n")],
     )
-    assert good.reward == 1.0 and half.reward == pytest.approx(1 / 3)
+    # `return 2` passes one test of three, as a constant: no reward
+    assert good.reward == 1.0 and half.reward == 0.0
+    assert half.metrics["pass_rate"] == pytest.approx(1 / 3)
 
 
 @pytest.mark.parametrize(
@@ -214,3 +228,107 @@ async def test_apps_style_problem_is_graded(tmp_path: Path) -> None:
 def test_bad_arguments_are_usage_errors(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(UsageError, match=message):
         load_environment(**kwargs)
+
+
+IS_PRIME = 17  # stdio, answers YES on 3 of its 5 tests
+
+
+def _suite(
+    style: str, cases: list[tuple[Any, Any]], fn_name: str | None = None
+) -> grading.TestSuite:
+    return grading.TestSuite.model_validate(
+        {"style": style, "fn_name": fn_name, "cases": [{"input": i, "output": o} for i, o in cases]}
+    )
+
+
+def test_trivial_share_is_the_best_constant_or_echo_program() -> None:
+    yes_no = _suite(
+        "stdio", [("2\n", "YES\n"), ("4", "NO"), ("7", "YES "), ("9", "NO"), ("3", "YES")]
+    )
+    assert trivial_share(yes_no) == pytest.approx(3 / 5)  # print('YES'), whitespace normalised
+    echo = _suite("stdio", [("1 2 3\n", "1 2 3"), ("3 1", "1 3"), ("5", "5"), ("", "0")])
+    assert trivial_share(echo) == pytest.approx(2 / 4)  # printing stdin back passes two
+    function = _suite(
+        "function",
+        [([[1, 2], 0], [1, 2]), ([[3], 1], 1.0000000001), ([[1], 1], 1), ([[], 2], [])],
+        "f",
+    )
+    assert trivial_share(function) == pytest.approx(2 / 4)  # `return 1` or `return args[0]`
+    distinct = _suite("stdio", [("1", "2"), ("2", "4"), ("3", "6")])
+    assert trivial_share(distinct) == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize(
+    ("passed", "baseline", "reward"),
+    [
+        ([True] * 5, 0.6, 1.0),
+        ([True, True, True, False, False], 0.6, 0.0),  # what print('YES') passes
+        ([True, True, True, True, False], 0.6, 0.5),
+        ([False] * 5, 0.6, 0.0),
+        ([True, False, False], 1 / 3, 0.0),
+        ([True, True, False], 1 / 3, 0.5),
+        ([True, True], 1.0, 1.0),  # every test has one output: only all-pass pays (as a constant)
+        ([True, False], 1.0, 0.0),
+    ],
+)
+def test_earned_pass_rate_pays_only_above_the_trivial_share(
+    passed: list[bool], baseline: float, reward: float
+) -> None:
+    assert earned_pass_rate(passed, baseline) == pytest.approx(reward)
+
+
+@pytest.mark.system
+async def test_constant_echo_and_silent_programs_earn_nothing() -> None:
+    """Issue 61: print('YES') earned 0.6 on is-prime under the raw fraction; every constant, the
+    echo of stdin and a silent program now earn 0 on every shipped problem, in both modes."""
+    assert PROBLEMS[IS_PRIME]["id"] == "is-prime"
+    env = load_environment(timeout=2.0)
+    row = env.dataset[IS_PRIME]
+    [yes] = await _score(env, [_answer(constant_program(row, "YES"))], IS_PRIME)
+    assert yes.metrics["pass_rate"] == pytest.approx(3 / 5) and yes.reward == 0.0
+    [exploit] = [e for e in CODE_EXPLOITS if e.name == "constant output"]
+    for index in range(len(PROBLEMS)):
+        row = env.dataset[index]
+        variants = exploit.variants(env, row)
+        assert {"YES", "NO", "0", "-1", "echo input", "print nothing"} <= set(variants)
+        for name, script in variants.items():
+            rollout, _ = await play(env, row, script)
+            assert rollout.error is None
+            assert rollout.reward == 0.0, (PROBLEMS[index]["id"], name, rollout.metrics)
+            assert exploit.detect is not None and exploit.detect(rollout), name
+
+
+@pytest.mark.system
+async def test_harness_exploits_earn_nothing() -> None:
+    """Early exits, killing the harness, forged result records and hunting the tests on disk
+    (they never enter the sandbox) pass no test, on a function and a stdio problem."""
+    env = load_environment(timeout=2.0)
+    exploits = [e for e in CODE_EXPLOITS if e.name in ("early exit", "harness tampering")]
+    assert len(exploits) == 2
+    for index in (0, A_PLUS_B, IS_PRIME):
+        row = env.dataset[index]
+        for exploit in exploits:
+            for name, script in exploit.variants(env, row).items():
+                rollout, _ = await play(env, row, script)
+                assert rollout.error is None, (name, rollout.error)
+                assert rollout.metrics["pass_rate"] == 0.0, (PROBLEMS[index]["id"], name)
+                assert rollout.reward == 0.0
+                assert exploit.detect is not None and exploit.detect(rollout), name
+
+
+def test_detectors_leave_real_solutions_alone() -> None:
+    env = load_environment()
+    for index, problem in enumerate(PROBLEMS):
+        rollout = Rollout(
+            prompt=env.dataset[index]["prompt"],
+            completion=[{"role": "assistant", "content": _answer(problem["reference"])}],
+            info=env.dataset[index]["info"],
+        )
+        flagged = [e.name for e in CODE_EXPLOITS if e.detect and e.detect(rollout)]
+        assert not flagged, (problem["id"], flagged)
+
+
+def test_load_environment_registers_the_code_exploits() -> None:
+    names = {e.name for e in load_environment().exploits}
+    assert {"early exit", "harness tampering", "constant output"} <= names
+    assert all(e.family == "code" for e in CODE_EXPLOITS)

@@ -23,8 +23,15 @@ from typing import Any
 from datasets import Dataset
 
 from deep_research.corpus import Corpus, Document, read_documents
+from deep_research.exploits import RESEARCH_EXPLOITS
 from deep_research.qa import load_questions, read_records, world_rows
-from deep_research.scoring import exact_match, judge_agrees, token_f1
+from deep_research.scoring import (
+    accepted_answers,
+    exact_match,
+    judge_agrees,
+    question_candidates,
+    token_f1,
+)
 from deep_research.tools import CORPUS, TOOLS
 from deep_research.world import generate_questions, generate_world
 from rlkit.envs import Rubric, ThinkParser
@@ -132,23 +139,42 @@ def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": function}
 
 
+def question_text(prompt: Messages) -> str:
+    """The question as the model saw it (the last user message)."""
+    for message in reversed(prompt):
+        if message.get("role") == "user":
+            return str(message.get("content") or "")
+    return ""
+
+
 def make_rubric(em_weight: float, f1_weight: float, judge: Judge | None) -> Rubric:
-    def accepted(answer: str, info: dict[str, Any]) -> list[str]:
-        return [answer, *(info.get("aliases") or [])]
+    def accepted(response: str, prompt: Messages, answer: str, info: dict[str, Any]) -> list[str]:
+        """The accepted answers `response` is scored against; none when it lists candidates
+        (`scoring.accepted_answers`)."""
+        candidates = question_candidates(question_text(prompt), info.get("options"))
+        return accepted_answers(response, [answer, *(info.get("aliases") or [])], candidates)
 
     async def correct_answer(
         prompt: Messages, completion: Messages, answer: str, info: dict[str, Any]
     ) -> float:
-        """Normalised exact match; with a judge, a failed match is re-checked by the judge."""
+        """Normalised exact match; with a judge, a failed match is re-checked by the judge.
+        An answer naming other candidates of the question (a list) scores 0, judge or not."""
         response = submitted_answer(completion) or ""
-        if exact_match(response, accepted(answer, info)):
+        answers = accepted(response, prompt, answer, info)
+        if not answers:
+            return 0.0
+        if exact_match(response, answers):
             return 1.0
         if judge is None or not response.strip():
             return 0.0
-        return float(await judge_agrees(judge, prompt[-1]["content"], answer, response))
+        return float(await judge_agrees(judge, question_text(prompt), answer, response))
 
-    def answer_f1(completion: Messages, answer: str, info: dict[str, Any]) -> float:
-        return token_f1(submitted_answer(completion) or "", accepted(answer, info))
+    def answer_f1(
+        prompt: Messages, completion: Messages, answer: str, info: dict[str, Any]
+    ) -> float:
+        """Token F1, best over the accepted answers; 0 for a list of candidates."""
+        response = submitted_answer(completion) or ""
+        return token_f1(response, accepted(response, prompt, answer, info))
 
     def stats(state: dict[str, Any]) -> dict[str, Any]:
         return state.get("research") or _new_stats()
@@ -230,7 +256,7 @@ def load_environment(
         rows, docs = load_questions(dataset, format, corpus, dataset_split, num_train_examples)
         corpora = {"main": Corpus.cached(docs)}
         train, evaluation = Dataset.from_list(rows), None
-    return DeepResearchEnv(
+    env = DeepResearchEnv(
         corpora,
         dataset=train,
         eval_dataset=evaluation,
@@ -240,3 +266,5 @@ def load_environment(
         env_id="deep-research",
         max_turns=max_turns,
     )
+    env.exploits.extend(RESEARCH_EXPLOITS)
+    return env

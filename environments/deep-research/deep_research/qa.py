@@ -18,6 +18,7 @@ one, supporting titles are looked up in it. Sources are local `.json`/`.jsonl` p
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,18 @@ class CorpusBuilder:
         return self.ids[key]
 
 
+def _options(record: dict[str, Any], titles: list[str], kind: str) -> list[str]:
+    """A question's explicit options (what a listing answer would name): the world format's
+    `options`, else for a comparison the compared entities (its supporting titles, without a
+    namesake's "(occupation)"); "yes" and "no" for a yes/no question."""
+    options = [str(o) for o in record.get("options") or []]
+    if not options and kind == "comparison":
+        options = [re.sub(r" \([^)]*\)$", "", str(t)) for t in titles]
+    if str(record.get("answer", "")).strip().lower() in ("yes", "no"):
+        options += ["yes", "no"]
+    return options
+
+
 def _row(question: str, answer: str, support: list[str], aliases: list[str], **info: Any) -> dict:
     return {
         "question": question,
@@ -102,6 +115,7 @@ def _hotpot_rows(records: list[dict], builder: CorpusBuilder) -> list[dict]:
                 record["question"], str(record["answer"]), [by_title.get(t, t) for t in titles], [],
                 supporting_titles=titles, type=str(record.get("type") or ""),
                 id=str(record.get("_id") or record.get("id") or ""),
+                options=_options(record, titles, str(record.get("type") or "")),
             )
         )  # fmt: skip
     return rows
@@ -124,7 +138,7 @@ def _musique_rows(records: list[dict], builder: CorpusBuilder) -> list[dict]:
                 record["question"], str(record["answer"]), support,
                 [str(a) for a in record.get("answer_aliases") or []],
                 supporting_titles=titles, type=f"{hops}hop" if hops.isdigit() else "",
-                id=str(record.get("id") or ""),
+                id=str(record.get("id") or ""), options=_options(record, titles, ""),
             )
         )  # fmt: skip
     return rows
@@ -137,6 +151,7 @@ def world_rows(records: list[dict]) -> list[dict]:
             r["question"], str(r["answer"]), list(r["supporting_ids"]),
             list(r.get("aliases") or []),
             type=str(r.get("type") or ""), id=str(r.get("id") or ""),
+            options=_options(r, list(r.get("supporting_titles") or []), str(r.get("type") or "")),
         )
         for r in records
     ]  # fmt: skip

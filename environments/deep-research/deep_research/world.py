@@ -12,9 +12,11 @@ articles that mention them say "the painter X").
 Questions walk 1 to 4 relations from a named entity (bridge: "In which city was the founder of
 the company that published X born?") or compare two entities (comparison: "Who was born
 earlier, A or B?"); each has its answer, the ids of the articles needed (`supporting_ids`, in
-reading order) and `hops` = how many articles. Everything is deterministic per (seed, split);
-the train and eval splits draw names from disjoint halves of the name space, so no entity name
-(and no question) is shared between them.
+reading order) and `hops` = how many articles; a comparison also has its two `options`, in the
+question's order (a two-way question: the pair is a uniform random draw, so the answer is the
+first option about as often as the second, 51 / 53 in the shipped eval split). Everything is
+deterministic per (seed, split); the train and eval splits draw names from disjoint halves of
+the name space, so no entity name (and no question) is shared between them.
 
     python -m deep_research --split eval --out DIR   # writes corpus.jsonl, questions.jsonl
 """
@@ -419,7 +421,9 @@ def _comparison(rng: random.Random, world: World, named: list[Entity]) -> dict |
     earlier = attribute != "population"
     ordered = sorted([first, second], key=lambda e: e.attrs[attribute], reverse=not earlier)
     question = template.format(mention(first), mention(second))
-    return _question(question, ordered[0].name, [first, second], "comparison")
+    item = _question(question, ordered[0].name, [first, second], "comparison")
+    item["options"] = [first.name, second.name]  # in the question's order
+    return item
 
 
 def _question(question: str, answer: str, chain: list[Entity], kind: str) -> dict[str, Any]:
