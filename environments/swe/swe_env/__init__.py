@@ -14,6 +14,7 @@ from pathlib import Path
 from rlkit import sandbox
 from rlkit.errors import UsageError
 from swe_env.env import SWEEnv, gold_edits
+from swe_env.exploits import SWE_EXPLOITS
 from swe_env.session import Grade, RepoSession, SessionLimits
 from swe_env.tasks import DATA_DIR, Task, load_tasks
 from swe_env.testrun import SandboxFailure
@@ -24,6 +25,7 @@ __all__ = [
     "Grade",
     "RepoSession",
     "SWEEnv",
+    "SWE_EXPLOITS",
     "SandboxFailure",
     "SessionLimits",
     "Task",
@@ -67,4 +69,6 @@ def load_environment(
         memory_mb=memory_mb,
         output_chars=output_chars,
     )
-    return SWEEnv(rows, limits=limits, max_turns=max_turns, env_id="swe")
+    env = SWEEnv(rows, limits=limits, max_turns=max_turns, env_id="swe")
+    env.exploits.extend(SWE_EXPLOITS)
+    return env

@@ -134,9 +134,11 @@ class Factory:
         self.baseline: set[str] = set()
 
     async def check_baseline(self) -> None:
-        result, outcomes = await run_tests(
-            self.tree, self.spec.pythonpath, self.spec.tests, self.timeout, MEMORY_MB
+        # the factory's trees are its own (no agent code): no canary, so the output stays clean
+        result, verdict = await run_tests(
+            self.tree, self.spec.pythonpath, self.spec.tests, self.timeout, MEMORY_MB, canary=False
         )
+        outcomes = verdict.outcomes
         self.baseline = {node for node, outcome in outcomes.items() if outcome == "PASSED"}
         if result.status != "ok" or not self.baseline:
             raise SystemExit(f"{self.name}: the unmodified test suite does not pass")
@@ -163,9 +165,10 @@ class Factory:
             tree = Path(tmp) / "tree"
             shutil.copytree(self.tree, tree)
             (tree / relpath).write_text(buggy)
-            result, outcomes = await run_tests(
-                tree, self.spec.pythonpath, self.spec.tests, self.timeout, MEMORY_MB
+            result, verdict = await run_tests(
+                tree, self.spec.pythonpath, self.spec.tests, self.timeout, MEMORY_MB, canary=False
             )
+            outcomes = verdict.outcomes
         if result.status not in ("ok", "runtime_error"):
             return None  # timeouts, memory, output floods: not a clean bug
         failing = sorted(n for n in self.baseline if outcomes.get(n) != "PASSED")

@@ -55,6 +55,8 @@ class Grade:
     fail_to_pass_fixed: float
     pass_to_pass_broken: int
     protected_files_modified: bool
+    verdict_forged: bool = False
+    verdict_problem: str | None = None  # why the verdict was not trusted (forged), if it was not
     outcomes: dict[str, str] = field(default_factory=dict)
     output: str = ""
 
@@ -233,20 +235,25 @@ class RepoSession:
         with tempfile.TemporaryDirectory(dir=base_dir()) as scratch:
             graded = Path(scratch) / "graded"
             protected_changed = self._graded_tree(graded)
-            result, outcomes = await run_tests(
+            result, verdict = await run_tests(
                 graded,
                 self.task.pythonpath,
                 self.task.test_files(),
                 self.limits.test_timeout,
                 self.limits.memory_mb,
+                config_tree=self.pristine,
             )
+        outcomes = verdict.outcomes  # empty when the verdict is incomplete or forged
+        forged = verdict.forged is not None
         fixed = [outcomes.get(t) == "PASSED" for t in self.task.FAIL_TO_PASS]
         broken = sum(outcomes.get(t) != "PASSED" for t in self.task.PASS_TO_PASS)
         return Grade(
-            resolved=all(fixed) and broken == 0 and not protected_changed,
+            resolved=all(fixed) and broken == 0 and not protected_changed and not forged,
             fail_to_pass_fixed=sum(fixed) / max(len(fixed), 1),
             pass_to_pass_broken=broken,
             protected_files_modified=protected_changed,
+            verdict_forged=forged,
+            verdict_problem=verdict.forged,
             outcomes=outcomes,
             output=result.stdout,
         )

@@ -28,6 +28,32 @@ from pydantic import BaseModel, Field, field_validator
 REPOS_DIR = Path(__file__).parent / "repos"
 DATA_DIR = Path(__file__).parent / "data"
 COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
+# The test runner, its plugin system, its configuration and the interpreter's start-up hooks,
+# anywhere in the repository: protected in every task whatever its own list says (the grader
+# never runs them, and a rollout that changes them scores 0).
+GRADER_PROTECTED = [
+    "pytest.py",
+    "*/pytest.py",
+    "pytest/*",
+    "*/pytest/*",
+    "_pytest/*",
+    "*/_pytest/*",
+    "pluggy.py",
+    "*/pluggy.py",
+    "pluggy/*",
+    "*/pluggy/*",
+    "py.py",
+    "*/py.py",
+    "*pytest.toml",
+    "*pytest.ini",
+    "*tox.ini",
+    "*setup.cfg",
+    "*pyproject.toml",
+    "*conftest.py",
+    "*sitecustomize.py",
+    "*usercustomize.py",
+    "*.pth",
+]
 # Files that steer test collection or packaging: never the agent's to change.
 DEFAULT_PROTECTED = [
     "*conftest.py",
@@ -80,7 +106,9 @@ class Task(BaseModel):
         return path
 
     def is_protected(self, relpath: str) -> bool:
-        return any(fnmatch(relpath, pattern) for pattern in self.protected_paths)
+        """Whether the agent must not change `relpath` (the task's list or `GRADER_PROTECTED`)."""
+        patterns = [*GRADER_PROTECTED, *self.protected_paths]
+        return any(fnmatch(relpath, pattern) for pattern in patterns)
 
     def test_files(self) -> list[str]:
         """The test files holding the graded tests (what the grader runs)."""
