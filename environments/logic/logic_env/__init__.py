@@ -4,8 +4,9 @@
 num_eval_examples=..., seed=...)`. Seventeen curated tasks (constraint grids, deduction,
 arithmetic search, sequences, symbolic logic, graphs; see `tasks.py`) each have easy / medium /
 hard levels mapped to generator knobs. The model reasons, then answers inside
-`<answer>...</answer>`; the reward is the task's `score_answer` on that answer (partial credit
-kept), and `answer_format` (weight 0) records whether the tags were there. Every row's `info`
+`<answer>...</answer>`; the reward is the task's verifier on that answer (`tasks.score`:
+partial credit only for work the prompt does not already give, nothing a constant earns), and
+`answer_format` (weight 0) records whether the tags were there. Every row's `info`
 names its `task`, `level` and `category`, so `rlkit eval` reports reward per task.
 
 Evaluation rows come from the frozen file shipped in `data/` (see `freeze.py` and
@@ -26,6 +27,7 @@ from typing import Any
 from datasets import Dataset
 
 from logic_env.answer import AnswerTagParser, extract_answer, format_answer
+from logic_env.exploits import LOGIC_EXPLOITS
 from logic_env.freeze import EVAL_FILE, MANIFEST_FILE
 from logic_env.rows import generate_rows
 from logic_env.tasks import LEVEL_NAMES, TASKS, score
@@ -193,7 +195,7 @@ def load_environment(
         """Format metric (weight 0): an answer in <answer> tags after the reasoning."""
         return float(parser.parse_answer(completion) is not None)
 
-    return LogicEnv(
+    env = LogicEnv(
         plan,
         {row["question"] for row in eval_rows},
         seed,
@@ -204,3 +206,5 @@ def load_environment(
         sampling_defaults={"temperature": 1.0, "max_tokens": 4096},
         env_id="logic",
     )
+    env.exploits.extend(LOGIC_EXPLOITS)  # the family's cheap policies for `rlkit env audit`
+    return env

@@ -2,8 +2,8 @@
 
 Rows are interleaved (row 0 of every task and level, then row 1, ...), so the first rows of the
 file cover every task at every level. `manifest.json` records the reasoning-gym version and the
-generator configs that produced them, so a score today compares with a score next month even
-after reasoning-gym changes.
+generator configs that produced them (draws are selected by `tasks.answer_class`), so a score
+today compares with a score next month even after reasoning-gym changes.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ def freeze(rows_per_level: int = 10) -> int:
         "rows_per_level": rows_per_level,
         "seed_namespace": EVAL_NAMESPACE,
         "levels": {task: levels for task, (_, levels) in TASKS.items()},
+        "selection": (
+            "distinct questions; answer splits balanced and unserved kinds skipped "
+            "(logic_env.tasks.answer_class, logic_env.rows.generate_rows)"
+        ),
     }
     MANIFEST_FILE.write_text(json.dumps(manifest, indent=1) + "\n")
     return len(rows)

@@ -4,16 +4,22 @@ evaluation.
 Each (task, level) draws from its own generator, seeded from a hash of `seed/task/level` (the
 frozen eval set used the `eval` namespace), so adding a task never changes another task's rows.
 Training rows whose question appears in the evaluation set are skipped; evaluation rows are also
-distinct from each other.
+distinct from each other. Draws are also skipped to keep a task's answer split balanced
+(`tasks.answer_class`): at every prefix of the rows, no option holds more than its share of
+its group's rows (rounded up), so a constant answer earns no more than its share; and draws of
+a kind the task never serves (an infeasible shortest path, premises with nothing to derive) are
+skipped.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+from collections import Counter
 from typing import Any
 
-from logic_env.tasks import TASKS, gold_answer, level_config, make_dataset
+from logic_env.tasks import TASKS, answer_class, gold_answer, level_config, make_dataset
 
 MAX_DRAWS_PER_ROW = 20
 
@@ -54,12 +60,23 @@ def generate_rows(
     draws = MAX_DRAWS_PER_ROW * count + 100
     dataset = make_dataset(task, config, generator_seed(namespace, task, level), draws)
     rows: list[dict[str, Any]] = []
+    groups: Counter[str] = Counter()
+    options: Counter[tuple[str, str]] = Counter()
     for index in range(draws):
         if len(rows) == count:
             break
         entry = dataset[index]
         if entry["question"] in exclude:
             continue
+        classes = answer_class(task, entry)
+        if classes is None or any(
+            options[(group, option)] + 1 > math.ceil(share * (groups[group] + 1) - 1e-9)
+            for group, option, share in classes
+        ):
+            continue
+        for group, option, _ in classes:
+            groups[group] += 1
+            options[(group, option)] += 1
         if distinct:
             exclude.add(entry["question"])
         rows.append(make_row(task, level, config, entry))

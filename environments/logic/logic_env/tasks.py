@@ -2,18 +2,50 @@
 
 Each task maps `easy` / `medium` / `hard` to keyword arguments of its reasoning-gym generator
 config (board sizes, blanks, people, terms...). Scoring calls the task's own `score_answer`, so
-tasks with many valid answers (graph colouring, countdown, propositional logic, n-queens,
-cryptarithms) accept any valid one, and partial credit is kept. Three verifiers evaluate the
-answer text as Python (`sympy.parse_expr` in countdown and puzzle24, `eval` in n_queens); their
-answers are checked against what the task asks for before the verifier sees them, and anything
-else scores 0. A verifier that raises on a malformed answer (e.g. RecursionError on thousands of
-parentheses) also scores 0: the answer is wrong, not the environment.
+tasks with many valid answers (graph colouring, countdown, n-queens, cryptarithms) accept any
+valid one. Three verifiers evaluate the answer text as Python (`sympy.parse_expr` in countdown
+and puzzle24, `eval` in n_queens); their answers are checked against what the task asks for
+before the verifier sees them, and anything else scores 0. A verifier that raises on a malformed
+answer (e.g. RecursionError on thousands of parentheses) also scores 0: the answer is wrong, not
+the environment.
+
+No credit for what the prompt already states, nor for what a constant earns (issue 61):
+
+- propositional_logic (`conclusion_score`): 1.0 for a *derived* conclusion, else 0. A conclusion
+  C is derived when the premises entail it (truth tables over the puzzle's variables, as
+  reasoning-gym does), it is not a tautology, and it is not a restatement: no single premise
+  entails it (a premise, its equivalent, its weakening `premise ∨ X`), it is not equivalent to
+  the conjunction of any set of premises, a conjunction is derived only if one of its conjuncts
+  is, and a disjunction (`∨`, `→`, `¬(A ∧ B)`) one of whose disjuncts follows from the premises
+  is only that disjunct weakened (state the disjunct). `P → Q, P ⊢ Q` is derived; `P ∧ Q`,
+  `P ∨ R`, `P ↔ Q` from atoms `P`, `Q` are not, nor `Q ∨ R` from `P → Q, P`. Premises usually
+  fix each variable's value, so a guessed literal (`Q` or `¬Q`) is a two-way guess: rows are
+  balanced so `Q` is a derived conclusion as often as `¬Q`. Rows whose premises allow no
+  derived conclusion among simple candidates (literals, two literals joined) are not generated
+  (`answer_class`), and the gold answer is the first derived candidate.
+- sudoku, mini_sudoku, futoshiki (`blank_score`): the oracle's exact grid earns 1.0; otherwise a
+  complete grid (cells `1`-`9`, or `_` for a blank left open) earns 0.9 x correctly filled blanks
+  / blanks, provided every given cell is kept and no filled blank is wrong (else 0). Givens earn
+  nothing, and a constant fill is wrong somewhere unless it is the solution.
+- knights_knaves, circuit_logic, number_sequence, countdown, puzzle24, cryptarithm, graph_color
+  (`ALL_OR_NOTHING`): 1.0 for a correct answer, else 0, so one role for everyone (0.3 + 0.7 x
+  matches before), a number containing the answer (paid by length) and the verifiers' format
+  consolations (0.01 / 0.05 for parseable text or the prompt's numbers) earn nothing.
+- Answer splits (`answer_class`, used by `rows.generate_rows`): a task whose answer is one of a
+  few options has its rows drawn so that no option takes more than its share (circuit 0/1 one
+  half, each knights-and-knaves assignment 1/2^n, each zebra name 1/3, each family relation 1/6,
+  each number-sequence answer and shortest path 1/20, `Q` or `¬Q` as derived conclusion one half);
+  shortest-path grids without a path ('infeasible': half the generator's grids) and graphs a
+  fixed colouring solves are not drawn.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import itertools
 import json
+import operator
 import re
 from collections.abc import Callable
 from functools import cache
@@ -21,6 +53,7 @@ from typing import Any
 
 import reasoning_gym
 from reasoning_gym.dataset import ProceduralDataset
+from reasoning_gym.logic.propositional_logic import Expression, Operator
 
 LEVEL_NAMES = ("easy", "medium", "hard")
 
@@ -166,13 +199,14 @@ TASKS: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
     "propositional_logic": (
         "symbolic logic",
         {
+            # complexity 1 premises are bare variables: nothing to derive from them
             "easy": {
                 "min_vars": 2,
                 "max_vars": 2,
                 "min_statements": 2,
                 "max_statements": 3,
-                "min_complexity": 1,
-                "max_complexity": 1,
+                "min_complexity": 2,
+                "max_complexity": 2,
             },
             "medium": {
                 "min_vars": 2,
@@ -253,8 +287,259 @@ def gold_answer(task: str, entry: dict[str, Any]) -> str:
     if task == "graph_color":
         return json.dumps(metadata["possible_answer"])
     if task == "propositional_logic":
-        return str(metadata["example_answer"])
+        conclusion = derived_conclusion(entry)
+        if conclusion is None:
+            raise ValueError("propositional_logic: the premises allow no derived conclusion")
+        return conclusion
     raise ValueError(f"task {task!r}: the entry has no answer")
+
+
+# --- propositional logic: derived conclusions only -----------------------------------------
+
+
+def _truth_mask(expr: Expression, variables: list[str]) -> int:
+    """Bit i set when `expr` holds under assignment i of `variables` (truth table)."""
+    mask = 0
+    for i in range(2 ** len(variables)):
+        assignment = {v: bool((i >> k) & 1) for k, v in enumerate(variables)}
+        if expr.evaluate(assignment):
+            mask |= 1 << i
+    return mask
+
+
+def _negate(expr: Expression) -> Expression:
+    return Expression(Operator.NOT, expr)
+
+
+def _conjuncts(expr: Expression) -> list[Expression]:
+    """Top-level conjuncts, negations pushed in (`¬(A ∨ B)`, `¬(A → B)`, `A ↔ B`)."""
+    op, left, right = expr.operator, expr.left, expr.right
+    if op == Operator.AND:
+        return _conjuncts(left) + _conjuncts(right)
+    if op == Operator.IFF:
+        return [
+            Expression(Operator.IMPLIES, left, right),
+            Expression(Operator.IMPLIES, right, left),
+        ]
+    if op == Operator.NOT and isinstance(left, Expression):
+        inner = left
+        if inner.operator == Operator.NOT:
+            return _conjuncts(inner.left)
+        if inner.operator == Operator.OR:
+            return _conjuncts(_negate(inner.left)) + _conjuncts(_negate(inner.right))
+        if inner.operator == Operator.IMPLIES:
+            return _conjuncts(inner.left) + _conjuncts(_negate(inner.right))
+    return [expr]
+
+
+def _disjuncts(expr: Expression) -> list[Expression]:
+    """Top-level disjuncts, negations pushed in (`A → B` is `¬A ∨ B`, `¬(A ∧ B)`)."""
+    op, left, right = expr.operator, expr.left, expr.right
+    if op == Operator.OR:
+        return _disjuncts(left) + _disjuncts(right)
+    if op == Operator.IMPLIES:
+        return _disjuncts(_negate(left)) + _disjuncts(right)
+    if op == Operator.NOT and isinstance(left, Expression):
+        inner = left
+        if inner.operator == Operator.NOT:
+            return _disjuncts(inner.left)
+        if inner.operator == Operator.AND:
+            return _disjuncts(_negate(inner.left)) + _disjuncts(_negate(inner.right))
+    return [expr]
+
+
+class _Premises:
+    """Truth tables of a puzzle's premises and of every conjunction of them."""
+
+    def __init__(self, entry: dict[str, Any]) -> None:
+        meta = entry["metadata"]
+        self.variables = sorted(meta["variables"])
+        self.full = (1 << 2 ** len(self.variables)) - 1
+        self.masks = [self.mask(Expression.from_string(p)) for p in meta["premises"]]
+        self.entailed_by_all = self.full
+        for m in self.masks:
+            self.entailed_by_all &= m
+        self.conjunctions = set()
+        for size in range(1, len(self.masks) + 1):
+            for subset in itertools.combinations(self.masks, size):
+                self.conjunctions.add(functools.reduce(operator.and_, subset))
+
+    def mask(self, expr: Expression) -> int:
+        return _truth_mask(expr, self.variables)
+
+    def entails(self, mask: int) -> bool:
+        return self.entailed_by_all & ~mask == 0
+
+    def restates(self, mask: int) -> bool:
+        return (
+            mask == self.full
+            or mask in self.conjunctions
+            or any(p & ~mask == 0 for p in self.masks)
+        )
+
+    def derived(self, expr: Expression) -> bool:
+        """An entailed `expr` that is more than a restatement (see the module docstring)."""
+        if self.restates(self.mask(expr)):
+            return False
+        conjuncts = _conjuncts(expr)
+        if len(conjuncts) > 1:
+            return any(self.derived(c) for c in conjuncts)
+        disjuncts = _disjuncts(expr)
+        if len(disjuncts) > 1:  # a disjunction with a disjunct that follows is its weakening
+            return not any(self.entails(self.mask(d)) for d in disjuncts)
+        return True
+
+
+def conclusion_score(answer: str, entry: dict[str, Any]) -> float:
+    """propositional_logic: 1.0 for an entailed, derived conclusion, else 0."""
+    variables = set(entry["metadata"]["variables"])
+    if any(v not in variables for v in re.findall(r"[A-Z]", answer)):
+        return 0.0
+    premises = _Premises(entry)
+    expr = Expression.from_string(answer)
+    mask = premises.mask(expr)  # raises on an unknown atom: the caller scores 0
+    return float(premises.entails(mask) and premises.derived(expr))
+
+
+def _candidates(variables: list[str]) -> list[str]:
+    literals = [*variables, *(f"¬{v}" for v in variables)]
+    binary = [
+        f"({a} {op} {b})"
+        for op in ("∨", "→", "∧", "↔")
+        for a, b in itertools.permutations(literals, 2)
+        if a.lstrip("¬") != b.lstrip("¬")
+    ]
+    return literals + binary
+
+
+def derived_conclusion(entry: dict[str, Any]) -> str | None:
+    """The generator's example conclusion if derived, else the first derived simple candidate
+    (literals, then two literals joined by ∨ → ∧ ↔); None when there is none."""
+    meta = entry["metadata"]
+    for text in [str(meta.get("example_answer", "")), *_candidates(sorted(meta["variables"]))]:
+        try:
+            if text and conclusion_score(text, entry) == 1.0:
+                return text
+        except (ValueError, KeyError, AttributeError, RecursionError):
+            continue
+    return None
+
+
+# --- grid puzzles: credit for the blanks only ----------------------------------------------
+
+GRID_CELLS = "123456789_"
+
+
+def blank_score(answer: str, entry: dict[str, Any]) -> float:
+    """sudoku / mini_sudoku / futoshiki: see the module docstring."""
+    oracle = str(entry["answer"])
+    if _rstripped(answer) == _rstripped(oracle):
+        return 1.0
+    meta = entry["metadata"]
+    solution, puzzle = meta["solution"], meta["puzzle"]
+    size = len(solution)
+    grid = []
+    for line in answer.split("\n"):
+        cells = [c for c in line if c in GRID_CELLS]
+        if len(cells) == size:  # like reasoning-gym: lines without a row of cells are ignored
+            grid.append(cells)
+        if len(grid) == size:
+            break
+    if len(grid) < size:
+        return 0.0
+    blanks = correct = 0
+    for i in range(size):
+        for j in range(size):
+            cell, want = grid[i][j], str(solution[i][j])
+            if puzzle[i][j] != 0:  # a given: must be kept
+                if cell != want:
+                    return 0.0
+                continue
+            blanks += 1
+            if cell == want:
+                correct += 1
+            elif cell != "_":  # a wrong digit in a blank
+                return 0.0
+    credit = 0.9 * correct / blanks if blanks else 0.0
+    if len(answer) > len(oracle):  # reasoning-gym's penalty for extra length
+        credit *= len(oracle) / len(answer)
+    return credit
+
+
+def _rstripped(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.split("\n"))
+
+
+OWN_SCORERS: dict[str, Callable[[str, dict[str, Any]], float]] = {
+    "propositional_logic": conclusion_score,
+    "sudoku": blank_score,
+    "mini_sudoku": blank_score,
+    "futoshiki": blank_score,
+}
+ALL_OR_NOTHING = frozenset(
+    {
+        "knights_knaves",
+        "circuit_logic",
+        "number_sequence",
+        "countdown",
+        "puzzle24",
+        "cryptarithm",
+        "graph_color",
+    }
+)
+
+
+# --- answer splits: no option takes more than its share ------------------------------------
+
+
+def _graph(entry: dict[str, Any]) -> dict[str, Any]:
+    puzzle = entry["metadata"]["puzzle"]
+    return ast.literal_eval(puzzle) if isinstance(puzzle, str) else puzzle
+
+
+def fixed_colourings(entry: dict[str, Any]) -> list[dict[str, int]]:
+    """Colourings that need no search: one colour, and colours 1, 2, 3 in vertex order."""
+    vertices = _graph(entry)["vertices"]
+    return [
+        {str(v): 1 for v in vertices},
+        {str(v): i % 3 + 1 for i, v in enumerate(vertices)},
+    ]
+
+
+def _proper(entry: dict[str, Any], colouring: dict[str, int]) -> bool:
+    return all(colouring[str(a)] != colouring[str(b)] for a, b in _graph(entry)["edges"])
+
+
+def answer_class(task: str, entry: dict[str, Any]) -> list[tuple[str, str, float]] | None:
+    """The options a row's answer takes, as (group, option, largest share of the group's rows);
+    None: the row is not drawn at all (`rows.generate_rows` keeps every prefix within shares)."""
+    meta = entry["metadata"]
+    answer = str(entry.get("answer"))
+    if task == "circuit_logic":
+        return [("", answer, 0.5)]
+    if task == "knights_knaves":
+        solution = meta["solution"]
+        return [("", "".join("T" if s else "F" for s in solution), 0.5 ** len(solution))]
+    if task == "zebra_puzzles":
+        return [("", answer, 1 / meta["difficulty"]["num_people"])]
+    if task == "family_relationships":
+        return [("", answer, 1 / 6)]
+    if task == "number_sequence":
+        return [("", answer, 0.05)]
+    if task == "shortest_path":
+        return None if answer.strip() == "infeasible" else [("", answer, 0.05)]
+    if task == "propositional_logic":  # a guessed literal is a two-way guess: balance each sign
+        if derived_conclusion(entry) is None:
+            return None
+        classes = []
+        for v in sorted(meta["variables"]):
+            for literal in (v, f"¬{v}"):
+                if conclusion_score(literal, entry) == 1.0:
+                    classes.append((v, literal, 0.5))
+        return classes
+    if task == "graph_color":
+        return None if any(_proper(entry, c) for c in fixed_colourings(entry)) else []
+    return []
 
 
 ARITHMETIC = re.compile(r"[0-9+\-*/().\s]{1,256}")
@@ -279,7 +564,7 @@ def _queens_safe(answer: str, entry: dict[str, Any]) -> bool:
 
 
 def _names_a_variable(answer: str, entry: dict[str, Any]) -> bool:
-    """propositional_logic gives 0.25 to an 'answer' with no variable at all (any text)."""
+    """propositional_logic: an 'answer' with no variable at all is no conclusion."""
     return any(var in answer for var in entry["metadata"]["variables"])
 
 
@@ -292,12 +577,20 @@ ANSWER_GUARDS: dict[str, Callable[[str, dict[str, Any]], bool]] = {
 
 
 def score(task: str, config: str, answer: str, entry: dict[str, Any]) -> float:
-    """The task's own verifier (built with the row's generator config) on an extracted answer."""
+    """The task's verifier (built with the row's generator config) on an extracted answer:
+    rlkit's own for propositional logic and the blank-counting grids, reasoning-gym's for the
+    rest (all or nothing for `ALL_OR_NOTHING`); see the module docstring."""
     guard = ANSWER_GUARDS.get(task)
     if guard is not None and not guard(answer, entry):
         return 0.0
+    own = OWN_SCORERS.get(task)
     try:
-        value = float(make_dataset(task, config).score_answer(answer, entry))
+        if own is not None:
+            value = float(own(answer, entry))
+        else:
+            value = float(make_dataset(task, config).score_answer(answer, entry))
     except Exception:  # the verifier choked on a malformed answer: the answer is wrong
         return 0.0
+    if task in ALL_OR_NOTHING:
+        return 1.0 if value >= 1.0 else 0.0
     return min(1.0, max(0.0, value))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.metadata
 import itertools
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -165,13 +164,14 @@ def _alternatives(task: str) -> tuple[dict[str, Any], str]:
                 return row, _arithmetic_alternative(meta["numbers"], 24, gold)
             if task == "n_queens" and len(meta["valid_answers"]) > 1:
                 return row, next(a for a in meta["valid_answers"] if a != gold)
-            if task == "propositional_logic":  # a non-trivial premise is a valid conclusion
-                premise = next(
-                    p
-                    for p in meta["premises"]
-                    if "→" in p and len(set(re.findall("[A-Z]", p))) > 1 and p != gold
+            if task == "propositional_logic":  # the gold conclusion and another, derived
+                other = next(
+                    f"({gold} ∧ {literal})"
+                    for v in meta["variables"]
+                    for literal in (v, f"¬{v}")
+                    if literal != gold and reward(row, f"<answer>{literal}</answer>") == 1.0
                 )
-                return row, premise
+                return row, other
             if task == "knights_knaves":  # the same assignment, clauses in another order
                 clauses = gold.rstrip(".").replace(", and ", ", ").split(", ")
                 return row, ", and ".join(reversed(clauses)) + "."
@@ -191,14 +191,16 @@ def test_multi_answer_tasks_accept_a_valid_non_gold_answer(task: str) -> None:
 
 
 def test_partial_credit_is_kept() -> None:
-    """knights_knaves: one person's role wrong out of several earns part of the reward."""
-    row = FIRST["knights_knaves"]
+    """mini_sudoku: a grid with some blanks filled right and the rest left open earns part of
+    the reward (only blanks count: see test_logic_exploits)."""
+    row = FIRST["mini_sudoku"]
     meta = json.loads(row["info"]["entry"])["metadata"]
-    terms, first = meta["knight_knave_terms"], meta["names"][0]
-    roles = {terms["a_knight"]: terms["a_knave"], terms["a_knave"]: terms["a_knight"]}
-    role = next(r for r in roles if f"{first} is {r}" in row["answer"])
-    flipped = row["answer"].replace(f"{first} is {role}", f"{first} is {roles[role]}", 1)
-    assert 0.0 < reward(row, f"<answer>{flipped}</answer>") < 1.0
+    blanks = [(i, j) for i, line in enumerate(meta["puzzle"]) for j, v in enumerate(line) if not v]
+    grid = [[str(v) for v in line] for line in meta["solution"]]
+    i, j = blanks[0]
+    grid[i][j] = "_"
+    partial = "\n".join(" ".join(line) for line in grid)
+    assert 0.0 < reward(row, f"<answer>{partial}</answer>") < 1.0
 
 
 def test_unsafe_answers_are_never_evaluated(tmp_path: Path) -> None:
