@@ -197,3 +197,11 @@ def test_cli_exit_codes_and_json(
     assert code == 2 and "unknown exploit" in out
     code, out = run_cli(monkeypatch, capsys, "env", "check", demo_env, "--audit", "-n", "1")
     assert code == 1 and "earn reward without the task" in out
+
+
+def test_a_family_exploit_replaces_the_generic_one_of_its_name() -> None:
+    env = boxed_env(exact_boxed)
+    env.exploits.append(Exploit("look-alike", lambda env, row: {}, family="sums"))
+    exploits = {e.name: e for e in exploits_for(env)}
+    assert exploits["look-alike"].family == "sums"
+    assert [e.name for e in exploits_for(env)].count("look-alike") == 1
