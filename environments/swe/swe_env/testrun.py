@@ -18,21 +18,26 @@ Nothing that decides the verdict comes from the repository:
   phases and writes a report, MAC'd with a per-run random key (given on stdin, then stdin is
   closed), to a file whose random name only it knows, then leaves with `os._exit` (no `atexit`
   hook of the code under test runs after it). Stray `PASSED node` lines on stdout are ignored.
-  The report is parsed strictly: a bad MAC, outcomes for tests never collected, or a test
-  reported passed although its call raised (or never ran) is a forged verdict; a run whose
-  outcomes do not cover every collected test is incomplete and passes nothing;
+  The report is parsed strictly: a bad MAC, outcomes for tests never collected, a test reported
+  passed although its call raised (or never ran), or pytest / pluggy functions that decide
+  outcomes (`grader.CRITICAL`, the hook callers, an item's own `runtest`) replaced since the
+  driver started is a forged verdict; a run whose outcomes do not cover every collected test is
+  incomplete and passes nothing;
 - a canary: a test known to fail (`assert False`), random file and function name per run, is
   written next to the graded tests and run with them. If it does not come back FAILED the
   whole verdict is forged (`Verdict.forged`; the rollout scores 0 with `verdict_forged`).
 
 What remains possible in principle: the code under test runs in the same interpreter as pytest
 (tests import it), so it can read the process's memory (the key, the report's name, the
-plugin's state) and patch anything, including the driver's plugin, before the verdict is
-written. The checks above make the cheap forgeries fail: patching pytest's reports, hooks or
-test bodies wholesale also turns the canary (and the contradiction check) against them, since a
-blanket forgery cannot tell the canary from the real tests; only a forgery aimed at exactly the
-graded node ids (which the issue names) and written against this driver's internals would pass,
-and that is work on the grader, visible in the rollout (`swe_env.exploits` detectors).
+plugin's state) and patch anything, the driver's plugin and its snapshot included, or replace
+what the checks do not cover (the test functions themselves, fixtures, an item's `obj`), before
+the verdict is written; a process it forks could also rewrite the report in the moment before
+the sandbox ends. The checks make the cheap forgeries fail: the canary catches every blanket
+forgery (patching pytest's reports, hooks or test bodies for all tests also turns the canary,
+which it cannot tell from the real tests, into a pass), the contradiction check catches reports
+patched after the call, and the snapshot catches patching pytest's runner even when aimed at
+exactly the graded node ids (which the issue names). What is left is work written against this
+driver's internals, and it is visible in the rollout (`swe_env.exploits` detectors).
 """
 
 from __future__ import annotations
@@ -235,19 +240,22 @@ def check_report(data: dict[str, Any] | None, key: bytes, canary: str | None) ->
     if not isinstance(report, dict):
         return Verdict(canary=canary, forged="the report is malformed")
     collected, reported = report.get("collected"), report.get("outcomes")
-    inconsistent = report.get("inconsistent")
+    inconsistent, tampered = report.get("inconsistent"), report.get("tampered")
     if (
         not isinstance(collected, list)
         or not all(isinstance(n, str) for n in collected)
         or not isinstance(reported, dict)
         or not all(isinstance(n, str) and o in OUTCOMES for n, o in reported.items())
         or not isinstance(inconsistent, list)
+        or not isinstance(tampered, list)
     ):
         return Verdict(canary=canary, forged="the report is malformed")
     verdict = Verdict(reported=reported, collected=collected, canary=canary)
     verdict.complete = bool(collected) and set(reported) == set(collected)
     if set(reported) - set(collected):
         verdict.forged = f"{len(set(reported) - set(collected))} outcome(s) for uncollected tests"
+    elif tampered:
+        verdict.forged = f"pytest's internals were patched: {tampered[:3]}"
     elif inconsistent:
         verdict.forged = (
             f"reported passed although the test raised or never ran: {inconsistent[:3]}"
