@@ -13,6 +13,7 @@ from rlkit.trainer import dist, model
 from rlkit.trainer.config import ModelConfig
 from rlkit.trainer.model import attention_implementation, load_policy
 from rlkit.trainer.packing import TokenSequence, make_micro_batches
+from tests.helpers.tolerance import summation_atol
 
 CPU = torch.device("cpu")
 
@@ -106,18 +107,30 @@ def test_tied_embedding_gradient_is_autograds(tmp_path: Path, group: object) -> 
             ids[3] = pad  # a padding token inside a sample: the row it reads gets no gradient
             seqs.append(TokenSequence(ids.tolist(), [0, 0] + [1] * (n - 2), [0.0] * n))
         batches.append((seqs, make_micro_batches(seqs, 64, packing=True)[0]))
+    lookups: list[torch.Tensor] = []  # d lp / d the looked-up rows, one sequence's at a time
+    ref.model.embed_tokens.register_forward_hook(
+        lambda module, args, out: None if out.register_hook(lookups.append) else None
+    )
+    max_term = 0.0  # the largest thing one position adds to an embedding row's gradient
     for seqs, mb in batches:
         lp, _ = policy(mb.input_ids, mb.position_ids, mb.flat_index, mb.targets)
         lp.sum().backward()
         for seq in seqs:
             ids = torch.tensor([seq.token_ids])
-            logits = ref(input_ids=ids).logits[0, :-1]
+            out = ref(input_ids=ids, output_hidden_states=True)
+            logits = out.logits[0, :-1]
             token_lp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0]
             token_lp[1:].sum().backward()
+            # the head's term at a position: d lp / d logit (at most 1) x its last hidden state
+            max_term = max(max_term, out.hidden_states[-1].abs().max().item())
+            # a lookup's term: d lp / d its row (none for the padding row)
+            max_term = max(max_term, lookups.pop()[0][ids[0] != pad].abs().max().item())
     ours = lm.model.embed_tokens.weight.grad
     expected = ref.model.embed_tokens.weight.grad
     assert ours is lm.lm_head.weight.grad and expected.abs().sum() > 0
-    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-6)
+    # each row's gradient sums one head term per position and one lookup term per occurrence
+    n_terms = 2 * sum(len(seq.token_ids) for seqs, _ in batches for seq in seqs)
+    torch.testing.assert_close(ours, expected, rtol=0, atol=summation_atol(n_terms, max_term))
 
 
 def test_attention_selection(monkeypatch: pytest.MonkeyPatch) -> None:
