@@ -76,19 +76,18 @@ def serve_cmd(
     `[sandbox] url = "http://HOST:PORT"` and `token_file` (or RLKIT_SANDBOX_URL and
     RLKIT_SANDBOX_TOKEN_FILE).
     """
-    from rlkit.inference.auth import ServerSecurity, load_tenants
-    from rlkit.inference.lifecycle import infer_credentials
     from rlkit.protocol.credentials import read_token
     from rlkit.sandbox.pool import Profile
     from rlkit.sandbox.runner import configure
     from rlkit.sandbox.service import ServiceSettings, serve
+    from rlkit.serving import Credentials, load_tenants, token_files
 
     configure(backend=backend, url="")  # the service runs its sandboxes itself
     if token_file is None:
         home = Path(os.environ.get("RLKIT_HOME") or "~/.rlkit").expanduser()
         token_file = home / "sandbox" / str(port) / "token"
-    creds = infer_credentials(port, token_file, tenant)
-    security = ServerSecurity(
+    creds = token_files(token_file, tenant)
+    credentials = Credentials(
         owner_token=read_token(creds.token_file), tenants=load_tenants(creds.tenants_dir)
     )
     config = ServiceSettings(
@@ -104,4 +103,4 @@ def serve_cmd(
     typer.echo(f"token file: {creds.token_file}")
     for name, path in creds.tenant_files.items():
         typer.echo(f"tenant {name}: {path}")
-    serve(host, port, security, config)
+    serve(host, port, credentials, config)

@@ -5,7 +5,10 @@ Routes (JSON only; every one but `GET /health` needs `Authorization: Bearer TOKE
 before the body is read, as on `rlkit infer`): `POST /run` (a program in a fresh sandbox:
 `rlkit.sandbox.run`'s arguments, a `SandboxResult` back), `POST /sessions`,
 `POST /sessions/{id}/execute`, `DELETE /sessions/{id}` (a `PythonSession` kept on the service,
-usable only by the caller that opened it, closed after `session_idle_s` unused), `GET /metrics`.
+usable only by the caller that opened it, closed after `session_idle_s` unused), `GET /metrics`
+(the whole service's counts, for the owner and every tenant alike: no route is the owner's
+alone). The token check and the error body are `rlkit.serving`'s; no rule of another service
+applies here.
 
 Backpressure: at most `concurrency` programs or cells run at once and at most `queue` requests
 wait for a slot; beyond that, or after a request's `max_queue_s` of waiting, the answer is 429
@@ -31,11 +34,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from rlkit.inference.auth import RequireToken, ServerSecurity, caller
 from rlkit.sandbox.pool import Profile, WarmPool
 from rlkit.sandbox.runner import active_backend, limits, settings
 from rlkit.sandbox.session import PythonSession
 from rlkit.sandbox.wire import CellRequest, RunRequest, SessionRequest, decode_files
+from rlkit.serving import Credentials, RequireToken, ServiceError, caller, error_response
 
 # How long an idle client connection is kept open: longer than the client keeps it
 # (`client.KEEP_ALIVE_S`), so the client always drops an idle connection first.
@@ -56,20 +59,19 @@ class ServiceSettings:
     session_idle_s: float = 300.0
 
 
-class Busy(Exception):
+class Busy(ServiceError):
     """No slot now and the queue is full (or the wait ran out), or the caller holds its share of
-    sessions: 429."""
+    sessions: 429 with Retry-After."""
 
     def __init__(self, retry_after: int, message: str = "") -> None:
+        message = message or "sandbox service busy: retry later"
+        super().__init__(429, message, headers={"Retry-After": str(retry_after)})
         self.retry_after = retry_after
-        self.message = message or "sandbox service busy: retry later"
 
 
-class Refused(Exception):
-    """A request the service will not run (over its limits, malformed): 400 / 413."""
-
-    def __init__(self, status: int, message: str) -> None:
-        self.status, self.message = status, message
+class Refused(ServiceError):
+    """A request the service will not run (over its limits, malformed): 400 / 413; a session
+    that is not the caller's: 404."""
 
 
 @dataclass
@@ -311,8 +313,9 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-async def _body(request: Request, model: type[BaseModel], cap: int) -> Any:
-    """The request's JSON body as `model`, read up to `cap` bytes (413 beyond)."""
+async def _body(request: Request, model: type[BaseModel]) -> Any:
+    """The request's JSON body as `model`, read up to the service's cap (413 beyond)."""
+    cap = _service(request).config.max_request_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > cap:
         raise Refused(413, f"request body over the service's limit of {cap} bytes")
@@ -327,74 +330,75 @@ async def _body(request: Request, model: type[BaseModel], cap: int) -> Any:
         raise Refused(400, f"bad request: {exc.errors(include_url=False)}") from None
 
 
-def _errors(handler: Any) -> Any:
-    """Refused / Busy as JSON answers (429 with Retry-After)."""
-
-    async def route(request: Request) -> JSONResponse:
-        try:
-            return JSONResponse(await handler(request))
-        except Refused as exc:
-            return JSONResponse({"error": exc.message}, status_code=exc.status)
-        except Busy as exc:
-            return JSONResponse(
-                {"error": exc.message},
-                status_code=429,
-                headers={"Retry-After": str(exc.retry_after)},
-            )
-
-    return route
+def _service(request: Request) -> SandboxService:
+    return request.app.state.service
 
 
-def build_app(service: SandboxService, security: ServerSecurity) -> Any:
-    """The ASGI app: routes behind the token check (`rlkit.inference.auth.RequireToken`)."""
-    cap = service.config.max_request_bytes
+async def health(request: Request) -> JSONResponse:
+    return JSONResponse({"ok": True})
 
-    async def health(request: Request) -> dict[str, Any]:
-        return {"ok": True}
 
-    async def run(request: Request) -> dict[str, Any]:
-        result = await service.run(await _body(request, RunRequest, cap))
-        service.refill()  # scheduled only: the starts run once this answer is on its way
-        return result
+async def run(request: Request) -> JSONResponse:
+    service = _service(request)
+    result = await service.run(await _body(request, RunRequest))
+    service.refill()  # scheduled only: the starts run once this answer is on its way
+    return JSONResponse(result)
 
-    async def open_session(request: Request) -> dict[str, Any]:
-        body = await _body(request, SessionRequest, cap)
-        return service.open_session(body, caller(request).name)
 
-    async def execute(request: Request) -> dict[str, Any]:
-        body = await _body(request, CellRequest, cap)
-        return await service.execute(request.path_params["sid"], body, caller(request).name)
+async def open_session(request: Request) -> JSONResponse:
+    body = await _body(request, SessionRequest)
+    return JSONResponse(_service(request).open_session(body, caller(request).name))
 
-    async def close_session(request: Request) -> dict[str, Any]:
-        await service.close_session(request.path_params["sid"], caller(request).name)
-        return {"closed": True}
 
-    async def metrics(request: Request) -> dict[str, Any]:
-        return service.metrics()
+async def execute(request: Request) -> JSONResponse:
+    body = await _body(request, CellRequest)
+    sid = request.path_params["sid"]
+    return JSONResponse(await _service(request).execute(sid, body, caller(request).name))
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await service.start()
-        try:
-            yield
-        finally:
-            await service.stop()
 
+async def close_session(request: Request) -> JSONResponse:
+    await _service(request).close_session(request.path_params["sid"], caller(request).name)
+    return JSONResponse({"closed": True})
+
+
+async def metrics(request: Request) -> JSONResponse:
+    """Every caller's, the owner's and each tenant's: counts of the whole service, no names."""
+    return JSONResponse(_service(request).metrics())
+
+
+# The sandbox's own rules: every route but /health needs a token (the owner's or a tenant's),
+# none is the owner's alone; sessions are kept apart by caller inside the service.
+ROUTES = [
+    Route("/health", health, methods=["GET"]),
+    Route("/run", run, methods=["POST"]),
+    Route("/sessions", open_session, methods=["POST"]),
+    Route("/sessions/{sid}/execute", execute, methods=["POST"]),
+    Route("/sessions/{sid}", close_session, methods=["DELETE"]),
+    Route("/metrics", metrics, methods=["GET"]),
+]
+PUBLIC_PATHS = frozenset({"/health"})
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    await app.state.service.start()
+    try:
+        yield
+    finally:
+        await app.state.service.stop()
+
+
+def build_app(service: SandboxService, credentials: Credentials) -> Any:
+    """The ASGI app: `ROUTES` behind the token check (`rlkit.serving.RequireToken`), refusals
+    answered as `{"error": ...}` (`rlkit.serving.error_response`)."""
     app = Starlette(
-        routes=[
-            Route("/health", _errors(health), methods=["GET"]),
-            Route("/run", _errors(run), methods=["POST"]),
-            Route("/sessions", _errors(open_session), methods=["POST"]),
-            Route("/sessions/{sid}/execute", _errors(execute), methods=["POST"]),
-            Route("/sessions/{sid}", _errors(close_session), methods=["DELETE"]),
-            Route("/metrics", _errors(metrics), methods=["GET"]),
-        ],
-        lifespan=lifespan,
+        routes=ROUTES, lifespan=lifespan, exception_handlers={ServiceError: error_response}
     )
-    return RequireToken(app, security)
+    app.state.service = service
+    return RequireToken(app, credentials, public=PUBLIC_PATHS)
 
 
-def serve(host: str, port: int, security: ServerSecurity, config: ServiceSettings) -> None:
+def serve(host: str, port: int, credentials: Credentials, config: ServiceSettings) -> None:
     """Run the service until interrupted (uvicorn, one process, one event loop).
 
     The loop is asyncio's, not uvloop: uvloop starts a sandbox with fork(), which copies this
@@ -404,7 +408,7 @@ def serve(host: str, port: int, security: ServerSecurity, config: ServiceSetting
 
     service = SandboxService(config)
     uvicorn.run(
-        build_app(service, security),
+        build_app(service, credentials),
         host=host,
         port=port,
         log_level="warning",
