@@ -320,8 +320,9 @@ def _svg(run: RunView, title: str, keys: tuple[str, ...], w: int = 460, h: int =
         return "".join(parts)
     x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
     y0, y1 = min(p[1] for p in points), max(p[1] for p in points)
-    if y0 == y1:
-        y0, y1 = y0 - 0.5, y1 + 0.5
+    if y0 == y1:  # a constant (a learning rate of 1e-6): an axis of its own scale around it
+        pad = abs(y0) * 0.1 or 0.5
+        y0, y1 = y0 - pad, y1 + pad
 
     def xy(step: float, value: float) -> str:
         x = left + (step - x0) / ((x1 - x0) or 1) * (w - left - right)

@@ -4,12 +4,13 @@ tests/integration/test_train_logging.py): sparkline, the facts, and usage errors
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from rlkit.protocol.panels import PLOT_PANELS
-from rlkit.runs.show import load_run, render_html, sparkline, summary_lines
+from rlkit.runs.show import _svg, load_run, render_html, sparkline, summary_lines
 from tests.helpers.cli import run_cli
 
 
@@ -148,3 +149,21 @@ def test_runs_show_warns_when_reward_rises_without_the_strict_measure(tmp_path: 
     assert "eval e: exact match 0.010 ± 0.012 -> 0.300 ± 0.056" in lines
     page = render_html(load_run(tmp_path / "learned"))
     assert "<td>exact match 0.300 ± 0.056</td>" in page
+
+
+def test_a_constant_is_drawn_on_an_axis_of_its_own_scale(tmp_path: Path) -> None:
+    """A constant learning rate of 1e-6 gets ticks around 1e-6, not -0.5 .. 0.5; the summary
+    names the latest weights once."""
+    (tmp_path / "config.toml").write_text('[model]\npath = "m"\n')
+    steps = [{"step": s, "lr": 1e-6} for s in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    for step in (2, 3):
+        (tmp_path / "weights" / f"step_00000{step}").mkdir(parents=True)
+    run = load_run(tmp_path)
+    panel = _svg(run, "learning rate", ("lr",))
+    ticks = re.findall(r'x="62" y="[^"]+" text-anchor="end">([^<]+)</text>', panel)
+    assert ticks == ["9e-07", "1e-06", "1.1e-06"], ticks
+    lines = summary_lines(run)
+    assert [line for line in lines if "weights" in line] == [
+        f"latest weights {tmp_path / 'weights' / 'step_000003'}"
+    ]
