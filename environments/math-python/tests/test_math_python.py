@@ -44,3 +44,19 @@ async def test_gsm8k_item_solved_with_the_python_tool() -> None:
         "18\n",
     ]
     assert rollout.reward == 1.0
+
+
+async def test_math_exploits_through_the_tool_env_earn_nothing() -> None:
+    from rlkit.envs.check import play
+
+    env = load_environment("math-python", dataset="gsm8k", num_examples=3)
+    names = {e.name for e in env.exploits}
+    assert {"many values", "catch-all", "formatting tricks", "tool then guess"} <= names
+    try:
+        for row in env.get_eval_dataset():
+            for exploit in env.exploits:
+                for name, script in exploit.variants(env, row).items():
+                    rollout, _ = await play(env, row, script, repeat=True)
+                    assert rollout.reward == 0.0, (exploit.name, name)
+    finally:
+        env.verifier.close()

@@ -21,6 +21,7 @@ from typing import Any
 
 from datasets import Dataset
 
+from math_env.exploits import MATH_EXPLOITS
 from math_env.judge import equivalent
 from math_env.verify import MathVerifier
 from rlkit.envs import SingleTurnEnv, ThinkParser, extract_boxed_answer
@@ -91,6 +92,32 @@ def load_rows(dataset: str, split: str = "train", num_examples: int = -1) -> Dat
     return Dataset.from_list(rows)
 
 
+_LATEX_NOISE = re.compile(r"\\left|\\right|\\[,;!]|\\displaystyle|[$\s{}]")
+_WORD = re.compile(r"[A-Za-z]{3,}")
+
+
+def _squash(text: str) -> str:
+    return _LATEX_NOISE.sub("", text).rstrip(".").lower()
+
+
+def copies_question(question: str, predicted: str, gold: str) -> bool:
+    """Whether the boxed answer is the question handed back instead of an answer (issue 61's
+    audit: math-verify evaluates what it is given, so boxing the question of "Evaluate
+    $(1+2i)6-3i$." or "Simplify $\\sqrt{242}$." scored 1, and boxing a whole question scores
+    its last number). True when the answer holds four consecutive words of the question, or is
+    an expression (not a bare number) copied from the question while the gold answer is not in
+    it. Never true of the gold answer itself."""
+    if _squash(predicted) == _squash(gold):
+        return False
+    words = [w.lower() for w in _WORD.findall(question)]
+    said = " ".join(w.lower() for w in _WORD.findall(predicted))
+    if any(" ".join(words[i : i + 4]) in said for i in range(len(words) - 3)):
+        return True
+    copied, squashed = _squash(predicted), _squash(question)
+    is_number = re.fullmatch(r"-?[\d.,]+", copied) is not None
+    return bool(copied) and not is_number and copied in squashed and _squash(gold) not in squashed
+
+
 class MathEnv(SingleTurnEnv):
     """Single-turn math; the gold completion boxes the reference answer."""
 
@@ -122,7 +149,7 @@ def load_environment(
         prompt: list[dict[str, Any]], completion: list[dict[str, Any]], answer: str
     ) -> float:
         predicted = parser.parse_answer(completion)
-        if not predicted:
+        if not predicted or copies_question(prompt[-1]["content"], predicted, answer):
             return 0.0
         if await verifier.verify(answer, predicted):
             return 1.0
@@ -145,4 +172,5 @@ def load_environment(
         env_id="math",
     )
     env.verifier = verifier  # type: ignore[attr-defined]  # tests and callers may close it
+    env.exploits.extend(MATH_EXPLOITS)
     return env

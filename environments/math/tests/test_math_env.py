@@ -171,3 +171,60 @@ def test_boxed_reference_answers_are_gold(dataset: str) -> None:
     finally:
         env.verifier.close()
     assert report.ok, report_lines(report)
+
+
+async def test_boxing_the_question_scores_zero() -> None:
+    """Issue 61's audit: math-verify evaluates what it is given, so boxing the question itself
+    ("Evaluate $(1+2i)6-3i$.", "Simplify $\\sqrt{242}$.") or its expression scored 1, and so did
+    a whole question whose last number is the answer. Now 0; the answer itself still scores 1."""
+    from math_env import copies_question
+
+    from rlkit.envs.check import play
+    from rlkit.envs.exploits import reply
+
+    env = load_environment("math", num_examples=40, verify_workers=1)
+    try:
+        rows = {int(row["example_id"]): row for row in env.get_eval_dataset()}
+        cases = {12: None, 20: "(1+2i)6-3i", 31: "\\sqrt{242}"}
+        for index, expression in cases.items():
+            row = rows[index]
+            question = row["prompt"][-1]["content"]
+            for text in filter(None, (question, expression)):
+                assert copies_question(question, text, row["answer"])
+                rollout, _ = await play(env, row, reply(f"\\boxed{{{text}}}"))
+                assert rollout.reward == 0.0, (index, text)
+            gold, _ = await play(env, row, env.gold_completion(row))
+            assert gold.reward == 1.0
+    finally:
+        env.verifier.close()
+
+
+def test_copies_question_leaves_answers_alone() -> None:
+    from math_env import copies_question
+
+    for dataset in SHIPPED:
+        for row in load_rows(dataset):
+            assert not copies_question(row["question"], row["answer"], row["answer"])
+    question = "Which is larger, $\\sqrt{2}$ or $1.4$?"
+    assert not copies_question(question, "\\sqrt{2}", "\\sqrt2")  # the gold is in it too
+    assert not copies_question("What is 2+2?", "4", "4")
+
+
+async def test_math_exploits_earn_nothing() -> None:
+    from math_env.exploits import MATH_EXPLOITS
+
+    from rlkit.envs.check import play
+
+    env = load_environment("math", num_examples=40, verify_workers=2)
+    assert {e.name for e in MATH_EXPLOITS} <= {e.name for e in env.exploits}
+    try:
+        for row in list(env.get_eval_dataset())[:40]:
+            gold, _ = await play(env, row, env.gold_completion(row))
+            assert not [e.name for e in MATH_EXPLOITS if e.detect and e.detect(gold)]
+            for exploit in MATH_EXPLOITS:
+                for name, script in exploit.variants(env, row).items():
+                    rollout, _ = await play(env, row, script)
+                    assert rollout.error is None
+                    assert rollout.reward == 0.0, (row["example_id"], exploit.name, name)
+    finally:
+        env.verifier.close()
