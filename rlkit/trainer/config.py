@@ -18,6 +18,7 @@ from rlkit.trainer.loss import LOSSES, Correction, loss_correction
 from rlkit.trainer.optim import OptimConfig
 from rlkit.trainer.rl_loss import OldPolicy, ResolvedLoss
 from rlkit.trainer.routing import RoutingReplay
+from rlkit.weights import TransportParams, moved_transfer_fields, transport_params
 
 
 class LossConfig(Config):
@@ -99,14 +100,30 @@ class WeightsConfig(Config):
         description="The weight transport versions reach the servers by (rlkit.weights; set "
         "by `rlkit train` from inference.weight_transfer).",
     )
-    broadcast_bucket_mb: int = Field(
-        1024, ge=1, description="Broadcast: most MiB per bucket (from inference)."
+    transfer_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The transport's own parameters (set by `rlkit train` from "
+        "inference.transfer_params, as they are).",
     )
-    broadcast_timeout_s: float = Field(
-        120.0,
-        gt=0,
-        description="Timeout of every wait and collective of one update (from inference).",
-    )
+
+    _transport_params: TransportParams = PrivateAttr()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_transfer_fields(cls, data: Any) -> Any:
+        return moved_transfer_fields(data, "transfer", "trainer.weights")
+
+    @model_validator(mode="after")
+    def _valid_transfer_params(self) -> WeightsConfig:
+        self._transport_params = transport_params(
+            self.transfer, self.transfer_params, "trainer.weights.transfer_params"
+        )
+        return self
+
+    @property
+    def transport_params(self) -> TransportParams:
+        """The transport's validated parameters (what its trainer side is built from)."""
+        return self._transport_params
 
 
 class TrainerSettings(Config):
@@ -162,6 +179,12 @@ class TrainerSettings(Config):
         gt=0,
         description="Timeout of every collective: a lost rank or node is an error, not a hang.",
     )
+    context_parallel: int = Field(
+        1,
+        ge=1,
+        description="Ranks that split each packed row along its length (context parallelism); "
+        "it must divide the trainer's world size, which forms a data x context parallel grid.",
+    )
     offload_activations: bool = Field(
         False,
         description="Keep the activations saved for backward in (pinned) CPU memory instead of "
@@ -180,6 +203,11 @@ class TrainerSettings(Config):
             raise ValueError(
                 "offload_activations = true moves activations from GPU to CPU memory, but no "
                 "GPU is visible here; set it to false on CPU"
+            )
+        if self.context_parallel > 1 and self.router_aux_loss_coef > 0:
+            raise ValueError(
+                "router_aux_loss_coef > 0 with context_parallel > 1: the load-balancing loss of "
+                "split rows is not implemented; set one of them back"
             )
         return self
 

@@ -20,6 +20,7 @@ from torch.nn import functional as F
 
 from rlkit.errors import UsageError
 from rlkit.protocol.model import LoraConfig, ModelConfig
+from rlkit.trainer import context_parallel as cp
 from rlkit.trainer.dist import is_main, world_size
 from rlkit.trainer.logprobs import chunked_logprobs
 from rlkit.trainer.lora import add_lora, store_frozen_in
@@ -46,6 +47,7 @@ class PolicyModel(nn.Module):
         routing: Tensor | None = None,
         replay: bool = False,
         token_mask: Tensor | None = None,
+        rows: cp.RowAttention | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Returns (logprobs [N], entropy [N]) of `targets` at hidden positions `flat_index`,
         with the logits divided by each target's sampling temperature ([N], default 1).
@@ -54,15 +56,21 @@ class PolicyModel(nn.Module):
         the routers' own (`self.router.disagreement`) and used instead of it when `replay`.
         With `token_mask` ([R, L], real tokens) the MoE load-balancing loss of this forward is
         left in `self.aux_loss` (computed here, inside the FSDP root forward).
+        With context parallelism (`rlkit.trainer.context_parallel`) the inputs are this rank's
+        columns of the rows and `rows` says where they are; without `rows` every rank holds
+        whole rows.
         """
         self.router.set_routing(None if routing is None else routing.flatten(0, 1), replay)
         self.router.keep_logits = token_mask is not None
+        kwargs: dict[str, Any] = {"position_ids": position_ids, "use_cache": False}
+        if self.lm.config._attn_implementation == cp.ATTENTION:
+            kwargs["rows"] = rows if rows is not None else cp.unsplit_rows(position_ids)
         embedding = self.lm.model.embed_tokens
         if trained_tied(embedding, self.lm.lm_head):
             embeds = embed_into_weight_grad(embedding, input_ids)
-            out = self.lm.model(inputs_embeds=embeds, position_ids=position_ids, use_cache=False)
+            out = self.lm.model(inputs_embeds=embeds, **kwargs)
         else:
-            out = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+            out = self.lm.model(input_ids=input_ids, **kwargs)
         if token_mask is not None:
             self.aux_loss = self.router.aux_loss(token_mask.flatten())
         hidden = out.last_hidden_state.flatten(0, 1)[flat_index]
@@ -195,7 +203,11 @@ def keeps_root_stored(lm: nn.Module) -> bool:
 
 
 def load_policy(
-    cfg: ModelConfig, device: torch.device, chunk_size: int, mesh: DeviceMesh | None = None
+    cfg: ModelConfig,
+    device: torch.device,
+    chunk_size: int,
+    mesh: DeviceMesh | None = None,
+    context_parallel: int = 1,
 ) -> PolicyModel:
     """Build the model on the meta device, shard it with FSDP2, then fill each rank's shards.
 
@@ -206,6 +218,8 @@ def load_policy(
     rank 0 only in the checkpoint's dtype, one decoder layer resident at a time
     (`rlkit.trainer.rank0_load`). Buffers (rotary tables) come from rank 0 as well.
     `mesh`: None shards over all ranks; a 2-D (replicate, shard) mesh is HSDP.
+    `context_parallel` > 1: attention is `rlkit.trainer.context_parallel`'s (rows split across
+    the ranks of a context group).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -214,6 +228,14 @@ def load_policy(
     if Path(cfg.path).exists() and not (Path(cfg.path) / "config.json").is_file():
         raise UsageError(f"model.path {cfg.path}: no config.json (not an HF model directory)")
     attn = attention_implementation(cfg, device)
+    if context_parallel > 1:
+        if cfg.attention not in ("auto", "sdpa"):
+            raise UsageError(
+                f"model.attention = {cfg.attention!r}: trainer.context_parallel > 1 runs its own "
+                "attention (sdpa with the split rows' masks); set model.attention = 'auto'"
+            )
+        cp.register_attention()
+        attn = cp.ATTENTION
     source = _from_pretrained(cfg, dtype="auto", attn_implementation="sdpa") if is_main() else None
     hf_config = AutoConfig.from_pretrained(cfg.path)
     stored = stored_dtype(hf_config)  # before from_config, which sets the config's dtype
@@ -282,7 +304,11 @@ def _shard(
 
 
 def load_reference(
-    cfg: ModelConfig, device: torch.device, chunk_size: int, mesh: DeviceMesh | None = None
+    cfg: ModelConfig,
+    device: torch.device,
+    chunk_size: int,
+    mesh: DeviceMesh | None = None,
+    context_parallel: int = 1,
 ) -> PolicyModel:
     """A frozen, sharded copy of the initial policy (without any LoRA adapter): the reference
     model whose logprobs the KL penalty (`loss.params.kl_coef`) compares with, as in TRL and
@@ -293,6 +319,7 @@ def load_reference(
         device,
         chunk_size,
         mesh,
+        context_parallel,
     )
     ref.requires_grad_(False)
     return ref.eval()

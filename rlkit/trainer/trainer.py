@@ -6,6 +6,10 @@ runs on rank j % world_size and a rank with fewer micro-batches repeats its firs
 loss multiplied by 0, so every rank issues the same FSDP collectives. Each micro-batch loss is
 divided by the batch's global count (tokens or sequences) over world_size, because FSDP2
 averages gradients over ranks: the summed gradient then equals one big batch's exactly.
+
+With `context_parallel = N` (`rlkit.trainer.context_parallel`) micro-batches go round robin over
+the world_size / N data-parallel groups instead, and the N ranks of a group split each of its
+rows; the normalisation is unchanged (each rank's backward carries its own tokens' gradient).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from rlkit.inference.canary import canary_token_ids
 from rlkit.protocol.credentials import token_from_env
 from rlkit.protocol.weights import Canary
 from rlkit.trainer import checkpoint, dist, export
+from rlkit.trainer import context_parallel as cp
 from rlkit.trainer.config import TrainerConfig
 from rlkit.trainer.model import PolicyModel, load_policy, load_reference
 from rlkit.trainer.optim import build_optimizer
@@ -76,10 +81,15 @@ class Trainer:
         self.export_dtype = AutoConfig.from_pretrained(cfg.model.path).dtype or torch.bfloat16
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         mesh = dist.shard_mesh(cfg.sharding, self.device)
-        self.policy = load_policy(cfg.model, self.device, cfg.logprob_chunk_size, mesh)
+        self.context = cp.context_group(cfg.context_parallel, self.device)
+        if dist.is_main() and self.context.size > 1:
+            print(cp.describe_mesh(dist.world_size(), self.context.size), flush=True)
+        n = cfg.context_parallel
+        self.policy = load_policy(cfg.model, self.device, cfg.logprob_chunk_size, mesh, n)
         self.reference: PolicyModel | None = None
         if cfg.loss.resolved.params.kl_coef > 0:
-            self.reference = load_reference(cfg.model, self.device, cfg.logprob_chunk_size, mesh)
+            self.reference = load_reference(cfg.model, self.device, cfg.logprob_chunk_size, mesh, n)
+        self._shard: cp.Shard | None = None  # this rank's part of the last micro-batch (cp > 1)
         self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim, total_steps)
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.hidden_size = int(self.policy.lm.config.get_text_config().hidden_size)
@@ -99,7 +109,10 @@ class Trainer:
         """Logprobs and entropy of the counted targets, laid out as [S, T] (0 elsewhere), at
         each sample's sampling temperature, under `model` (default the policy). MoE:
         `mb.routing` is replayed unless routing_replay is "none"; `with_aux` leaves the
-        load-balancing loss in `policy.aux_loss`."""
+        load-balancing loss in `policy.aux_loss`. With context parallelism each rank computes
+        its own targets and every rank of the group gets the whole [S, T] tensors."""
+        if self.context.size > 1:
+            return self._split_logprobs(mb, with_aux, model)
         d = self.device
         lp, ent = (model or self.policy)(
             mb.input_ids.to(d),
@@ -115,9 +128,32 @@ class Trainer:
         zeros = torch.zeros(mb.shape, device=d, dtype=lp.dtype)
         return zeros.index_put(slot, lp), zeros.index_put(slot, ent.detach())
 
+    def _split_logprobs(
+        self, mb: MicroBatch, with_aux: bool, model: PolicyModel | None
+    ) -> tuple[Tensor, Tensor]:
+        """`logprobs` with the rows split across the context group."""
+        d = self.device
+        shard = self._shard = cp.shard_micro_batch(mb, self.context)
+        lp, ent = (model or self.policy)(
+            shard.input_ids.to(d),
+            shard.position_ids.to(d),
+            shard.flat_index.to(d),
+            shard.targets.to(d),
+            shard.temperatures.to(d),
+            routing=None if shard.routing is None else shard.routing.to(d),
+            replay=self.replay != RoutingReplay.NONE,
+            token_mask=shard.token_mask.to(d) if with_aux else None,
+            rows=shard.rows,
+        )
+        slot = (shard.target_slot[0].to(d), shard.target_slot[1].to(d))
+        zeros = torch.zeros(mb.shape, device=d, dtype=lp.dtype)
+        whole = cp.sum_copies(zeros.index_put(slot, lp), self.context)
+        return whole, cp.sum_copies(zeros.index_put(slot, ent.detach()), self.context)
+
     def _local(self, mbs: list[MicroBatch]) -> list[tuple[MicroBatch, float]]:
-        """This rank's micro-batches with a loss weight (0 for padding repeats)."""
-        world, rank = dist.world_size(), dist.rank()
+        """This rank's micro-batches with a loss weight (0 for padding repeats): those of its
+        data-parallel group (every rank of a context group runs the same ones)."""
+        world, rank = self.context.dp_size, self.context.dp_rank
         mine = [(mb, 1.0) for mb in mbs[rank::world]]
         per_rank = math.ceil(len(mbs) / world)
         fill = mine[0][0] if mine else mbs[0]
@@ -146,6 +182,8 @@ class Trainer:
                 with self._activation_memory():
                     lp, ent = self.logprobs(mb, with_aux=aux_coef > 0)
                 loss, metrics = loss_fn(mb, lp, olds[i] if olds else None, ent, norm)
+                if self.context.rank:  # the group's first rank counts the (same) loss metrics
+                    metrics = dict.fromkeys(metrics, 0.0)
                 metrics = {**metrics, **self._routing_metrics(mb)}
                 if aux_coef > 0:  # token-weighted mean over this rank's micro-batches
                     aux = self.policy.aux_loss * (mb.num_tokens / local_tokens)
@@ -209,14 +247,20 @@ class Trainer:
         the no-grad logprobs of the same forward (pi_old)."""
         mb.routing = None
         lp = self.logprobs(mb)[0]
-        mb.routing = self.policy.router.own_routing().unflatten(0, mb.input_ids.shape).cpu()
+        if self.context.size > 1:
+            assert self._shard is not None
+            own = self.policy.router.own_routing().unflatten(0, self._shard.input_ids.shape)
+            mb.routing = cp.gather_columns(own, self._shard, self.context).cpu()
+        else:
+            mb.routing = self.policy.router.own_routing().unflatten(0, mb.input_ids.shape).cpu()
         return lp
 
     def _routing_metrics(self, mb: MicroBatch) -> dict[str, float]:
         """Router disagreement counts of the last forward when `mb`'s routing is known."""
         if mb.routing is None:
             return {}
-        differ, known = self.policy.router.disagreement(mb.token_mask.flatten().to(self.device))
+        token_mask = mb.token_mask if self.context.size == 1 else self._shard.token_mask
+        differ, known = self.policy.router.disagreement(token_mask.flatten().to(self.device))
         return {"router_differ_pairs": differ, "router_known_pairs": known}
 
     def _optimizer_step(self, nonfinite: bool) -> tuple[float, bool]:
