@@ -17,7 +17,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, ClassVar
 
 PR_SET_PDEATHSIG = 1
 
@@ -126,3 +128,84 @@ def process_alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+@dataclass(kw_only=True)
+class ChildProcess:
+    """One child of rlkit (an inference server, a trainer, a sandbox service): its own process
+    group (stopped by its id, never by name), a parent-death signal, its output appended to
+    `log_path`, whose tail goes into any error about it."""
+
+    process: subprocess.Popen
+    log_path: Path
+    _log_file: IO[bytes] | None = field(default=None, repr=False)
+    what: ClassVar[str] = "child process"  # how errors name it
+    tail_lines: ClassVar[int] = 40  # how much of its log an error shows
+
+    @staticmethod
+    def launch(
+        argv: list[str], log_path: Path, env: dict[str, str]
+    ) -> tuple[subprocess.Popen, IO[bytes]]:
+        """Start `argv` with its output appended to `log_path`; the process and the open log."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = open(log_path, "ab")
+        try:
+            process = subprocess.Popen(
+                argv,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=die_with_parent_preexec(),
+            )
+        except BaseException:
+            log_file.close()
+            raise
+        return process, log_file
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def exit_code(self) -> int | None:
+        return self.process.poll()
+
+    def log_tail(self, lines: int | None = None) -> str:
+        lines = lines or self.tail_lines
+        try:
+            return "\n".join(self.log_path.read_text(errors="ignore").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def wait_healthy(self, url: str, timeout: float, poll_s: float = 0.5) -> None:
+        """Block until `url` answers 200; raise RuntimeError with the log tail when the process
+        exits first or `timeout` runs out (then stop it)."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        # one client for every poll: a new one (what `httpx.get` makes) loads the system's CA
+        # certificates, CPU taken from the starting process each time
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(
+                        f"{self.what} exited with code {self.process.returncode} before it "
+                        f"was ready; log {self.log_path}:\n{self.log_tail()}"
+                    )
+                try:
+                    if client.get(url).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(poll_s)
+        self.stop()
+        raise RuntimeError(
+            f"{self.what} not ready after {timeout:.0f}s; log {self.log_path}:\n{self.log_tail()}"
+        )
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the whole process group (`stop_process_group`) and close the log."""
+        stop_process_group(self.process, timeout)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None

@@ -47,17 +47,16 @@ def infer(
     (`--tenant NAME`, one file each: give a run its file as `inference.token_file`). Weights
     load only from `--allowed-weights-root` directories.
     """
-    from rlkit.inference.lifecycle import (
-        RPC_DIR_OWNER,
+    from rlkit.inference.engine_args import (
         check_model_dir,
-        check_port_free,
-        infer_credentials,
         lora_server_args,
         security_args,
         server_command,
         server_env,
-        server_temp_dir,
     )
+    from rlkit.inference.temp_dirs import RPC_DIR_OWNER, server_temp_dir
+    from rlkit.inference.tenancy import infer_credentials
+    from rlkit.ports import check_port_free
     from rlkit.protocol.credentials import TOKEN_FILE_ENV
 
     check_model_dir(model)

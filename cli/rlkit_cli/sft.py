@@ -26,7 +26,7 @@ def sft(
     """
     from rlkit.atomic import atomic_write
     from rlkit.config import dump_toml, load_config
-    from rlkit.inference.lifecycle import has_cuda
+    from rlkit.machine import has_cuda
     from rlkit.protocol.layout import RunLayout
     from rlkit.trainer.allocator import with_allocator
     from rlkit.trainer.config import SFTConfig

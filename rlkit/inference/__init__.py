@@ -3,7 +3,8 @@ pool (`rlkit.inference.pool`) is imported from its module: it brings the weight 
 (torch), which an environment process never needs."""
 
 from rlkit.inference.client import Generation, InferenceClient, InferenceError
-from rlkit.inference.lifecycle import ServerProcess, free_port, start_server
+from rlkit.inference.lifecycle import ServerProcess, start_server
+from rlkit.ports import free_port
 
 __all__ = [
     "Generation",

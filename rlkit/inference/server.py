@@ -3,7 +3,7 @@
 Run as ``python -m rlkit.inference.server --model DIR --rlkit-token-file FILE [vLLM serve args]``
 (what ``rlkit infer`` launches). Every route but ``/health`` needs the owner's or a tenant's
 token (`rlkit.inference.auth`); vLLM's development routes are off. On top of vLLM's API (chat,
-completions) it adds:
+completions) it adds rlkit's routes (`rlkit.inference.routes`, one handler each):
 
 - ``POST /rlkit/pause?mode=keep`` and ``POST /rlkit/resume`` (owner only): vLLM's
   development-mode pause (``keep`` freezes in-flight requests instead of aborting them);
@@ -38,117 +38,29 @@ completions) it adds:
 from __future__ import annotations
 
 import argparse
-import asyncio
-import base64
 import json
 import logging
 import os
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from fastapi import FastAPI
 
 from rlkit.errors import UsageError
-from rlkit.inference.auth import (
-    DEFAULT_MAX_UPDATE_S,
-    ServerSecurity,
-    caller,
-    check_adapter_owner,
-    check_path,
-    claim_adapter,
-    install_auth,
-    load_tenants,
-    no_adapter,
-    owns_response,
-    release_adapter,
-    scope_caller,
-    security,
-    visible_adapters,
-)
-from rlkit.inference.lifecycle import remove_own_temp_dir
+from rlkit.inference.auth import install_auth
+from rlkit.inference.routes import PolicyState, build_router, ensure_capture
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
-from rlkit.inference.weights import check_adapter_dir, check_signature, weight_signature
+from rlkit.inference.temp_dirs import remove_own_temp_dir
+from rlkit.inference.tenancy import DEFAULT_MAX_UPDATE_S, ServerSecurity
+from rlkit.inference.weights import weight_signature
 from rlkit.lifetime import SERVER_PID_ENV
-from rlkit.protocol.credentials import TOKEN_FILE_ENV, read_token, rendezvous_secret
-from rlkit.protocol.weights import VERSION_FILE, PublishedVersion
-from rlkit.weights.transport import Reception
+from rlkit.protocol.credentials import TOKEN_FILE_ENV, read_token
+from rlkit.serving import load_tenants, scope_caller
 
 log = logging.getLogger("rlkit.inference.server")
 
 WORKER_EXTENSION = "rlkit.inference.worker_ext.WeightSyncExtension"
-
-
-class UpdateWeightsRequest(BaseModel):
-    path: str  # the published version's directory (its record, and files for `filesystem`)
-    version: int | None = None
-    rank: int = 0  # broadcast: this server's first worker's rank in the update's group
-    corrupt_tensor: str | None = None  # test hook: alter this tensor after the worker gets it
-
-
-class LoadAdapterRequest(BaseModel):
-    name: str
-    path: str
-    version: int
-
-
-class UnloadAdapterRequest(BaseModel):
-    name: str
-
-
-class PolicyState:
-    """Per-server policy bookkeeping kept on ``app.state.rlkit``."""
-
-    def __init__(
-        self, model: str, reference: dict[str, Any] | None, routing: str | None = None
-    ) -> None:
-        self.model = model
-        self.version = 0
-        self.reference = reference
-        self.lock = asyncio.Lock()
-        self.updating = False
-        self.routing = routing  # "vllm" (in responses), "capture" (/rlkit/routing) or None
-        self.capture_on = False
-        self.adapters: dict[str, int] = {}  # LoRA adapter name -> its policy version
-
-
-async def ensure_capture(state: PolicyState, engine: Any) -> None:
-    """Turn the workers' routing capture on (once; the engine exists only after startup)."""
-    if state.routing != "capture" or state.capture_on:
-        return
-    async with state.lock:
-        if not state.capture_on:
-            await engine.collective_rpc("rlkit_enable_routing_capture")
-            state.capture_on = True
-
-
-async def pause_keeping_requests(engine: Any) -> None:
-    """`engine.pause_generation(mode="keep")` without the 20 ms sleep vLLM ends it with.
-
-    vLLM (0.26 to 0.32) sleeps 20 ms after pausing so that finishing requests' last outputs
-    reach their callers first, "not required for correctness" by its own comment; in keep mode
-    no request finishes; on the demo's model it was a large share of the update
-    (docs/benchmarks.md). The two calls are pause_generation's own (multi-modal cache, then the
-    scheduler pause that also drops the KV cache, so kept requests recompute it under the new
-    weights).
-    """
-    await engine.renderer.clear_mm_cache_async()
-    await engine.engine_core.pause_scheduler_async(mode="keep", clear_cache=True)
-
-
-async def reset_prefix_cache_or_warn(engine: Any) -> None:
-    """Drop cached prefixes after an update; say so when vLLM keeps them (it refuses while
-    requests run), since a prefix cached under the old weights would then be reused."""
-    try:
-        reset = await engine.reset_prefix_cache()
-    except Exception:
-        log.warning("prefix cache reset failed", exc_info=True)
-        return
-    if reset is False:
-        log.warning("prefix cache kept while requests run: old-weight prefixes may be reused")
 
 
 class PolicyVersionHeader:
@@ -181,209 +93,6 @@ class PolicyVersionHeader:
             await send(message)
 
         await self.app(scope, receive, send_with_version)
-
-
-async def unless_engine_dies(engine: Any, call: Any, poll_s: float = 1.0) -> Any:
-    """Await `call` (an engine RPC), or raise RuntimeError once the engine is dead: vLLM's
-    RPCs may never return when a worker died (a killed worker in a broadcast update), and the
-    request they hang would keep this server from shutting down to be relaunched."""
-    task = asyncio.ensure_future(call)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=poll_s)
-        if done:
-            return task.result()
-        if getattr(engine, "errored", False):
-            task.cancel()
-            raise RuntimeError("the engine died during the update")
-
-
-async def load_on_workers(
-    request: Request, method: str, args: tuple, version: int | None
-) -> JSONResponse:
-    """Pause in keep mode, run the worker extension's `method` (a verified load) on every
-    worker, bump the policy version and resume. A worker that refuses (its fingerprint check
-    failed, or the broadcast did not reach it) makes this a 422 naming it; when every worker
-    refused, the server keeps its weights and version."""
-    state: PolicyState = request.app.state.rlkit
-    engine = request.app.state.engine_client
-    async with state.lock:
-        state.updating = True
-        was_paused = await engine.is_paused()
-        try:
-            if not was_paused:
-                await pause_keeping_requests(engine)
-            results = await unless_engine_dies(engine, engine.collective_rpc(method, args=args))
-            refused = [(i, r["error"]) for i, r in enumerate(results) if "error" in r]
-            if refused:
-                i, error = refused[0]
-                log.error("weight update refused by worker %d: %s", i, error)
-                kept = (
-                    f"nothing was loaded, the server keeps policy version {state.version}"
-                    if len(refused) == len(results)
-                    else "the other workers loaded theirs: the weights are mixed until the "
-                    "next update"
-                )
-                return JSONResponse(
-                    {
-                        "error": f"weight update refused by worker {i} of {len(results)}: "
-                        f"{error}; {kept}"
-                    },
-                    status_code=422,
-                )
-            state.version = version if version is not None else state.version + 1
-            if was_paused:  # our own pause dropped the cache already; another's may not have
-                await reset_prefix_cache_or_warn(engine)
-        except Exception as exc:
-            log.exception("weight update failed")
-            return JSONResponse({"error": f"weight update failed: {exc}"}, status_code=500)
-        finally:
-            if not was_paused:
-                try:  # a dead engine (it may not know yet) would hang this forever
-                    await unless_engine_dies(engine, engine.resume_generation())
-                except RuntimeError:
-                    log.error("not resumed: the engine died during the update")
-            state.updating = False
-    verified = all(r["verified"] for r in results)
-    seconds = results[0].get("seconds")  # worker 0's receive / verify / load split
-    return JSONResponse(
-        {"policy_version": state.version, "verified": verified, "worker_seconds": seconds}
-    )
-
-
-def build_router() -> APIRouter:
-    router = APIRouter(prefix="/rlkit")
-
-    @router.get("/status")
-    async def status(request: Request) -> dict[str, Any]:
-        state: PolicyState = request.app.state.rlkit
-        engine = request.app.state.engine_client
-        return {
-            "policy_version": state.version,
-            "model": state.model,
-            "paused": await engine.is_paused(),
-            "updating": state.updating,
-            "routing": state.routing,
-            "adapters": visible_adapters(request, state.adapters),
-            "workers": engine.vllm_config.parallel_config.world_size,
-        }
-
-    @router.get("/routing/{response_id}")
-    async def routing(response_id: str, request: Request) -> JSONResponse:
-        state: PolicyState = request.app.state.rlkit
-        if state.routing != "capture":
-            return JSONResponse(
-                {"error": f"routing capture is off (start the server with {CAPTURE_ROUTING_FLAG})"},
-                status_code=400,
-            )
-        if not owns_response(caller(request), response_id):  # as if there were none
-            return JSONResponse({"error": f"no routing for {response_id}"}, status_code=404)
-        engine = request.app.state.engine_client
-        found = await engine.collective_rpc("rlkit_take_routing", args=(response_id,))
-        npy = next((r for r in found if r is not None), None)
-        if npy is None:
-            return JSONResponse({"error": f"no routing for {response_id}"}, status_code=404)
-        return JSONResponse({"routed_experts": base64.b64encode(npy).decode("ascii")})
-
-    @router.post("/update_weights")
-    async def update_weights(body: UpdateWeightsRequest, request: Request) -> JSONResponse:
-        check_path(request, body.path)
-        state: PolicyState = request.app.state.rlkit
-        try:
-            record = PublishedVersion.read(body.path)
-        except (OSError, ValueError) as exc:
-            return JSONResponse({"error": f"unreadable version record: {exc}"}, status_code=400)
-        if record is None:
-            return JSONResponse(
-                {"error": f"no published version record ({VERSION_FILE}) in {body.path}"},
-                status_code=400,
-            )
-        token = caller(request).token
-        if not record.signed_by(token):  # a copy anyone could have written, or altered
-            return JSONResponse(
-                {
-                    "error": f"the version record in {body.path} is not signed with this "
-                    "server's credential: only the run's own trainer publishes versions"
-                },
-                status_code=403,
-            )
-        if state.reference is not None:
-            try:
-                check_signature(record.shapes(), state.reference, body.path)
-            except UsageError as exc:
-                return JSONResponse({"error": str(exc)}, status_code=400)
-        reception = Reception(
-            rank=body.rank,
-            timeout_s=security(request).max_update_s,
-            secret=rendezvous_secret(token),
-        )
-        args = (
-            record.model_dump_json(),
-            str(body.path),
-            json.dumps(asdict(reception)),
-            body.corrupt_tensor,
-        )
-        return await load_on_workers(request, "rlkit_update", args, body.version)
-
-    @router.post("/load_adapter")
-    async def load_adapter(body: LoadAdapterRequest, request: Request) -> JSONResponse:
-        claim_adapter(request, body.name, body.path)
-        state: PolicyState = request.app.state.rlkit
-        models = getattr(request.app.state, "openai_serving_models", None)
-        if models is None or request.app.state.engine_client.vllm_config.lora_config is None:
-            return JSONResponse(
-                {"error": "LoRA is off on this server: start it with --enable-lora"},
-                status_code=400,
-            )
-        try:
-            check_adapter_dir(body.path)
-        except UsageError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
-        from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
-
-        load = LoadLoRAAdapterRequest(lora_name=body.name, lora_path=body.path, load_inplace=True)
-        result = await models.load_lora_adapter(load)
-        if not isinstance(result, str):  # vLLM's ErrorResponse
-            return JSONResponse({"error": result.error.message}, status_code=result.error.code)
-        state.adapters[body.name] = body.version
-        return JSONResponse({"name": body.name, "policy_version": body.version})
-
-    @router.post("/unload_adapter")
-    async def unload_adapter(body: UnloadAdapterRequest, request: Request) -> JSONResponse:
-        check_adapter_owner(request, body.name)
-        state: PolicyState = request.app.state.rlkit
-        models = getattr(request.app.state, "openai_serving_models", None)
-        loaded = None if models is None else models.lora_requests.get(body.name)
-        if loaded is None:
-            raise no_adapter(body.name)
-        from vllm.entrypoints.serve.lora.protocol import UnloadLoRAAdapterRequest
-
-        await models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name=body.name))
-        # vLLM's unload forgets the name only; the engine keeps the weights in a slot until
-        # evicted, so free it now for the next run's adapter
-        await request.app.state.engine_client.remove_lora(loaded.lora_int_id)
-        state.adapters.pop(body.name, None)
-        release_adapter(request, body.name)
-        return JSONResponse({"name": body.name})
-
-    @router.post("/pause")
-    async def pause(request: Request, mode: str = "keep") -> JSONResponse:
-        """vLLM's development-mode `/pause`, behind the owner's token: `keep` freezes
-        in-flight requests (they go on after `/rlkit/resume`), `abort` and `wait` as vLLM's."""
-        engine = request.app.state.engine_client
-        if mode == "keep":
-            await pause_keeping_requests(engine)
-        elif mode in ("abort", "wait"):
-            await engine.pause_generation(mode=mode)
-        else:
-            return JSONResponse({"error": f"mode {mode!r}: keep, abort or wait"}, status_code=400)
-        return JSONResponse({"paused": True})
-
-    @router.post("/resume")
-    async def resume(request: Request) -> JSONResponse:
-        await request.app.state.engine_client.resume_generation()
-        return JSONResponse({"paused": False})
-
-    return router
 
 
 def install(app: FastAPI, model: str, security: ServerSecurity, routing: str | None = None) -> None:

@@ -207,7 +207,7 @@ def check_role(config: RLJobConfig, role: Role | str) -> dict[str, Any]:
     """Validate and load what `role` needs before anything starts: the environments (and their
     prompts' fit) for the roles that run the orchestrator; a trainer or inference node never
     reads them (their datasets may not even be reachable from it)."""
-    if Role(role) in (Role.ALL, Role.ORCHESTRATOR):
+    if Role(role).runs_orchestrator:
         check_sinks(config.log)
         return check_environments(config)
     return {}

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlkit.errors import UsageError
+from rlkit.launch.roles import Role
 
 if TYPE_CHECKING:
     from rlkit.launch.config import RLJobConfig
@@ -85,11 +86,11 @@ class GpuPlan:
     trainer: str | None
 
 
-def plan_gpus(cfg: RLJobConfig, role: str) -> GpuPlan:
+def plan_gpus(cfg: RLJobConfig, role: Role | str) -> GpuPlan:
     """The devices of the roles this process launches, checked against this machine."""
     inf, trainer = cfg.inference, cfg.trainer
-    runs_servers = role == "inference" or (role == "all" and not inf.urls)
-    runs_trainer = role in ("all", "trainer")
+    runs_servers = Role(role).launches_servers(inf.urls)
+    runs_trainer = Role(role).runs_trainer
     wanted = (runs_servers and inf.gpus) or (runs_trainer and trainer.gpus)
     available = machine_gpus() if wanted else []
     if runs_servers and runs_trainer:

@@ -22,7 +22,8 @@ import signal
 import subprocess
 import sys
 import threading
-import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +35,20 @@ from rlkit.config import dump_toml
 from rlkit.envs.turns import prepare_token_turns
 from rlkit.errors import RunStopped, UsageError
 from rlkit.inference import ServerProcess, start_server
-from rlkit.inference.lifecycle import check_model_dir, free_port, has_cuda, lora_server_args
+from rlkit.inference.engine_args import check_model_dir, lora_server_args
 from rlkit.inference.polling import busy_loop_env
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.launch import gpus
 from rlkit.launch.config import RLJobConfig, check_role
 from rlkit.launch.resume import clear_complete, finished_line, mark_complete, record_resume
 from rlkit.launch.roles import Role
-from rlkit.lifetime import die_with_parent_preexec, stop_process_group
+from rlkit.lifetime import ChildProcess
+from rlkit.machine import has_cuda
 from rlkit.orchestrator.config import run_token, run_token_file
 from rlkit.orchestrator.loop import Orchestrator
 from rlkit.orchestrator.source import close_environments
 from rlkit.orchestrator.state import check_fresh_run_dir, prepare_resume
+from rlkit.ports import free_port
 from rlkit.progress import make_console, phase, print_line
 from rlkit.protocol import handoff
 from rlkit.protocol.credentials import TOKEN_FILE_ENV, read_token
@@ -192,105 +195,88 @@ def trainer_ranks(cfg: RLJobConfig) -> TrainerRanks:
     )
 
 
-class TrainerProcess:
+@dataclass(kw_only=True)
+class TrainerProcess(ChildProcess):
     """This node's trainer as a child process group writing to `run_dir/logs/trainer.log`
     (`trainer-node{R}.log` and `trainer-node{R}.toml` when the trainer spans several nodes,
     which share `run_dir`)."""
 
-    def __init__(
-        self, cfg: RLJobConfig, run_dir: Path, resume: bool, devices: str | None = None
-    ) -> None:
-        self.name = f"trainer-node{cfg.trainer.node_rank}" if cfg.trainer.nnodes > 1 else "trainer"
-        layout = RunLayout(run_dir)
-        config_path = atomic_write(
-            layout.process_config(self.name), dump_toml(cfg.trainer_config())
-        )
-        self.log_path = layout.process_log(self.name)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
-        self._log_start = self._log.tell()  # the log holds earlier attempts of a resumed run
-        self.proc = subprocess.Popen(
-            trainer_command(config_path, trainer_ranks(cfg), resume=resume),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=trainer_env(cfg.trainer.allocator, run_token_file(cfg))
-            | ({gpus.VISIBLE: devices} if devices is not None else {}),
-            start_new_session=True,
-            preexec_fn=die_with_parent_preexec(),
-        )
+    name: str
+    log_start: int  # the log holds earlier attempts of a resumed run: this one starts here
+    what = "trainer"
+    tail_lines = 30
 
-    def exit_code(self) -> int | None:
-        return self.proc.poll()
+    @classmethod
+    def start(
+        cls, cfg: RLJobConfig, layout: RunLayout, resume: bool, devices: str | None = None
+    ) -> TrainerProcess:
+        name = f"trainer-node{cfg.trainer.node_rank}" if cfg.trainer.nnodes > 1 else "trainer"
+        config_path = atomic_write(layout.process_config(name), dump_toml(cfg.trainer_config()))
+        env = trainer_env(cfg.trainer.allocator, run_token_file(cfg))
+        argv = trainer_command(config_path, trainer_ranks(cfg), resume=resume)
+        log_path = layout.process_log(name)
+        process, log_file = cls.launch(
+            argv, log_path, env | ({gpus.VISIBLE: devices} if devices is not None else {})
+        )
+        return cls(
+            process=process,
+            log_path=log_path,
+            _log_file=log_file,
+            name=name,
+            log_start=log_file.tell(),
+        )
 
     def wait(self, timeout: float) -> int | None:
         try:
-            return self.proc.wait(timeout=timeout)
+            return self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             return None
-
-    def log_tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="ignore").splitlines()
-        return "\n".join(text[-lines:])
 
     def error_line(self) -> str | None:
         """The one-line `error: ...` the trainer ended with, if it explained its exit itself
         (`rlkit.progress.print_error`)."""
         with open(self.log_path, "rb") as log:
-            log.seek(self._log_start)
+            log.seek(self.log_start)
             lines = log.read().decode(errors="ignore").splitlines()
         errors = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
         return errors[-1] if errors else None
 
-    def stop(self) -> None:
-        stop_process_group(self.proc)
-        self._log.close()
 
-
-class SandboxServiceProcess:
+@dataclass(kw_only=True)
+class SandboxServiceProcess(ChildProcess):
     """`[sandbox] serve`: one `rlkit sandbox serve` for the whole run, as a child process group
     on a free loopback port, its token in the run directory. While it runs, this process's
     sandbox calls (the environments' rollouts and rewards) go to it (`rlkit.sandbox.configure`)."""
 
+    url: str
+    token_file: Path
+    what = "the run's sandbox service"
     START_TIMEOUT_S = 60.0
 
-    def __init__(self, cfg: RLJobConfig, run_dir: Path) -> None:
-        layout = RunLayout(run_dir)
-        self.token_file = layout.sandbox_token
-        self.log_path = layout.process_log("sandbox")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+    @classmethod
+    def start(cls, cfg: RLJobConfig, layout: RunLayout) -> SandboxServiceProcess:
         port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
         backend = ["--backend", cfg.sandbox.backend] if cfg.sandbox.backend else []
-        serve = ["sandbox", "serve", "--port", str(port)]
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlkit_cli.main", *serve, "--token-file", str(self.token_file)]
-            + [*backend, *cfg.sandbox.serve_args],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "RLKIT_SANDBOX_URL": ""},  # the service runs its own sandboxes
-            start_new_session=True,
-            preexec_fn=die_with_parent_preexec(),
+        serve = ["sandbox", "serve", "--port", str(port), "--token-file", str(layout.sandbox_token)]
+        argv = [sys.executable, "-m", "rlkit_cli.main", *serve, *backend, *cfg.sandbox.serve_args]
+        env = {**os.environ, "RLKIT_SANDBOX_URL": ""}  # the service runs its own sandboxes
+        log_path = layout.process_log("sandbox")
+        process, log_file = cls.launch(argv, log_path, env)
+        write_pids(layout.root, "sandbox", [process.pid])
+        return cls(
+            process=process,
+            log_path=log_path,
+            _log_file=log_file,
+            url=f"http://127.0.0.1:{port}",
+            token_file=layout.sandbox_token,
         )
-        write_pids(run_dir, "sandbox", [self.proc.pid])
 
     def wait_ready(self, console: Console) -> None:
         """Until /health answers; then this process's sandbox calls go to the service."""
         with phase(console, f"starting the run's sandbox service (log {self.log_path})"):
-            deadline = time.monotonic() + self.START_TIMEOUT_S
-            while not self._healthy():
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    tail = self.log_path.read_text(errors="ignore")[-2000:]
-                    raise RuntimeError(f"the run's sandbox service did not start:\n{tail}")
-                time.sleep(0.2)
+            self.wait_healthy(f"{self.url}/health", self.START_TIMEOUT_S, poll_s=0.2)
         sandbox_runner.configure(url=self.url, token_file=str(self.token_file))
         print_line(console, f"sandbox service at {self.url}")
-
-    def _healthy(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
 
     def summary(self) -> str | None:
         """What it ran, from its /metrics (None once it no longer answers)."""
@@ -307,29 +293,29 @@ class SandboxServiceProcess:
             f"busy, waits {m['wait_s_mean']:.3f} s mean / {m['wait_s_max']:.3f} s max"
         )
 
-    def stop(self, console: Console) -> None:
-        if self.proc.poll() is None and (line := self.summary()):
+    def close(self, console: Console) -> None:
+        """Report what it ran, send this process's sandbox calls back home and stop it."""
+        if self.process.poll() is None and (line := self.summary()):
             print_line(console, line)
         sandbox_runner.configure(url="")
-        stop_process_group(self.proc, timeout=10.0)
-        self._log.close()
+        self.stop(timeout=10.0)
 
 
 def prepare_run_dir(
-    cfg: RLJobConfig, resume: bool, console: Console
+    cfg: RLJobConfig, layout: RunLayout, resume: bool, console: Console
 ) -> tuple[int, dict[str, Any] | None]:
     """Check or roll back the run directory (a resume says what it rolls back in one line) and
     save the resolved config; nothing started."""
-    run_dir = Path(cfg.log.run_dir)
     if resume:
-        start_step, state = prepare_resume(run_dir, report=lambda line: print_line(console, line))
-        clear_complete(run_dir)  # trained further than it was
-        record_resume(run_dir, start_step)  # `rlkit runs show` marks it on every plot
+        start_step, state = prepare_resume(
+            layout.root, report=lambda line: print_line(console, line)
+        )
+        clear_complete(layout.root)  # trained further than it was
+        record_resume(layout.root, start_step)  # `rlkit runs show` marks it on every plot
     else:
-        check_fresh_run_dir(run_dir)
+        check_fresh_run_dir(layout.root)
         start_step, state = 0, None
-    RunLayout(run_dir).create()
-    RunLayout(run_dir).config.write_text(dump_toml(cfg))
+    layout.config.write_text(dump_toml(cfg))
     return start_step, state
 
 
@@ -339,14 +325,14 @@ def run_train(
     """Run `role` of the training job described by `cfg` (see the module docstring)."""
     role = Role(role)
     console = make_console(stderr=True)
-    if resume and role in (Role.ALL, Role.ORCHESTRATOR) and (done := finished_line(cfg)):
+    if resume and role.runs_orchestrator and (done := finished_line(cfg)):
         print_line(console, done)  # before anything starts: no server, no eval, no record
         return {}
-    if role == "orchestrator" and not cfg.inference.urls:
+    if role is Role.ORCHESTRATOR and not cfg.inference.urls:
         raise UsageError("inference.urls: --role orchestrator needs the servers' URLs")
     # the roles that load the model check it first: one line, nothing written (an orchestrator
     # alone may name a model that only its servers hold)
-    if role != Role.ORCHESTRATOR:
+    if role is not Role.ORCHESTRATOR:
         check_model_dir(cfg.model.path)
     envs = check_role(cfg, role)  # an unknown env id fails here, before anything starts
     try:
@@ -355,64 +341,98 @@ def run_train(
         close_environments(envs)
 
 
+@dataclass(frozen=True)
+class RoleRun:
+    """What every role's function gets: the job, its run directory (created), whether it
+    resumes, the loaded environments (orchestrating roles), the console, the devices."""
+
+    cfg: RLJobConfig
+    layout: RunLayout
+    resume: bool
+    envs: dict[str, Any]
+    console: Console
+    devices: gpus.GpuPlan
+
+
 def _run_role(
     cfg: RLJobConfig, role: Role, resume: bool, envs: dict[str, Any], console: Console
 ) -> dict[str, Any]:
-    """`run_train` once the environments are loaded."""
-    run_dir = Path(cfg.log.run_dir)
+    """`run_train` once the environments are loaded: the run directory and its credential,
+    then `role`'s function (`ROLES`)."""
     if threading.current_thread() is threading.main_thread():
         # SIGTERM (a process manager, `kill`) unwinds like Ctrl-C so that every role stops its
         # children: they run in their own sessions and would otherwise outlive the launcher.
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     devices = gpus.plan_gpus(cfg, role)  # a bad GPU list fails here, before anything starts
-    RunLayout(run_dir).create()
+    layout = RunLayout(cfg.log.run_dir)
+    layout.create()
     run_token(cfg)  # the run's credential (rlkit.protocol.credentials), created by the first role
-    if role == "trainer":
-        return _run_trainer_node(cfg, run_dir, resume, devices.trainer)
-    if role == "inference":
-        fleet = ServerFleet(cfg, run_dir, console, devices.servers)
-        RunLayout(run_dir).create()
-        try:
-            fleet.start()
-            fleet.wait_ready()
-            console.print(f"serving {cfg.model.path} at {fleet.urls}; Ctrl-C to stop")
-            threading.Event().wait()
-        finally:
-            fleet.stop()
-        return {}
-    start_step, state = prepare_run_dir(cfg, resume, console)
-    sandbox = SandboxServiceProcess(cfg, run_dir) if cfg.sandbox.serve else None
+    return ROLES[role](RoleRun(cfg, layout, resume, envs, console, devices))
+
+
+def _serve_inference(run: RoleRun) -> dict[str, Any]:
+    """`--role inference`: this node's servers until interrupted."""
+    fleet = ServerFleet(run.cfg, run.layout.root, run.console, run.devices.servers)
+    try:
+        fleet.start()
+        fleet.wait_ready()
+        run.console.print(f"serving {run.cfg.model.path} at {fleet.urls}; Ctrl-C to stop")
+        threading.Event().wait()
+    finally:
+        fleet.stop()
+    return {}
+
+
+Rollouts = Callable[[RoleRun, int, dict[str, Any] | None], dict[str, Any]]
+
+
+def _with_rollouts(run: RoleRun, body: Rollouts) -> dict[str, Any]:
+    """What the roles that run the orchestrator share: the run directory checked or rolled
+    back, the run's sandbox service (`[sandbox] serve`) around `body(run, start_step, state)`,
+    the run marked complete after its last step."""
+    start_step, state = prepare_run_dir(run.cfg, run.layout, run.resume, run.console)
+    sandbox = SandboxServiceProcess.start(run.cfg, run.layout) if run.cfg.sandbox.serve else None
     try:
         if sandbox is not None:
-            sandbox.wait_ready(console)
-        if role == "orchestrator":
-            prepare_token_turns(cfg.model.path)
-            orchestrator = Orchestrator.build(
-                cfg, list(cfg.inference.urls), start_step=start_step, state=state, envs=envs
-            )
-            result = asyncio.run(orchestrator.run())
-        else:
-            result = _run_all(cfg, run_dir, start_step, state, envs, resume, console, devices)
+            sandbox.wait_ready(run.console)
+        result = body(run, start_step, state)
     finally:
         if sandbox is not None:
-            sandbox.stop(console)
-    if cfg.orchestrator.max_steps:
-        mark_complete(run_dir, cfg.orchestrator.max_steps)
+            sandbox.close(run.console)
+    if run.cfg.orchestrator.max_steps:
+        mark_complete(run.layout.root, run.cfg.orchestrator.max_steps)
     return result
 
 
-def _run_trainer_node(
-    cfg: RLJobConfig, run_dir: Path, resume: bool, devices: str | None
+def _orchestrator_alone(
+    run: RoleRun, start_step: int, state: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """Run this node's trainer in the foreground. If it fails or is stopped, the orchestrator
-    (on another machine) is told through `run_dir` and stops instead of waiting for weights;
-    the last checkpoint stays the point to `--resume` from."""
-    RunLayout(run_dir).create()
-    trainer = TrainerProcess(cfg, run_dir, resume, devices)
-    write_pids(run_dir, trainer.name, [trainer.proc.pid])
+    """`--role orchestrator`: the orchestrator alone, against `inference.urls`."""
+    prepare_token_turns(run.cfg.model.path)
+    orchestrator = Orchestrator.build(
+        run.cfg, list(run.cfg.inference.urls), start_step=start_step, state=state, envs=run.envs
+    )
+    return asyncio.run(orchestrator.run())
+
+
+def _orchestrate(run: RoleRun) -> dict[str, Any]:
+    return _with_rollouts(run, _orchestrator_alone)
+
+
+def _run_everything(run: RoleRun) -> dict[str, Any]:
+    return _with_rollouts(run, _run_all)
+
+
+def _run_trainer_node(run: RoleRun) -> dict[str, Any]:
+    """`--role trainer`: this node's trainer in the foreground. If it fails or is stopped, the
+    orchestrator (on another machine) is told through `run_dir` and stops instead of waiting
+    for weights; the last checkpoint stays the point to `--resume` from."""
+    cfg, run_dir = run.cfg, run.layout.root
+    trainer = TrainerProcess.start(cfg, run.layout, run.resume, run.devices.trainer)
+    write_pids(run_dir, trainer.name, [trainer.pid])
     code: int | None = None
     try:
-        code = trainer.proc.wait()
+        code = trainer.process.wait()
     finally:
         trainer.stop()
         if code != 0:
@@ -423,28 +443,30 @@ def _run_trainer_node(
     return {}
 
 
+ROLES: dict[Role, Callable[[RoleRun], dict[str, Any]]] = {
+    Role.ALL: _run_everything,
+    Role.INFERENCE: _serve_inference,
+    Role.ORCHESTRATOR: _orchestrate,
+    Role.TRAINER: _run_trainer_node,
+}
+
+
 def _terminate_as_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _run_all(
-    cfg: RLJobConfig,
-    run_dir: Path,
-    start_step: int,
-    state: dict[str, Any] | None,
-    envs: dict[str, Any],
-    resume: bool,
-    console: Console,
-    devices: gpus.GpuPlan,
-) -> dict[str, Any]:
-    fleet = ServerFleet(cfg, run_dir, console, devices.servers)
+def _run_all(run: RoleRun, start_step: int, state: dict[str, Any] | None) -> dict[str, Any]:
+    """`--role all`: servers (unless given their URLs), trainer and orchestrator here."""
+    cfg, console = run.cfg, run.console
+    fleet = ServerFleet(cfg, run.layout.root, console, run.devices.servers)
     trainer: TrainerProcess | None = None
     try:
         if not cfg.inference.urls:
             fleet.start()
-        trainer = TrainerProcess(cfg, run_dir, resume and start_step > 0, devices.trainer)
-        write_pids(run_dir, "trainer", [trainer.proc.pid])
-        print_line(console, f"trainer pid {trainer.proc.pid}, log {trainer.log_path}")
+        resume = run.resume and start_step > 0
+        trainer = TrainerProcess.start(cfg, run.layout, resume, run.devices.trainer)
+        write_pids(run.layout.root, "trainer", [trainer.pid])
+        print_line(console, f"trainer pid {trainer.pid}, log {trainer.log_path}")
         prepare_token_turns(cfg.model.path)  # while the servers and the trainer start
         fleet.wait_ready()
         urls = list(cfg.inference.urls) or fleet.urls
@@ -454,7 +476,7 @@ def _run_all(
                 urls,
                 start_step=start_step,
                 state=state,
-                envs=envs,
+                envs=run.envs,
                 trainer_exit=trainer.exit_code,
                 console=console,
             )

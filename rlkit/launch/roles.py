@@ -11,3 +11,17 @@ class Role(StrEnum):
     INFERENCE = "inference"
     ORCHESTRATOR = "orchestrator"
     TRAINER = "trainer"
+
+    @property
+    def runs_orchestrator(self) -> bool:
+        """Whether this role runs the orchestrator here (and so loads the environments)."""
+        return self in (Role.ALL, Role.ORCHESTRATOR)
+
+    @property
+    def runs_trainer(self) -> bool:
+        """Whether this role runs (this node's part of) the trainer here."""
+        return self in (Role.ALL, Role.TRAINER)
+
+    def launches_servers(self, urls: list[str] | tuple) -> bool:
+        """Whether this role launches inference servers (`all` does unless given their URLs)."""
+        return self is Role.INFERENCE or (self is Role.ALL and not urls)

@@ -239,8 +239,7 @@ class Orchestrator:
     ) -> Orchestrator:
         """Wire the run: `state` is the saved orchestrator state when resuming at `start_step`."""
         console = console or make_console(stderr=True)
-        o = cfg.orchestrator
-        RunLayout(cfg.log.run_dir).create()
+        o = cfg.orchestrator  # the launcher created the run directory (`RunLayout.create`)
         cfg.sandbox.apply()
         envs = envs if envs is not None else load_environments(cfg.env)
         sampler = PromptSampler(

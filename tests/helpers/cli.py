@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from rlkit_cli.main import main
 
-from rlkit.inference.lifecycle import has_cuda
+from rlkit.machine import has_cuda
 
 ROOT = Path(__file__).resolve().parents[2]
 RLKIT = str(Path(sys.executable).parent / "rlkit")

@@ -18,7 +18,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from rlkit.inference.lifecycle import free_port
+from rlkit.ports import free_port
 
 
 class HasUrl(Protocol):

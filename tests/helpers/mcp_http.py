@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from rlkit.inference.lifecycle import free_port
+from rlkit.ports import free_port
 
 START_TIMEOUT_S = 30.0
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from rlkit.inference.lifecycle import free_port
+from rlkit.ports import free_port
 from rlkit.sandbox import backends
 from tests.helpers.system import require_system
 

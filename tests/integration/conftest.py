@@ -63,7 +63,8 @@ def lora_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     What vLLM puts in the temporary folder goes to the server's own (its TMPDIR, where its
     `vllm_dist_*` file is), which the server removes when it stops."""
     from rlkit.inference import ServerProcess
-    from rlkit.inference.lifecycle import RPC_DIR_PREFIX, free_port
+    from rlkit.inference.temp_dirs import RPC_DIR_PREFIX
+    from rlkit.ports import free_port
     from rlkit.protocol.credentials import TOKEN_FILE_ENV
     from tests.helpers.cli import RLKIT, TEST_SERVER_ARGS
     from tests.helpers.roles import process_environ

@@ -16,8 +16,8 @@ import pytest
 
 from rlkit.inference import InferenceClient, InferenceError, ServerProcess, start_server
 from rlkit.inference.admin import AdminClient
-from rlkit.inference.auth import request_tag
-from rlkit.inference.lifecycle import lora_server_args
+from rlkit.inference.engine_args import lora_server_args
+from rlkit.inference.tenancy import request_tag
 from rlkit.models import init_tiny
 from rlkit.protocol.credentials import write_token_file
 from tests.helpers.adapters import make_adapter

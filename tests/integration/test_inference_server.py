@@ -22,8 +22,9 @@ from rlkit.errors import UsageError
 from rlkit.inference import InferenceClient, InferenceError, ServerProcess, start_server
 from rlkit.inference.admin import AdminClient
 from rlkit.inference.canary import CanaryMismatch, canary_token_ids, pool_canary_kl
-from rlkit.inference.lifecycle import has_cuda, remove_stale_rpc_dirs
 from rlkit.inference.pool import ClientPool
+from rlkit.inference.temp_dirs import remove_stale_rpc_dirs
+from rlkit.machine import has_cuda
 from rlkit.models import init_tiny
 from rlkit.protocol.credentials import new_token, rendezvous_secret, token_from_env
 from rlkit.protocol.weights import VERSION_FILE, Canary, PublishedVersion, iter_safetensors
@@ -39,6 +40,11 @@ from tests.helpers.roles import descendants, process_environ
 
 pytestmark = pytest.mark.slow
 PROMPT_IDS = [5, 6, 7, 8, 9, 10, 11, 12]
+# transports that fail on purpose (tests/integration/fault_plugins), which the servers load
+FAULT_PLUGINS = str(Path(__file__).parent / "fault_plugins")
+CORRUPTED = "model.layers.1.mlp.down_proj.weight"  # the tensor they alter in flight
+CORRUPTING_FILES = "faulty_transports:CorruptingFilesystem"
+CORRUPTING_BROADCAST = "faulty_transports:CorruptingBroadcast"
 
 
 def hf_logprobs(model_dir: Path, prompt: list[int], completion: list[int]) -> list[float]:
@@ -186,6 +192,7 @@ def own_server(tied_models: tuple[Path, Path, Path], tmp_path_factory) -> Iterat
         extra_args=TEST_SERVER_ARGS,
         weights_roots=[tmp_path_factory.getbasetemp()],
         max_update_s=MAX_UPDATE_S,
+        env={"PYTHONPATH": os.pathsep.join([FAULT_PLUGINS, os.environ.get("PYTHONPATH", "")])},
     )
     try:
         server.wait_ready(timeout=600)
@@ -342,15 +349,20 @@ def hf_logprobs_of(model: torch.nn.Module, ids: list[int]) -> list[float]:
 async def test_tensor_corrupted_in_flight_is_refused_and_old_weights_kept(
     own_server: ServerProcess, tied_models: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
+    """The same files, sent by a transport that alters one tensor after the worker read it
+    (`faulty_transports`), are refused; by the real one they load."""
     served, new, _ = tied_models
     published = publish_like_the_trainer(new, tmp_path / "published")
-    name = "model.layers.1.mlp.down_proj.weight"
+    faulty = publish_like_the_trainer(new, tmp_path / "faulty")
+    record = PublishedVersion.read(faulty)
+    record.model_copy(update={"transport": CORRUPTING_FILES}).signed(token_from_env()).write(faulty)
+    name = CORRUPTED
     async with own_server.client(max_retries=0) as client:
         admin = AdminClient(client)
         await admin.update_weights(str(served))
         before = await greedy(client, str(served))
         version = (await admin.status())["policy_version"]
-        body = {"path": str(published), "corrupt_tensor": name}
+        body = {"path": str(faulty)}
         with pytest.raises(InferenceError) as info:
             await client.request("POST", "/rlkit/update_weights", json=body)
         assert info.value.status == 422
@@ -445,18 +457,19 @@ async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
     canary = PublishedVersion.read(published).canary
     tensors = list(iter_safetensors(published))
     sender = Sender("127.0.0.1", timeout_s=8.0, secret=run_secret())
-    name = "model.layers.1.mlp.down_proj.weight"
+    name = CORRUPTED
 
-    async def update(client: InferenceClient, version: int, corrupt: str | None):
+    async def update(client: InferenceClient, version: int, corrupt: bool):
         record = broadcast_record(sender, version, tensors, 64 * 1024)  # several buckets
-        record = record.model_copy(update={"canary": canary}).signed(token_from_env())
+        changes = {"canary": canary, **({"transport": CORRUPTING_BROADCAST} if corrupt else {})}
+        record = record.model_copy(update=changes).signed(token_from_env())
         record.write(published)
         workers = (await AdminClient(client).status())["workers"]
         announce_peers(
             record, [f"{client.base_url} worker {w}" for w in range(workers)], run_secret()
         )
         sending = asyncio.create_task(asyncio.to_thread(sender.send, record, tensors))
-        body = {"path": str(published), "rank": 1, "version": version, "corrupt_tensor": corrupt}
+        body = {"path": str(published), "rank": 1, "version": version}
         try:
             return await client.request("POST", "/rlkit/update_weights", retries=0, json=body)
         finally:
@@ -468,9 +481,10 @@ async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
         before = await greedy(client, str(served))
         version = (await admin.status())["policy_version"]
         with pytest.raises(InferenceError) as info:
-            await update(client, 101, name)
+            await update(client, 101, corrupt=True)
         record = PublishedVersion.read(published)
-        assert record.transport == "broadcast" and len(BroadcastDelivery.of(record).buckets) > 1
+        assert record.transport == CORRUPTING_BROADCAST
+        assert len(BroadcastDelivery.of(record).buckets) > 1
         assert info.value.status == 422
         assert f"tensor {name!r}: checksum differs" in str(info.value)
         assert f"keeps policy version {version}" in str(info.value)
@@ -497,7 +511,7 @@ async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
         assert (await admin.status())["policy_version"] == version
         assert await greedy(client, str(served)) == before
 
-        resp = await update(client, 104, None)
+        resp = await update(client, 104, corrupt=False)
         assert resp.json()["policy_version"] == 104 and resp.json()["verified"] is True
         assert await greedy(client, str(served)) != before
     pool = ClientPool([own_server.url], api_key=own_server.token)

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from rlkit import sandbox
-from rlkit.inference.lifecycle import free_port
+from rlkit.ports import free_port
 from rlkit.sandbox import runner
 from rlkit.sandbox.session import PythonSession
 from tests.helpers.cli import tiny_train_cmd

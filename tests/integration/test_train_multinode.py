@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.inference.lifecycle import free_port
+from rlkit.ports import free_port
 from tests.helpers.roles import (
     alive,
     descendants,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.inference.lifecycle import free_port
+from rlkit.ports import free_port
 from rlkit.protocol.credentials import write_token_file
 from tests.helpers.roles import (
     STEPS,

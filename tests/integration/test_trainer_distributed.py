@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlkit.inference.lifecycle import free_port
+from rlkit.ports import free_port
 from rlkit.trainer.main import TrainerRanks
 
 

@@ -13,21 +13,19 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.testclient import TestClient
 
 from rlkit.errors import UsageError
-from rlkit.inference.auth import (
+from rlkit.inference.auth import RequireToken, install_auth
+from rlkit.inference.tenancy import (
     PATH_REFUSED,
-    PathRefused,
-    RequireToken,
     ServerSecurity,
-    caller,
     check_adapter_owner,
     check_path,
     claim_adapter,
     confine,
-    install_auth,
     no_adapter,
     owns_response,
     request_tag,
 )
+from rlkit.serving import PathRefused, caller
 
 OWNER, ALICE, BOB = "o" * 32, "a" * 32, "b" * 32
 
@@ -169,7 +167,8 @@ def test_a_server_never_starts_open(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_rlkit_infer_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlkit.inference.lifecycle import infer_credentials, security_args
+    from rlkit.inference.engine_args import security_args
+    from rlkit.inference.tenancy import infer_credentials
 
     monkeypatch.setenv("RLKIT_HOME", str(tmp_path / "home"))
     first = infer_credentials(8000, tenants=["a", "b"])

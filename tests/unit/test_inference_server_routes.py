@@ -11,8 +11,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from rlkit.inference.auth import ServerSecurity, install_auth, request_tag
-from rlkit.inference.server import PolicyState, build_router, reset_prefix_cache_or_warn
+from rlkit.inference.auth import install_auth
+from rlkit.inference.routes import PolicyState, build_router, reset_prefix_cache_or_warn
+from rlkit.inference.tenancy import ServerSecurity, request_tag
 
 
 class Engine:

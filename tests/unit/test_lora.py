@@ -12,7 +12,7 @@ import torch
 
 from rlkit.errors import UsageError
 from rlkit.inference.client import Response, _response_version, _with_parent
-from rlkit.inference.lifecycle import lora_server_args
+from rlkit.inference.engine_args import lora_server_args
 from rlkit.protocol.model import LoraConfig
 from rlkit.protocol.weights import published_bytes
 from rlkit.trainer import dist

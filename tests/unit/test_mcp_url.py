@@ -16,7 +16,7 @@ from rlkit.envs import mcp
 from rlkit.envs.check import ScriptedClient
 from rlkit.envs.mcp import HttpServer, MCPServer, MCPServerError, MCPToolEnv
 from rlkit.envs.rubric import Rubric
-from rlkit.inference.lifecycle import free_port
+from rlkit.ports import free_port
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from rlkit import sandbox
 from rlkit.errors import UsageError
-from rlkit.inference.lifecycle import free_port
+from rlkit.ports import free_port
 from rlkit.protocol.credentials import write_token_file
 from rlkit.sandbox import runner
 from rlkit.sandbox.client import SandboxClient
