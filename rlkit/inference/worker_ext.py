@@ -39,13 +39,6 @@ if os.environ.get(SERVER_PID_ENV, "").isdigit() and int(os.environ[SERVER_PID_EN
     follow_process(int(os.environ[SERVER_PID_ENV]))
 
 
-def corrupted(tensor: torch.Tensor) -> torch.Tensor:
-    """A copy of `tensor` with one element changed (the corruption test hook)."""
-    out = tensor.clone()
-    out.view(-1)[out.numel() // 2] += 1
-    return out
-
-
 class WeightSyncExtension:
     """Methods callable on each vLLM worker through ``collective_rpc``."""
 
@@ -71,17 +64,14 @@ class WeightSyncExtension:
             np.save(buffer, routing, allow_pickle=False)
             return buffer.getvalue()
 
-    def rlkit_update(
-        self, record_json: str, directory: str, reception_json: str, corrupt_tensor: str | None
-    ) -> dict:
+    def rlkit_update(self, record_json: str, directory: str, reception_json: str) -> dict:
         """Receive the version `record_json` describes through its transport (`rlkit.weights`;
         `reception_json`: the server's `Reception`, where this worker's rank in a broadcast
         group is its rank + this worker's own), check every tensor against the record's table
         before any reaches the model, then load them in place.
 
         The record comes from the API server, which verified its signature: the worker does not
-        re-read it from `directory`, where it could have changed since. `corrupt_tensor` is a
-        test hook: that tensor is altered after it arrives, as a fault in flight would. Returns
+        re-read it from `directory`, where it could have changed since. Returns
         {"tensors", "verified", "seconds": {receive, verify, load}} or {"error"}, with the model
         untouched on an error.
         """
@@ -97,8 +87,6 @@ class WeightSyncExtension:
             tensors = transport.receive(record, Path(directory), reception)
         except (RuntimeError, OSError, ValueError) as exc:
             return {"error": str(exc)}
-        if corrupt_tensor is not None:
-            tensors = [(n, corrupted(t) if n == corrupt_tensor else t) for n, t in tensors]
         t1 = time.perf_counter()
         if problems := mismatches(tensors, record.tensors):
             return {"error": "; ".join(problems)}

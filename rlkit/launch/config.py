@@ -146,9 +146,7 @@ class RLJobConfig(RolloutJobConfig):
         data = self.trainer.model_dump(exclude=LAUNCH_FIELDS)
         i = self.inference
         data["weights"].update(
-            transfer=transport_name(i.weight_transfer),
-            broadcast_bucket_mb=i.broadcast_bucket_mb,
-            broadcast_timeout_s=i.broadcast_timeout_s,
+            transfer=transport_name(i.weight_transfer), transfer_params=i.transfer_params
         )
         data.update(
             run_dir=self.log.run_dir,

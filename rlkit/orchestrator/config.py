@@ -23,7 +23,7 @@ from rlkit.protocol.credentials import ensure_token_file, read_token
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.model import ModelConfig
 from rlkit.sandbox.config import SandboxConfig
-from rlkit.weights import transport_class
+from rlkit.weights import moved_transfer_fields, transport_class, transport_params
 
 MOVED_SCHEDULER_FIELDS = {
     "batch_groups": "sync",
@@ -108,15 +108,12 @@ class InferenceConfig(Config):
         "trainer to every engine worker) | ipc (a shared-memory buffer: trainer and servers on "
         "one host) | a registered entry point or 'module:Class' of your own.",
     )
-    broadcast_bucket_mb: int = Field(
-        1024, ge=1, description="Broadcast: most MiB sent per collective (a bigger tensor alone)."
-    )
-    broadcast_timeout_s: float = Field(
-        120.0,
-        gt=0,
-        description="Timeout of every wait and collective of one update (broadcast: a dead "
-        "peer is named within it; ipc: how long the trainer keeps a version's buffer for a "
-        "server that has not loaded it).",
+    transfer_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The transport's own parameters, validated by the model it registered "
+        "(TRANSPORTS.register(name, params=Model)) and passed to the trainer as they are: "
+        "broadcast: bucket_mb (most MiB per collective), timeout_s (of every wait of one "
+        "update); ipc: timeout_s.",
     )
     canary_max_kl: float = Field(
         0.05,
@@ -139,6 +136,16 @@ class InferenceConfig(Config):
     def _transfer_known(cls, value: str) -> str:
         transport_class(value)  # a ValueError names what is wrong
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_transfer_fields(cls, data: Any) -> Any:
+        return moved_transfer_fields(data, "weight_transfer", "inference")
+
+    @model_validator(mode="after")
+    def _valid_transfer_params(self) -> InferenceConfig:
+        transport_params(self.weight_transfer, self.transfer_params, "inference.transfer_params")
+        return self
 
     @model_validator(mode="after")
     def _valid_gpus(self) -> InferenceConfig:

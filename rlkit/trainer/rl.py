@@ -106,8 +106,7 @@ class Publisher:
         self.files: WeightTransport | None = None
         if dist.is_main():
             settings = TransportSettings(
-                timeout_s=w.broadcast_timeout_s,
-                bucket_mb=w.broadcast_bucket_mb,
+                params=w.transport_params,
                 device=str(trainer.device),
                 # torchrun's MASTER_ADDR is where this rank is reachable from other machines
                 host=os.environ.get("MASTER_ADDR", "127.0.0.1"),

@@ -28,6 +28,11 @@ No hang, ever: every store wait and every collective has the timeout. While it r
 worker adds to a heartbeat counter; when a collective fails the sender names the peers whose
 heartbeat stopped (killed, or stuck), and a worker whose collective fails names the trainer. A
 worker that finished marks itself done first, so it is never blamed.
+
+The file reads in the order of one update: the transport (`Broadcast`: the trainer's
+`publish` / `published` / `settle`, a worker's `receive`, the orchestrator's `deliver` /
+`catch_up`), the delivery record, the handshake (messages and `Channel`), then each side apart:
+the orchestrator's calls, the trainer's `Sender`, a worker's `Receiver`, and the collectives.
 """
 
 from __future__ import annotations
@@ -38,29 +43,33 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from rich.markup import escape
 
 from rlkit.errors import InferenceError
 from rlkit.progress import make_console
 from rlkit.protocol.credentials import rendezvous_secret, sign
 from rlkit.protocol.weights import Named, PublishedVersion, TensorEntry, aligned
-from rlkit.weights.filesystem import load_files, outcome_of, write_files
+from rlkit.weights.filesystem import write_files
 from rlkit.weights.transport import (
     TRANSPORTS,
     ModelFiles,
     Outcome,
     Reception,
     ServerAdmin,
+    TimeoutParams,
     TransportSettings,
-    exit_mid_update,
+    load_files,
+    outcome_of,
+    params_as,
 )
 
 HEARTBEAT_S = 0.2  # receivers' heartbeat period; a peer silent for several of them is dead
@@ -72,6 +81,186 @@ class BroadcastError(RuntimeError):
     """A broadcast update failed: a peer died, timed out, or never joined (named in the text)."""
 
 
+@contextmanager
+def failing_as(what: str | Callable[[], str]) -> Iterator[None]:
+    """A RuntimeError inside (a store or collective failing) as a BroadcastError that says
+    `what` failed (a callable: worked out only then, e.g. which peers went silent); a
+    BroadcastError passes as it is."""
+    try:
+        yield
+    except BroadcastError:
+        raise
+    except RuntimeError as exc:
+        raise BroadcastError(f"{what() if callable(what) else what}: {exc}") from exc
+
+
+class BroadcastParams(TimeoutParams):
+    """`[inference.transfer_params]` of the ``broadcast`` transport."""
+
+    bucket_mb: int = Field(
+        1024, ge=1, description="Most MiB sent per collective (a bigger tensor goes alone)."
+    )
+
+
+# ---- the transport ---------------------------------------------------------------------------
+@TRANSPORTS.register("broadcast", params=BroadcastParams)
+class Broadcast:
+    """The transport's three sides (module doc). The trainer's instance sends from a background
+    thread: the orchestrator announces who joins only after it sees the version published, and
+    writes the next batch only after every server has loaded it; the trainer's main thread must
+    meanwhile go back to waiting for that batch, or the two would wait on each other. One update
+    is in flight at a time (`publish` follows `settle`). Once an update settled, the thread keeps
+    the gathered CPU tensors until the next one (one CPU copy of the policy on the exporting
+    rank) to write the filesystem copy for a server that restarts in the meantime."""
+
+    name: ClassVar[str] = "broadcast"
+    carries_adapters: ClassVar[bool] = False  # full weights only
+
+    def __init__(self, settings: TransportSettings, model_files: ModelFiles | None = None) -> None:
+        self.params = params_as(BroadcastParams, settings)
+        self.token = settings.token
+        self.model_files = model_files
+        secret = rendezvous_secret(settings.token) if settings.token else ""
+        self.sender = Sender(settings.host, self.params.timeout_s, settings.device, secret)
+        self.thread: threading.Thread | None = None
+        self.settled = threading.Event()  # the update in flight reached every server, or failed
+        self.stop = threading.Event()
+
+    # the trainer's side, in order: publish, published (-> _update), settle
+    def publish(
+        self, tmp: Path, record: PublishedVersion, tensors: list[Named]
+    ) -> PublishedVersion:
+        self.settle()
+        delivery = self.sender.delivery(tensors, self.params.bucket_mb * 2**20)
+        return record.model_copy(update={"delivery": delivery.model_dump(mode="json")})
+
+    def published(self, out: Path, record: PublishedVersion, tensors: list[Named]) -> None:
+        self.thread = threading.Thread(
+            target=self._update, args=(record, tensors, out), daemon=True, name="rlkit-broadcast"
+        )
+        self.thread.start()
+
+    def _update(self, record: PublishedVersion, tensors: list[Named], out: Path) -> None:
+        """The background thread of one update: send it, then write its filesystem copy when
+        some server needs it; the version is closed for copies at the end."""
+        channel = self.sender.channel(record.version)
+        try:
+            reason = self._send(record, tensors) or self._serve_rejoin(channel)
+            if reason is not None:
+                self._write_copy(channel, record, tensors, out, reason)
+        finally:
+            channel.put(Closed())
+            self.settled.set()
+
+    def _send(self, record: PublishedVersion, tensors: list[Named]) -> str | None:
+        """Send the update and wait for the orchestrator's verdict; why a filesystem copy is
+        needed (the broadcast failed, a server has no verified update), or None."""
+        try:
+            self.sender.send(record, tensors)
+        except BroadcastError as exc:
+            return str(exc)
+        verdict = self.sender.channel(record.version).poll(Verdict, self.stop)
+        if verdict is not None and verdict.files_needed:
+            return "a server did not get a verified update"
+        return None
+
+    def _serve_rejoin(self, channel: Channel) -> str | None:
+        """Every server has the update (it settled): until the next one, wait for a server
+        that restarts and asks for this version; the reason to write the copy, or None."""
+        self.settled.set()
+        if channel.poll(Rejoin, self.stop) is not None:
+            return "a server restarted and asks for it"
+        return None
+
+    def _write_copy(
+        self,
+        channel: Channel,
+        record: PublishedVersion,
+        tensors: list[Named],
+        out: Path,
+        reason: str,
+    ) -> None:
+        console.print(
+            f"[yellow]broadcast of version {record.version}: {escape(reason[:500])}; "
+            "writing its filesystem copy[/]"
+        )
+        path = write_files(out / FILES_DIR, record, tensors, self.model_files, self.token)
+        channel.put(FilesReady(path=str(path)))
+
+    def settle(self) -> None:
+        """Let the update in flight settle (at most the timeout, then it is abandoned) and stop
+        serving its filesystem copy on request."""
+        if self.thread is None:
+            return
+        self.settled.wait(self.params.timeout_s)
+        self.stop.set()
+        self.thread.join()
+        self.stop.clear()
+        self.settled.clear()
+        self.thread = None
+
+    # an engine worker's side
+    receiver: ClassVar[Receiver]  # this process's (set below the class `Receiver`)
+
+    @classmethod
+    def receive(
+        cls, record: PublishedVersion, directory: Path, reception: Reception
+    ) -> list[Named]:
+        """Every bucket, kept until the last has arrived: loading each as it lands would leave
+        the model half-updated when a later bucket fails, and the server must keep its old
+        version then. The memory cost (one copy of the weights) is the filesystem path's too."""
+        return [named for bucket in cls.receiver.receive(record, reception) for named in bucket]
+
+    # the orchestrator's side
+    @classmethod
+    async def deliver(
+        cls, servers: list[ServerAdmin], directory: str, record: PublishedVersion
+    ) -> list[Outcome]:
+        """Every server's workers join the group; one that answers but did not get a complete
+        verified update keeps its old version and then loads the trainer's filesystem copy."""
+        outcomes, members, labels = await peers_of(servers)
+        secret = run_secret(servers)
+        await asyncio.to_thread(announce_peers, record, labels, secret)
+        # transfer, verification and reload: each bounded by the broadcast timeout
+        timeout = 3 * BroadcastDelivery.of(record).timeout_s
+        results = await asyncio.gather(
+            *(
+                servers[i].update_weights(
+                    directory, record.version, rank=rank, timeout=timeout, retries=0
+                )
+                for i, rank in members
+            ),
+            return_exceptions=True,
+        )
+        behind = []
+        for (i, _), result in zip(members, results, strict=True):
+            outcomes[i] = outcome_of(result)
+            if outcomes[i].answered and not outcomes[i].loaded:
+                behind.append(i)
+        files = await asyncio.to_thread(finish_update, record, bool(behind), secret)
+        if files is not None:
+            loaded = await load_files([servers[i] for i in behind], files, record.version)
+            for i, outcome in zip(behind, loaded, strict=True):
+                outcomes[i] = outcome
+        return [o for o in outcomes if o is not None]
+
+    @classmethod
+    async def catch_up(cls, server: ServerAdmin, directory: str, record: PublishedVersion) -> bool:
+        """The trainer's filesystem copy of the version, written on request; False when the
+        trainer has moved on (the server joins its next update) or cannot be reached."""
+        try:
+            files = await asyncio.to_thread(request_files, record, run_secret([server]))
+        except BroadcastError as exc:
+            raise InferenceError(
+                f"no filesystem copy of policy version {record.version}: {exc}"
+            ) from exc
+        if files is None:
+            return False
+        await server.update_weights(files, record.version)
+        return True
+
+
+# ---- the delivery record ---------------------------------------------------------------------
 class BroadcastDelivery(BaseModel):
     """A broadcast version's delivery fields: how to join its group and unpack its buckets."""
 
@@ -91,6 +280,22 @@ class BroadcastDelivery(BaseModel):
 
     def trainer(self) -> str:
         return f"the trainer (store {self.address[0]}:{self.address[1]})"
+
+
+def plan_buckets(tensors: list[Named], bucket_bytes: int) -> list[tuple[int, int]]:
+    """[start, end) index ranges over `tensors` (in order), each at most `bucket_bytes` once
+    packed, except that a tensor larger than that forms a bucket alone."""
+    buckets: list[tuple[int, int]] = []
+    start, size = 0, 0
+    for i, (_, tensor) in enumerate(tensors):
+        n = aligned(tensor.numel() * tensor.element_size())
+        if i > start and size + n > bucket_bytes:
+            buckets.append((start, i))
+            start, size = i, 0
+        size += n
+    if tensors:
+        buckets.append((start, len(tensors)))
+    return buckets
 
 
 # ---- the handshake's messages ---------------------------------------------------------------
@@ -128,9 +333,6 @@ class Closed(BaseModel):
     """Trainer -> orchestrator: no filesystem copy of this version will be written any more."""
 
 
-M = TypeVar("M", bound=BaseModel)
-
-
 class Joined(BaseModel):
     """Worker -> trainer: it joins this update, holding group `held` (0: none)."""
 
@@ -139,6 +341,9 @@ class Joined(BaseModel):
 
 class Done(BaseModel):
     """Worker -> trainer: the last bucket arrived."""
+
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class Channel:
@@ -214,59 +419,39 @@ class Channel:
         return f"update-{self.version}/"
 
 
-def plan_buckets(tensors: list[Named], bucket_bytes: int) -> list[tuple[int, int]]:
-    """[start, end) index ranges over `tensors` (in order), each at most `bucket_bytes` once
-    packed, except that a tensor larger than that forms a bucket alone."""
-    buckets: list[tuple[int, int]] = []
-    start, size = 0, 0
-    for i, (_, tensor) in enumerate(tensors):
-        n = aligned(tensor.numel() * tensor.element_size())
-        if i > start and size + n > bucket_bytes:
-            buckets.append((start, i))
-            start, size = i, 0
-        size += n
-    if tensors:
-        buckets.append((start, len(tensors)))
-    return buckets
-
-
 def _connect(delivery: BroadcastDelivery) -> dist.TCPStore:
     host, port = delivery.address
     timeout = timedelta(seconds=delivery.timeout_s)
     return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
 
 
-def _channel(record: PublishedVersion, secret: str) -> tuple[Channel, BroadcastDelivery]:
-    delivery = BroadcastDelivery.of(record)
-    return Channel(_connect(delivery), record.version, secret), delivery
-
-
-def backend_of(device: str) -> str:
-    """NCCL when the buckets live on CUDA, else gloo."""
-    return "nccl" if torch.device(device).type == "cuda" else "gloo"
-
-
-def group_prefix(group_id: int) -> str:
-    return f"group-{group_id}/"
-
-
-def new_group(
-    store: dist.Store, prefix: str, rank: int, world_size: int, timeout: timedelta, backend: str
-) -> dist.ProcessGroup:
-    """The standalone group of one update on `backend` (see `backend_of`)."""
-    prefixed = dist.PrefixStore(prefix, store)
-    if backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        return dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
-    return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
-
-
-def _broadcast(group: dist.ProcessGroup, buffer: torch.Tensor, timeout: timedelta) -> None:
-    group.broadcast(buffer, 0, timeout).wait(timeout)
+def _channel(record: PublishedVersion, secret: str) -> Channel:
+    return Channel(_connect(BroadcastDelivery.of(record)), record.version, secret)
 
 
 # ---- the orchestrator's side ----------------------------------------------------------------
+async def peers_of(
+    servers: list[ServerAdmin],
+) -> tuple[list[Outcome | None], list[tuple[int, int]], list[str]]:
+    """Who joins: each server's status says its workers. Returns the outcome of each server
+    that gave none (the rest None), the members (server index, its first rank) and the label
+    of every rank from 1."""
+    statuses = await asyncio.gather(*(s.status() for s in servers), return_exceptions=True)
+    outcomes: list[Outcome | None] = [None] * len(servers)
+    members: list[tuple[int, int]] = []
+    labels: list[str] = []
+    for i, status in enumerate(statuses):
+        if isinstance(status, InferenceError):
+            outcomes[i] = Outcome(False, False, f"no status before the broadcast: {status}")
+            continue
+        if isinstance(status, BaseException):
+            raise status
+        members.append((i, 1 + len(labels)))
+        url = servers[i].base_url
+        labels += [f"{url} worker {w}" for w in range(int(status.get("workers", 1)))]
+    return outcomes, members, labels
+
+
 def run_secret(servers: list[ServerAdmin]) -> str:
     """The rendezvous secret of the run whose credential the admin clients call with."""
     token = next((s.token for s in servers if s.token), None)
@@ -275,13 +460,9 @@ def run_secret(servers: list[ServerAdmin]) -> str:
 
 def announce_peers(record: PublishedVersion, labels: list[str], secret: str = "") -> None:
     """Tell the sender of `record` who joins. Called once per update by whoever picks them."""
-    try:
-        channel, _ = _channel(record, secret)
-        channel.put(Peers(labels=labels))
-    except RuntimeError as exc:
-        raise BroadcastError(
-            f"update {record.version}: cannot reach {BroadcastDelivery.of(record).trainer()}: {exc}"
-        ) from exc
+    trainer = BroadcastDelivery.of(record).trainer()
+    with failing_as(f"update {record.version}: cannot reach {trainer}"):
+        _channel(record, secret).put(Peers(labels=labels))
 
 
 def finish_update(record: PublishedVersion, files_needed: bool, secret: str = "") -> str | None:
@@ -289,17 +470,13 @@ def finish_update(record: PublishedVersion, files_needed: bool, secret: str = ""
     else ask the trainer for the filesystem copy of this version and wait for its path.
     BroadcastError when the trainer cannot be reached."""
     delivery = BroadcastDelivery.of(record)
-    try:
-        channel, _ = _channel(record, secret)
+    with failing_as(
+        f"update {record.version}: {delivery.trainer()} did not provide the filesystem copy "
+        f"within {delivery.timeout_s:.0f}s"
+    ):
+        channel = _channel(record, secret)
         channel.put(Verdict(files_needed=files_needed))
-        if not files_needed:
-            return None
-        return channel.get(FilesReady).path
-    except RuntimeError as exc:
-        raise BroadcastError(
-            f"update {record.version}: {delivery.trainer()} did not provide the filesystem copy "
-            f"within {delivery.timeout_s:.0f}s: {exc}"
-        ) from exc
+        return channel.get(FilesReady).path if files_needed else None
 
 
 def request_files(record: PublishedVersion, secret: str = "") -> str | None:
@@ -308,20 +485,16 @@ def request_files(record: PublishedVersion, secret: str = "") -> str | None:
     under way: the server joins that one). BroadcastError when the trainer cannot be reached or
     does not answer within the timeout."""
     delivery = BroadcastDelivery.of(record)
-    try:
-        channel, _ = _channel(record, secret)
+    with failing_as(f"update {record.version}: cannot reach {delivery.trainer()}"):
+        channel = _channel(record, secret)
         channel.put(Rejoin())
         deadline = time.monotonic() + delivery.timeout_s
         while time.monotonic() < deadline:
-            if channel.has(FilesReady):
-                return channel.get(FilesReady).path
+            if (files := channel.peek(FilesReady)) is not None:
+                return files.path
             if channel.has(Closed):
                 return None
             time.sleep(0.05)
-    except RuntimeError as exc:
-        raise BroadcastError(
-            f"update {record.version}: cannot reach {delivery.trainer()}: {exc}"
-        ) from exc
     raise BroadcastError(
         f"update {record.version}: {delivery.trainer()} did not write the filesystem copy "
         f"within {delivery.timeout_s:.0f}s"
@@ -368,37 +541,15 @@ class Sender:
     def send(self, record: PublishedVersion, tensors: list[Named]) -> list[str]:
         """Wait for the peers of `record`'s update, send every bucket; returns their labels.
         BroadcastError naming the peers that died, stalled or never joined."""
-        version, delivery = record.version, BroadcastDelivery.of(record)
-        channel = self.channel(version)
-        wait_s = self.timeout.total_seconds()
-        try:
-            peers = channel.get(Peers).labels
-        except RuntimeError as exc:
-            raise BroadcastError(
-                f"update {version}: nobody announced the peers within {wait_s:.0f}s: {exc}"
-            ) from exc
+        channel = self.channel(record.version)
+        peers = self._peers(channel)
         if not peers:
             return []
         t0 = time.perf_counter()
-        try:
-            group = self._group_for(channel, peers, delivery.backend)
-        except RuntimeError as exc:
-            missing = channel.without(Joined, peers)
-            raise BroadcastError(
-                f"update {version}: peers never joined within {wait_s:.0f}s: "
-                f"{', '.join(missing) or 'unknown'}: {exc}"
-            ) from exc
+        group = self._group_for(channel, peers, BroadcastDelivery.of(record).backend)
         self.setup_s = time.perf_counter() - t0
         try:
-            for b, bucket in enumerate(delivery.buckets):
-                try:
-                    _broadcast(group, self._pack(record, delivery, tensors, bucket), self.timeout)
-                except RuntimeError as exc:
-                    dead = self._silent_peers(channel, peers)
-                    raise BroadcastError(
-                        f"update {version}: bucket {b + 1} of {len(delivery.buckets)} failed; "
-                        f"peer(s) not responding: {', '.join(dead) or 'none found'}: {exc}"
-                    ) from exc
+            self._send_buckets(channel, peers, group, record, tensors)
             self._confirm(channel, peers)
         except BroadcastError:
             self.group = None  # broken: the next update opens a new one
@@ -406,40 +557,81 @@ class Sender:
         self.transfer_s = time.perf_counter() - t0 - self.setup_s
         return peers
 
+    def _peers(self, channel: Channel) -> list[str]:
+        """The labels the orchestrator announced for this update."""
+        wait_s = self.timeout.total_seconds()
+        with failing_as(
+            f"update {channel.version}: nobody announced the peers within {wait_s:.0f}s"
+        ):
+            return channel.get(Peers).labels
+
     def _group_for(self, channel: Channel, peers: list[str], backend: str) -> dist.ProcessGroup:
         """The group of this update: the previous one when the same worker processes join
         (each reports the group it holds), else a new one (its set-up is a rendezvous of every
-        rank through the store: what reusing saves)."""
-        deadline = time.monotonic() + self.timeout.total_seconds()
-        held = {
-            channel.get(Joined, r, max(deadline - time.monotonic(), 0.0)).held
-            for r in range(1, len(peers) + 1)
-        }
-        if self.group is not None and peers == self.group_peers and held == {self.group_id}:
+        rank through the store: what reusing saves). BroadcastError naming the peers that never
+        joined."""
+
+        def missing() -> str:
+            return (
+                f"update {channel.version}: peers never joined within "
+                f"{self.timeout.total_seconds():.0f}s: "
+                f"{', '.join(channel.without(Joined, peers)) or 'unknown'}"
+            )
+
+        with failing_as(missing):
+            deadline = time.monotonic() + self.timeout.total_seconds()
+            held = {
+                channel.get(Joined, r, max(deadline - time.monotonic(), 0.0)).held
+                for r in range(1, len(peers) + 1)
+            }
+            if self.group is not None and peers == self.group_peers and held == {self.group_id}:
+                channel.put(GroupInfo(id=self.group_id, size=1 + len(peers)))
+                return self.group
+            self.group = None  # closes the old group's connections
+            self.group_id += 1
             channel.put(GroupInfo(id=self.group_id, size=1 + len(peers)))
-            return self.group
-        self.group = None  # closes the old group's connections
-        self.group_id += 1
-        channel.put(GroupInfo(id=self.group_id, size=1 + len(peers)))
-        group = new_group(
-            self.store, group_prefix(self.group_id), 0, 1 + len(peers), self.timeout, backend
-        )
-        self.group, self.group_peers = group, peers
-        return group
+            group = new_group(
+                self.store, group_prefix(self.group_id), 0, 1 + len(peers), self.timeout, backend
+            )
+            self.group, self.group_peers = group, peers
+            return group
+
+    def _send_buckets(
+        self,
+        channel: Channel,
+        peers: list[str],
+        group: dist.ProcessGroup,
+        record: PublishedVersion,
+        tensors: list[Named],
+    ) -> None:
+        """One broadcast per bucket; BroadcastError naming the peers whose heartbeat stopped."""
+        delivery = BroadcastDelivery.of(record)
+        for b, bucket in enumerate(delivery.buckets):
+
+            def failed(b: int = b) -> str:
+                dead = self._silent_peers(channel, peers)
+                return (
+                    f"update {channel.version}: bucket {b + 1} of {len(delivery.buckets)} "
+                    f"failed; peer(s) not responding: {', '.join(dead) or 'none found'}"
+                )
+
+            with failing_as(failed):
+                _broadcast(group, self._pack(record, delivery, tensors, bucket), self.timeout)
 
     def _confirm(self, channel: Channel, peers: list[str]) -> None:
         """Wait for every peer to confirm the last bucket (a send can complete into a dead
         peer's socket buffer); BroadcastError naming those that did not."""
+
+        def missing() -> str:
+            return (
+                f"update {channel.version}: peer(s) did not confirm the last bucket within "
+                f"{self.timeout.total_seconds():.0f}s: {', '.join(channel.without(Done, peers))}"
+            )
+
         deadline = time.monotonic() + self.timeout.total_seconds()
-        try:
+        with failing_as(missing):
             for r in range(1, len(peers) + 1):
                 channel.get(Done, r, max(deadline - time.monotonic(), 0.0))
-        except RuntimeError as exc:
-            missing = channel.without(Done, peers)
-            raise BroadcastError(
-                f"update {channel.version}: peer(s) did not confirm the last bucket within "
-                f"{self.timeout.total_seconds():.0f}s: {', '.join(missing)}: {exc}"
-            ) from exc
 
     def _pack(
         self,
@@ -470,6 +662,107 @@ class Sender:
 
 
 # ---- an engine worker's side ----------------------------------------------------------------
+class Deadline:
+    """One receive's deadline, which every wait shares: the server's cap bounds the whole
+    receive, whatever the record asks for, so a sender trickling its buckets cannot keep the
+    engine paused longer."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.at = time.monotonic() + timeout_s
+
+    def left(self) -> timedelta:
+        """What remains; RuntimeError once it has passed."""
+        remaining = self.at - time.monotonic()
+        if remaining <= 0:
+            raise RuntimeError(f"the update took longer than {self.timeout_s:.0f}s")
+        return timedelta(seconds=remaining)
+
+
+class Receiver:
+    """A worker process's side: joins each update and keeps its group between updates, one per
+    trainer store (`groups`: store address -> (group id, group)), dropped when it breaks."""
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple, tuple[int, dist.ProcessGroup]] = {}
+
+    def held(self, address: tuple) -> int:
+        """The id of the group kept for the trainer store at `address` (0: none)."""
+        return self.groups[address][0] if address in self.groups else 0
+
+    def receive(self, record: PublishedVersion, reception: Reception) -> Iterator[list[Named]]:
+        """Join the update as `reception.rank` and yield each bucket's (name, tensor) pairs as
+        it arrives (views into the bucket's buffer: on this process's current CUDA device with
+        NCCL, else on CPU). BroadcastError naming the trainer when it dies or stalls past the
+        timeout."""
+        delivery = BroadcastDelivery.of(record)
+        delivery = delivery.model_copy(
+            update={"timeout_s": min(delivery.timeout_s, reception.timeout_s)}
+        )
+        deadline = Deadline(delivery.timeout_s)
+        address = tuple(delivery.address)
+        trainer = f"the trainer (rank 0, store {delivery.address[0]}:{delivery.address[1]})"
+        with failing_as(f"update {record.version}: cannot reach {trainer}"):
+            channel = Channel(_connect(delivery), record.version, reception.secret)
+            channel.put(Joined(held=self.held(address)), reception.rank)
+            heartbeat = _Heartbeat(delivery, f"{channel.update_prefix()}beat/{reception.rank}")
+        try:
+            with failing_as(f"update {record.version}: joining the group with {trainer}"):
+                group = self._group(channel, address, reception.rank, deadline, delivery.backend)
+                for b in range(len(delivery.buckets)):
+                    with failing_as(
+                        f"update {record.version}: bucket {b + 1} of {len(delivery.buckets)} "
+                        f"never arrived from {trainer} within {delivery.timeout_s:.0f}s"
+                    ):
+                        buffer = self._bucket(group, record, delivery, b, deadline)
+                    if b == len(delivery.buckets) - 1:
+                        channel.put(Done(), reception.rank)
+                    yield unpack(buffer, record.tensors, delivery.buckets[b])
+        except BroadcastError:
+            self.groups.pop(address, None)  # broken: the next update opens a new one
+            raise
+        finally:
+            heartbeat.close()
+
+    def _group(
+        self, channel: Channel, address: tuple, rank: int, deadline: Deadline, backend: str
+    ) -> dist.ProcessGroup:
+        """The group the sender names for this update: the kept one, or a new one joined now."""
+        info = channel.get(GroupInfo, timeout_s=deadline.left().total_seconds())
+        if self.held(address) != info.id:
+            self.groups.pop(address, None)
+            group = new_group(
+                channel.store, group_prefix(info.id), rank, info.size, deadline.left(), backend
+            )
+            self.groups[address] = (info.id, group)
+        return self.groups[address][1]
+
+    @staticmethod
+    def _bucket(
+        group: dist.ProcessGroup,
+        record: PublishedVersion,
+        delivery: BroadcastDelivery,
+        b: int,
+        deadline: Deadline,
+    ) -> torch.Tensor:
+        """Bucket `b`'s bytes, received into a new buffer."""
+        device = f"cuda:{torch.cuda.current_device()}" if delivery.backend == "nccl" else "cpu"
+        size = delivery.bucket_size(record.tensors, delivery.buckets[b])
+        buffer = torch.empty(size, dtype=torch.uint8, device=device)
+        _broadcast(group, buffer, deadline.left())
+        return buffer
+
+
+def unpack(buffer: torch.Tensor, table: list[TensorEntry], bucket: tuple[int, int]) -> list[Named]:
+    """A bucket's (name, tensor) pairs: views into `buffer`, laid out as the record's table."""
+    out, offset = [], 0
+    for entry in table[bucket[0] : bucket[1]]:
+        view = buffer[offset : offset + entry.nbytes].view(getattr(torch, entry.dtype))
+        out.append((entry.name, view.view(entry.shape)))
+        offset += aligned(entry.nbytes)
+    return out
+
+
 class _Heartbeat:
     """A receiver's heartbeat: a counter in the store bumped every HEARTBEAT_S (own client)."""
 
@@ -492,226 +785,35 @@ class _Heartbeat:
         self.thread.join()
 
 
-_GROUPS: dict[tuple, tuple[int, dist.ProcessGroup]] = {}  # this worker's group per trainer store
+Broadcast.receiver = Receiver()
 
 
 def receive(record: PublishedVersion, reception: Reception) -> Iterator[list[Named]]:
-    """A worker's side: join the update as `rank` and yield each bucket's (name, tensor) pairs
-    as it arrives (views into the bucket's buffer: on this process's current CUDA device with
-    NCCL, else on CPU). BroadcastError naming the trainer when it dies or stalls past the
-    timeout."""
-    version, rank = record.version, reception.rank
-    delivery = BroadcastDelivery.of(record)
-    # the server's cap bounds the whole receive, whatever the record asks for: one deadline
-    # every wait shares, so a sender trickling its buckets cannot keep the engine paused longer
-    delivery = delivery.model_copy(
-        update={"timeout_s": min(delivery.timeout_s, reception.timeout_s)}
-    )
-    deadline = time.monotonic() + delivery.timeout_s
-    device = f"cuda:{torch.cuda.current_device()}" if delivery.backend == "nccl" else "cpu"
-    trainer = f"the trainer (rank 0, store {delivery.address[0]}:{delivery.address[1]})"
-
-    def left() -> timedelta:
-        """What remains of the deadline; RuntimeError once it has passed."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise RuntimeError(f"the update took longer than {delivery.timeout_s:.0f}s")
-        return timedelta(seconds=remaining)
-
-    key = tuple(delivery.address)
-    held = _GROUPS.get(key)
-    try:
-        channel = Channel(_connect(delivery), version, reception.secret)
-        channel.put(Joined(held=held[0] if held else 0), rank)
-        heartbeat = _Heartbeat(delivery, f"{channel.update_prefix()}beat/{rank}")
-    except RuntimeError as exc:
-        raise BroadcastError(f"update {version}: cannot reach {trainer}: {exc}") from exc
-    try:
-        info = channel.get(GroupInfo, timeout_s=left().total_seconds())
-        if held is None or held[0] != info.id:
-            _GROUPS.pop(key, None)
-            group = new_group(
-                channel.store, group_prefix(info.id), rank, info.size, left(), delivery.backend
-            )
-            _GROUPS[key] = (info.id, group)
-        group = _GROUPS[key][1]
-        tensors = record.tensors
-        for b, bucket in enumerate(delivery.buckets):
-            size = delivery.bucket_size(tensors, bucket)
-            buffer = torch.empty(size, dtype=torch.uint8, device=device)
-            try:
-                _broadcast(group, buffer, left())
-            except RuntimeError as exc:
-                raise BroadcastError(
-                    f"update {version}: bucket {b + 1} of {len(delivery.buckets)} never "
-                    f"arrived from {trainer} within {delivery.timeout_s:.0f}s: {exc}"
-                ) from exc
-            out, offset = [], 0
-            for entry in tensors[bucket[0] : bucket[1]]:
-                view = buffer[offset : offset + entry.nbytes].view(getattr(torch, entry.dtype))
-                out.append((entry.name, view.view(entry.shape)))
-                offset += aligned(entry.nbytes)
-            if b == len(delivery.buckets) - 1:
-                channel.put(Done(), rank)
-            yield out
-    except RuntimeError as exc:
-        _GROUPS.pop(key, None)  # broken: the next update opens a new one
-        if isinstance(exc, BroadcastError):
-            raise
-        raise BroadcastError(f"update {version}: joining the group with {trainer}: {exc}") from exc
-    finally:
-        heartbeat.close()
+    """This process's `Receiver.receive` (each bucket as it arrives)."""
+    return Broadcast.receiver.receive(record, reception)
 
 
-# ---- the transport ---------------------------------------------------------------------------
-@TRANSPORTS.register("broadcast")
-class Broadcast:
-    """The transport's three sides (module doc). The trainer's instance sends from a background
-    thread: the orchestrator announces who joins only after it sees the version published, and
-    writes the next batch only after every server has loaded it; the trainer's main thread must
-    meanwhile go back to waiting for that batch, or the two would wait on each other. One update
-    is in flight at a time (`publish` follows `settle`). Once an update settled, the thread keeps
-    the gathered CPU tensors until the next one (one CPU copy of the policy on the exporting
-    rank) to write the filesystem copy for a server that restarts in the meantime."""
+# ---- the collectives -------------------------------------------------------------------------
+def backend_of(device: str) -> str:
+    """NCCL when the buckets live on CUDA, else gloo."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
-    name: ClassVar[str] = "broadcast"
-    carries_adapters: ClassVar[bool] = False  # full weights only
 
-    def __init__(self, settings: TransportSettings, model_files: ModelFiles | None = None) -> None:
-        self.settings = settings
-        self.model_files = model_files
-        secret = rendezvous_secret(settings.token) if settings.token else ""
-        self.sender = Sender(settings.host, settings.timeout_s, settings.device, secret)
-        self.thread: threading.Thread | None = None
-        self.settled = threading.Event()  # the update in flight reached every server, or failed
-        self.stop = threading.Event()
+def group_prefix(group_id: int) -> str:
+    return f"group-{group_id}/"
 
-    def publish(
-        self, tmp: Path, record: PublishedVersion, tensors: list[Named]
-    ) -> PublishedVersion:
-        self.settle()
-        delivery = self.sender.delivery(tensors, self.settings.bucket_mb * 2**20)
-        return record.model_copy(update={"delivery": delivery.model_dump(mode="json")})
 
-    def published(self, out: Path, record: PublishedVersion, tensors: list[Named]) -> None:
-        self.thread = threading.Thread(
-            target=self._send, args=(record, tensors, out), daemon=True, name="rlkit-broadcast"
-        )
-        self.thread.start()
+def new_group(
+    store: dist.Store, prefix: str, rank: int, world_size: int, timeout: timedelta, backend: str
+) -> dist.ProcessGroup:
+    """The standalone group of one update on `backend` (see `backend_of`)."""
+    prefixed = dist.PrefixStore(prefix, store)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
+    return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
 
-    def _send(self, record: PublishedVersion, tensors: list[Named], out: Path) -> None:
-        channel = self.sender.channel(record.version)
-        try:
-            reason = self._files_reason(record, tensors)
-            if reason is not None:
-                console.print(
-                    f"[yellow]broadcast of version {record.version}: {escape(reason[:500])}; "
-                    "writing its filesystem copy[/]"
-                )
-                path = write_files(
-                    out / FILES_DIR, record, tensors, self.model_files, self.settings.token
-                )
-                channel.put(FilesReady(path=str(path)))
-        finally:
-            channel.put(Closed())
-            self.settled.set()
 
-    def _files_reason(self, record: PublishedVersion, tensors: list[Named]) -> str | None:
-        """Send the update; why its filesystem copy is needed (a failed broadcast, a server
-        without a verified update, a server restarted before the next update), or None."""
-        channel = self.sender.channel(record.version)
-        try:
-            self.sender.send(record, tensors)
-        except BroadcastError as exc:
-            return str(exc)
-        verdict = channel.poll(Verdict, self.stop)
-        if verdict is not None and verdict.files_needed:
-            return "a server did not get a verified update"
-        self.settled.set()  # every server has it: keep the tensors for one that restarts
-        if channel.poll(Rejoin, self.stop) is not None:
-            return "a server restarted and asks for it"
-        return None
-
-    def settle(self) -> None:
-        """Let the update in flight settle (at most the timeout, then it is abandoned) and stop
-        serving its filesystem copy on request."""
-        if self.thread is None:
-            return
-        self.settled.wait(self.settings.timeout_s)
-        self.stop.set()
-        self.thread.join()
-        self.stop.clear()
-        self.settled.clear()
-        self.thread = None
-
-    @classmethod
-    def receive(
-        cls, record: PublishedVersion, directory: Path, reception: Reception
-    ) -> list[Named]:
-        """Every bucket, kept until the last has arrived: loading each as it lands would leave
-        the model half-updated when a later bucket fails, and the server must keep its old
-        version then. The memory cost (one copy of the weights) is the filesystem path's too."""
-        tensors: list[Named] = []
-        for bucket in receive(record, reception):
-            tensors += bucket
-            exit_mid_update(reception.rank, record.version)
-        return tensors
-
-    @classmethod
-    async def deliver(
-        cls, servers: list[ServerAdmin], directory: str, record: PublishedVersion
-    ) -> list[Outcome]:
-        """Every server's workers join the group; one that answers but did not get a complete
-        verified update keeps its old version and then loads the trainer's filesystem copy."""
-        statuses = await asyncio.gather(*(s.status() for s in servers), return_exceptions=True)
-        outcomes: list[Outcome | None] = [None] * len(servers)
-        members: list[tuple[int, int]] = []  # (server, its first rank)
-        labels: list[str] = []
-        for i, status in enumerate(statuses):
-            if isinstance(status, InferenceError):
-                outcomes[i] = Outcome(False, False, f"no status before the broadcast: {status}")
-                continue
-            if isinstance(status, BaseException):
-                raise status
-            members.append((i, 1 + len(labels)))
-            url = servers[i].base_url
-            labels += [f"{url} worker {w}" for w in range(int(status.get("workers", 1)))]
-        secret = run_secret(servers)
-        await asyncio.to_thread(announce_peers, record, labels, secret)
-        # transfer, verification and reload: each bounded by the broadcast timeout
-        timeout = 3 * BroadcastDelivery.of(record).timeout_s
-        results = await asyncio.gather(
-            *(
-                servers[i].update_weights(
-                    directory, record.version, rank=rank, timeout=timeout, retries=0
-                )
-                for i, rank in members
-            ),
-            return_exceptions=True,
-        )
-        behind = []
-        for (i, _), result in zip(members, results, strict=True):
-            outcomes[i] = outcome_of(result)
-            if outcomes[i].answered and not outcomes[i].loaded:
-                behind.append(i)
-        files = await asyncio.to_thread(finish_update, record, bool(behind), secret)
-        if files is not None:
-            loaded = await load_files([servers[i] for i in behind], files, record.version)
-            for i, outcome in zip(behind, loaded, strict=True):
-                outcomes[i] = outcome
-        return [o for o in outcomes if o is not None]
-
-    @classmethod
-    async def catch_up(cls, server: ServerAdmin, directory: str, record: PublishedVersion) -> bool:
-        """The trainer's filesystem copy of the version, written on request; False when the
-        trainer has moved on (the server joins its next update) or cannot be reached."""
-        try:
-            files = await asyncio.to_thread(request_files, record, run_secret([server]))
-        except BroadcastError as exc:
-            raise InferenceError(
-                f"no filesystem copy of policy version {record.version}: {exc}"
-            ) from exc
-        if files is None:
-            return False
-        await server.update_weights(files, record.version)
-        return True
+def _broadcast(group: dist.ProcessGroup, buffer: torch.Tensor, timeout: timedelta) -> None:
+    group.broadcast(buffer, 0, timeout).wait(timeout)

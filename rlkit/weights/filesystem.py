@@ -8,12 +8,10 @@ resumed run loads first, and the copy a broadcast or ipc version falls back to (
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import ClassVar
 
 from rlkit.atomic import atomic_dir
-from rlkit.errors import InferenceError
 from rlkit.protocol import handoff
 from rlkit.protocol.weights import Named, PublishedVersion, iter_safetensors
 from rlkit.weights.transport import (
@@ -23,6 +21,7 @@ from rlkit.weights.transport import (
     Reception,
     ServerAdmin,
     TransportSettings,
+    load_files,
 )
 
 WEIGHTS_FILE = "model.safetensors"
@@ -53,23 +52,6 @@ def write_files(
         copy.signed(token).write(tmp)
     handoff.mark_published(out)
     return out
-
-
-async def load_files(servers: list[ServerAdmin], directory: str, version: int) -> list[Outcome]:
-    """Every server in `servers` loads the files in `directory` as `version`."""
-    results = await asyncio.gather(
-        *(s.update_weights(directory, version) for s in servers), return_exceptions=True
-    )
-    return [outcome_of(r) for r in results]
-
-
-def outcome_of(result: object) -> Outcome:
-    """One server's update call as an `Outcome`; anything but an InferenceError re-raises."""
-    if isinstance(result, InferenceError):
-        return Outcome(False, answered=result.status is not None, error=str(result))
-    if isinstance(result, BaseException):
-        raise result
-    return Outcome(True)
 
 
 @TRANSPORTS.register("filesystem")

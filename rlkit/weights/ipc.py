@@ -40,15 +40,16 @@ from rlkit.errors import RunStopped
 from rlkit.lifetime import process_alive
 from rlkit.protocol import handoff
 from rlkit.protocol.weights import Named, PublishedVersion, packed_offsets
-from rlkit.weights.filesystem import outcome_of
 from rlkit.weights.transport import (
     TRANSPORTS,
     ModelFiles,
     Outcome,
     Reception,
     ServerAdmin,
+    TimeoutParams,
     TransportSettings,
-    exit_mid_update,
+    outcome_of,
+    params_as,
 )
 
 
@@ -152,7 +153,7 @@ def open_shared(record: PublishedVersion) -> list[Named]:
     ]
 
 
-@TRANSPORTS.register("ipc")
+@TRANSPORTS.register("ipc", params=TimeoutParams)
 class Ipc:
     """The transport's three sides (module doc)."""
 
@@ -160,7 +161,7 @@ class Ipc:
     carries_adapters: ClassVar[bool] = False  # full weights only
 
     def __init__(self, settings: TransportSettings, model_files: ModelFiles | None = None) -> None:
-        self.settings = settings
+        self.params = params_as(TimeoutParams, settings)
         self.current: tuple[Path | None, SharedBuffer] | None = None  # (its directory, buffer)
         self.spare: SharedBuffer | None = None  # a settled version's buffer, to fill again
 
@@ -200,7 +201,7 @@ class Ipc:
         if self.current is None:
             return
         out, shared = self.current
-        deadline = time.monotonic() + self.settings.timeout_s
+        deadline = time.monotonic() + self.params.timeout_s
         while out is not None and not handoff.is_delivered(out):
             if time.monotonic() >= deadline:
                 break
@@ -213,9 +214,7 @@ class Ipc:
     def receive(
         cls, record: PublishedVersion, directory: Path, reception: Reception
     ) -> list[Named]:
-        tensors = open_shared(record)
-        exit_mid_update(reception.rank, record.version)
-        return tensors
+        return open_shared(record)
 
     @classmethod
     async def deliver(

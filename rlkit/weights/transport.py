@@ -1,31 +1,62 @@
-"""The weight transport contract (`WeightTransport`), its registry and shared records; the
-built-in transports and the lookup are in `rlkit.weights`."""
+"""The weight transport contract (`WeightTransport`), its registry, its parameter models and
+the records every transport shares (`Outcome`, `load_files`); the built-in transports and the
+lookup are in `rlkit.weights`."""
 
 from __future__ import annotations
 
-import os
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
-from pydantic import BaseModel
+from pydantic import Field
 
+from rlkit.config import Config
+from rlkit.errors import InferenceError
 from rlkit.protocol.weights import Named, PublishedVersion
 from rlkit.registry import Registry
 
 ModelFiles = Callable[[Path], None]  # writes an HF model's config and tokenizer into a directory
 
 
+class TransportParams(Config):
+    """A transport's own parameters (`[inference.transfer_params]`, passed to the trainer as
+    they are), none by default; a transport registers its model with
+    `TRANSPORTS.register(name, params=Model)`, which subclasses this one."""
+
+
+class TimeoutParams(TransportParams):
+    """The parameters of a transport whose trainer side waits for the servers."""
+
+    timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="Timeout of every wait and collective of one update (broadcast: a dead "
+        "peer is named within it; ipc: how long the trainer keeps a version's buffer for a "
+        "server that has not loaded it).",
+    )
+
+
 @dataclass(frozen=True)
 class TransportSettings:
-    """What the trainer's side of a transport is built from (`[inference]`, via the trainer)."""
+    """What the trainer's side of a transport is built from: its parameters (validated by the
+    model it registered) and where the trainer runs."""
 
-    timeout_s: float = 120.0  # every wait and collective of one update
-    bucket_mb: int = 1024  # broadcast: most MiB per collective
+    params: TransportParams = field(default_factory=TransportParams)
     device: str = "cpu"  # where the exporting rank's tensors live
     host: str = "127.0.0.1"  # where the exporting rank is reachable from the engines
     token: str | None = field(default=None, repr=False)  # the run's credential: signs records
+
+
+P = TypeVar("P", bound=TransportParams)
+
+
+def params_as(model: type[P], settings: TransportSettings) -> P:
+    """`settings.params` as the transport's own model `model` (its defaults where the settings
+    were built without them, as a benchmark's may be)."""
+    params = settings.params
+    return params if isinstance(params, model) else model.model_validate(params.model_dump())
 
 
 @dataclass(frozen=True)
@@ -111,24 +142,24 @@ class WeightTransport(Protocol):
         ...
 
 
-EXIT_MID_UPDATE_ENV = "RLKIT_TEST_EXIT_MID_UPDATE"  # "RANK:VERSION[:ONCE_FILE]"
-
-
-def exit_mid_update(rank: int, version: int) -> None:
-    """Test hook: the worker of `rank` exits while it receives `version` (a server killed
-    mid-update), when `EXIT_MID_UPDATE_ENV` says so; with a third field, only the first time
-    (the file it names is created then), so a relaunched server can load that version."""
-    rank_s, version_s, *once = os.environ.get(EXIT_MID_UPDATE_ENV, "").split(":", 2) + [""]
-    if (rank_s, version_s) != (str(rank), str(version)):
-        return
-    if once and once[0]:
-        try:
-            os.close(os.open(once[0], os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
-            return
-    os._exit(1)
-
-
 TRANSPORTS: Registry[type[WeightTransport]] = Registry(
-    "weight transport", "rlkit.weight_transports", BaseModel, form="module:Class"
+    "weight transport", "rlkit.weight_transports", TransportParams, form="module:Class"
 )
+
+
+async def load_files(servers: list[ServerAdmin], directory: str, version: int) -> list[Outcome]:
+    """Every server in `servers` loads the files in `directory` as `version` (the filesystem
+    transport, and the copy the others fall back to)."""
+    results = await asyncio.gather(
+        *(s.update_weights(directory, version) for s in servers), return_exceptions=True
+    )
+    return [outcome_of(r) for r in results]
+
+
+def outcome_of(result: object) -> Outcome:
+    """One server's update call as an `Outcome`; anything but an InferenceError re-raises."""
+    if isinstance(result, InferenceError):
+        return Outcome(False, answered=result.status is not None, error=str(result))
+    if isinstance(result, BaseException):
+        raise result
+    return Outcome(True)

@@ -51,6 +51,7 @@ from rlkit.models import init_tiny
 from rlkit.protocol import handoff
 from rlkit.protocol.weights import PublishedVersion, iter_safetensors, tensor_table
 from rlkit.weights import TransportSettings, transport_class
+from rlkit.weights.transport import TimeoutParams
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -112,7 +113,9 @@ async def one_update(
 
 
 async def measure_server(server, root: Path, pair, repeats: int) -> dict[str, dict]:
-    settings = TransportSettings(timeout_s=300, token=server.token)  # the run's, as a trainer
+    settings = TransportSettings(
+        TimeoutParams(timeout_s=300), token=server.token
+    )  # the run's, as a trainer
     transports = {name: transport_class(name)(settings, None) for name in TRANSPORTS}
     tables = [tensor_table(tensors) for tensors in pair]
     publish: dict[str, list[float]] = {name: [] for name in TRANSPORTS}

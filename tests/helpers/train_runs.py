@@ -1,6 +1,6 @@
 """`rlkit train` runs for the integration tests, with their test environments on RLKIT_ENV_PATH:
-one in the foreground (`run`, with the custom losses importable), one in the background
-(`start`), and its logged steps."""
+one in the foreground (`run`, with the custom losses and the faulty transports importable), one
+in the background (`start`), and its logged steps."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from tests.helpers.roles import descendants, kill_all
 
 ENV_PATH = str(Path(__file__).parents[1] / "integration" / "envs")
 CUSTOM_LOSSES = str(Path(__file__).parents[1] / "integration" / "custom_losses")
+# transports that fail on purpose (`faulty_transports`), for the runs that need a fault
+FAULT_PLUGINS = str(Path(__file__).parents[1] / "integration" / "fault_plugins")
 # two steps, no evals, no plot: the shortest run that still trains
 SHORT = [
     "--orchestrator.max_steps=2",
@@ -30,7 +32,9 @@ def run(cmd: list[str], log: Path, timeout: float = 900) -> int:
     env = {
         **os.environ,
         "RLKIT_ENV_PATH": ENV_PATH,
-        "PYTHONPATH": os.pathsep.join([CUSTOM_LOSSES, os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [CUSTOM_LOSSES, FAULT_PLUGINS, os.environ.get("PYTHONPATH", "")]
+        ),
     }
     with open(log, "w") as out:
         proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout)

@@ -22,7 +22,6 @@ import torch.distributed as dist
 from rlkit.protocol import handoff
 from rlkit.protocol.credentials import new_token, rendezvous_secret
 from rlkit.protocol.weights import PublishedVersion
-from rlkit.weights import EXIT_MID_UPDATE_ENV
 from rlkit.weights.broadcast import (
     BroadcastDelivery,
     Channel,
@@ -45,7 +44,7 @@ CKPT = 4  # step 4 is published as files (a checkpoint step), the others by broa
 
 
 def test_broadcast_to_two_servers_survives_one_killed_mid_update(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
     cmd = tiny_train_cmd(
@@ -55,11 +54,11 @@ def test_broadcast_to_two_servers_survives_one_killed_mid_update(
         f"--orchestrator.max_steps={STEPS}",
         f"--ckpt.interval={CKPT}",
         "--inference.num_servers=2",
-        "--inference.weight_transfer=broadcast",
-        f"--inference.broadcast_timeout_s={TIMEOUT_S}",
-        "--inference.broadcast_bucket_mb=1",  # several buckets even for the tiny model
+        # a broadcast whose rank 2 (second server) exits mid-update at version 2
+        "--inference.weight_transfer=faulty_transports:BroadcastKilledMidUpdate",
+        f"--inference.transfer_params.timeout_s={TIMEOUT_S}",
+        "--inference.transfer_params.bucket_mb=1",  # several buckets even for the tiny model
     )
-    monkeypatch.setenv(EXIT_MID_UPDATE_ENV, "2:2")  # rank 2 (second server) at version 2
     log = tmp_path / "run.log"
     assert run(cmd, log) == 0, log.read_text()[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -132,7 +131,7 @@ def test_the_only_server_killed_between_updates_rejoins_with_files(
         f"--orchestrator.max_steps={steps}",
         "--ckpt.interval=0",  # no checkpoint step: no version is written as files unasked
         "--inference.weight_transfer=broadcast",
-        f"--inference.broadcast_timeout_s={TIMEOUT_S}",
+        f"--inference.transfer_params.timeout_s={TIMEOUT_S}",
         "--inference.health_interval_s=1",
     )
     log = tmp_path / "run.log"

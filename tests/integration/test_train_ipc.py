@@ -2,11 +2,11 @@
 reaches the server through the trainer's shared buffer (checkpoint steps as files; the same
 buffer filled again: the workers let their mappings go once loaded), the canary KL after each
 ipc update is as small as after the filesystem update of the same run, nothing is left in
-/dev/shm; a server whose worker is killed mid-update (the test hook: after it mapped the buffer)
-is relaunched and catches up from the buffer the trainer still holds, while the run goes on to
-its end; and a trainer SIGKILLed once it published a version through its buffer, before any
-server loaded it, stops the run at once with the one line that says to resume, leaves nothing in
-/dev/shm, and `--resume` trains to the end."""
+/dev/shm; a server whose worker is killed mid-update (by a transport of the test's own,
+`faulty_transports`, after it mapped the buffer) is relaunched and catches up from the buffer
+the trainer still holds, while the run goes on to its end; and a trainer SIGKILLed once it
+published a version through its buffer, before any server loaded it, stops the run at once with
+the one line that says to resume, leaves nothing in /dev/shm, and `--resume` trains to the end."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ import pytest
 from rlkit.protocol import handoff
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.weights import PublishedVersion
-from rlkit.weights import EXIT_MID_UPDATE_ENV
 from rlkit.weights.ipc import IpcDelivery
 from tests.helpers.cli import tiny_train_cmd
 from tests.helpers.session_server import on_session_server
@@ -69,7 +68,7 @@ def test_ipc_updates_match_the_filesystem_ones_and_leave_nothing_behind(
 
 
 def test_a_worker_killed_mid_update_catches_up_from_the_buffer(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     before = rlkit_shm()
     run_dir = tmp_path / "run"
@@ -79,11 +78,11 @@ def test_a_worker_killed_mid_update_catches_up_from_the_buffer(
         *SHORT,
         "--orchestrator.max_steps=4",
         "--ckpt.interval=0",
-        "--inference.weight_transfer=ipc",
+        # ipc, whose only server's worker exits at version 2, once: its relaunch loads version 2
+        # from the buffer
+        "--inference.weight_transfer=faulty_transports:IpcKilledOnce",
         "--inference.health_interval_s=1",
     )
-    # the only server's worker, at version 2, once: its relaunch loads version 2 from the buffer
-    monkeypatch.setenv(EXIT_MID_UPDATE_ENV, f"0:2:{tmp_path / 'killed-once'}")
     log = tmp_path / "run.log"
     assert run(cmd, log) == 0, log.read_text()[-3000:]
     steps = records(run_dir)
@@ -91,7 +90,7 @@ def test_a_worker_killed_mid_update_catches_up_from_the_buffer(
     output = log.read_text()
     assert "is down" in output and "is back (policy version 2)" in output, output[-3000:]
     assert steps[-1]["inference_servers_rejoined"] >= 1
-    assert (tmp_path / "killed-once").exists()
+    assert (run_dir / "killed-once").exists()
     assert all(r["weights_canary_kl"] < 1e-2 for r in steps[2:]), steps
     assert rlkit_shm() == before
 

@@ -25,6 +25,7 @@ from rlkit.weights.broadcast import (
     Broadcast,
     BroadcastDelivery,
     BroadcastError,
+    BroadcastParams,
     Sender,
     announce_peers,
     finish_update,
@@ -205,7 +206,7 @@ def test_a_server_restarting_between_updates_gets_the_last_version_as_files(
     can never come (no server, no rollouts, no next batch)."""
     # no timeout is under test here: the receivers (spawned, importing torch) join within it
     # even on a loaded machine
-    transport = Broadcast(TransportSettings(timeout_s=60, bucket_mb=1))
+    transport = Broadcast(TransportSettings(BroadcastParams(timeout_s=60, bucket_mb=1)))
     first = broadcast_to_one_receiver(transport, tmp_path / "step_1", 1)
     assert not (tmp_path / "step_1" / FILES_DIR).exists()  # nobody asked: nothing written
     path = request_files(first)  # the server restarted: the trainer writes version 1

@@ -33,7 +33,7 @@ def long_lived_receiver(rank: int, inbox: Any, out: Any) -> None:
         got = [
             (n, t.clone()) for bucket in receive(record, Reception(rank=rank)) for n, t in bucket
         ]
-        held = broadcast._GROUPS[tuple(record.delivery["address"])][0]
+        held = broadcast.Broadcast.receiver.held(tuple(record.delivery["address"]))
         out.put((rank, mismatches(got, record.tensors), held))
 
 

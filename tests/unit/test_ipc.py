@@ -19,6 +19,7 @@ from rlkit.protocol import handoff
 from rlkit.protocol.weights import PublishedVersion, mismatches, tensor_table
 from rlkit.weights import Reception, TransportSettings, transport_class
 from rlkit.weights.ipc import Ipc, IpcDelivery, IpcError, open_shared
+from rlkit.weights.transport import TimeoutParams
 
 TENSORS = [
     ("embed.weight", torch.randn(37, 16).to(torch.bfloat16)),
@@ -41,7 +42,7 @@ def reversed_tensors() -> list[tuple[str, torch.Tensor]]:
 
 
 def publish(tmp: Path, version: int = 1, timeout_s: float = 5.0) -> tuple[Ipc, PublishedVersion]:
-    ipc = Ipc(TransportSettings(timeout_s=timeout_s))
+    ipc = Ipc(TransportSettings(TimeoutParams(timeout_s=timeout_s)))
     record = PublishedVersion(version=version, transport="ipc", tensors=tensor_table(TENSORS))
     record = ipc.publish(tmp, record, TENSORS)
     ipc.published(tmp, record, TENSORS)

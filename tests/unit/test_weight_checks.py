@@ -151,15 +151,25 @@ def test_transport_reaches_the_trainer_and_full_weights_are_refused_for_lora(
     base = '[model]\npath = "m"\n[[env]]\nid = "reverse-text"\n'
     toml = tmp_path / "train.toml"
     toml.write_text(
+        base + '[inference]\nweight_transfer = "broadcast"\n'
+        "[inference.transfer_params]\nbucket_mb = 8\ntimeout_s = 30\n"
+    )
+    weights = load_config(RLJobConfig, toml).trainer_config().weights
+    params = weights.transport_params
+    assert (weights.transfer, params.bucket_mb, params.timeout_s) == ("broadcast", 8, 30.0)
+    # the old spelling (a resumed run's config.toml) still loads, into the transport's params
+    toml.write_text(
         base + '[inference]\nweight_transfer = "broadcast"\nbroadcast_bucket_mb = 8\n'
         "broadcast_timeout_s = 30\n"
     )
-    weights = load_config(RLJobConfig, toml).trainer_config().weights
-    assert (weights.transfer, weights.broadcast_bucket_mb, weights.broadcast_timeout_s) == (
-        "broadcast",
-        8,
-        30.0,
+    with pytest.warns(DeprecationWarning, match="inference.transfer_params.bucket_mb"):
+        weights = load_config(RLJobConfig, toml).trainer_config().weights
+    assert weights.transfer_params == {"bucket_mb": 8, "timeout_s": 30}
+    toml.write_text(  # a field the transport does not take names it
+        base + '[inference]\nweight_transfer = "ipc"\n[inference.transfer_params]\nbucket_mb = 8\n'
     )
+    with pytest.raises(UsageError, match=r"inference\.transfer_params\.bucket_mb"):
+        load_config(RLJobConfig, toml)
     toml.write_text(base + '[inference]\nweight_transfer = "auto"\n')
     assert load_config(RLJobConfig, toml).trainer_config().weights.transfer == "filesystem"
     toml.write_text(base + '[model.lora]\nrank = 4\n[inference]\nweight_transfer = "broadcast"\n')
