@@ -22,6 +22,7 @@ from rlkit.launch.roles import Role
 from rlkit.launch.slurm_config import SlurmConfig
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list, run_token_file
 from rlkit.orchestrator.loggers import check_sinks
+from rlkit.orchestrator.schedulers.base import check_scheduler
 from rlkit.orchestrator.source import close_environments, load_environments, max_rollout_tokens
 from rlkit.progress import make_console, phase, print_line
 from rlkit.protocol.credentials import read_token
@@ -110,16 +111,7 @@ class RLJobConfig(RolloutJobConfig):
         if not self.model.path:
             raise ValueError("model.path: the model to train is required")
         max_tokens = o.sampling.max_tokens  # an environment's own is checked when it loads
-        if o.scheduler == "c3po" and max_tokens is not None and o.c3po.token_budget < max_tokens:
-            raise ValueError(
-                f"orchestrator.c3po.token_budget ({o.c3po.token_budget}) is smaller than one "
-                f"rollout's max tokens (orchestrator.sampling.max_tokens = {max_tokens})"
-            )
-        if o.scheduler == "c3po" and o.c3po.capacity < o.group_size:
-            raise ValueError(
-                f"orchestrator.c3po.capacity ({o.c3po.capacity}) must hold at least one group "
-                f"(orchestrator.group_size = {o.group_size})"
-            )
+        check_scheduler(o, max_tokens, f"orchestrator.sampling.max_tokens = {max_tokens}")
         if self.ckpt.interval and self.trainer.weights.keep_last <= self.ckpt.interval:
             raise ValueError(
                 f"trainer.weights.keep_last ({self.trainer.weights.keep_last}) must exceed "

@@ -17,6 +17,7 @@ from rlkit.errors import UsageError
 from rlkit.inference.pool import ClientPool, ServersLost
 from rlkit.orchestrator.config import EnvSpec, OrchestratorConfig
 from rlkit.orchestrator.prompts import Prompt
+from rlkit.orchestrator.schedulers.base import check_scheduler
 
 __all__ = ["EnvRolloutSource", "ServersLost", "load_environments", "max_rollout_tokens"]
 
@@ -101,11 +102,14 @@ def max_rollout_tokens(envs: dict[str, Any], o: OrchestratorConfig) -> int:
                 f"orchestrator.sampling.max_tokens: environment {env_id!r} declares no "
                 "max_tokens in its sampling_defaults; set it in the config"
             )
-        if o.scheduler == "c3po" and o.c3po.token_budget < max_tokens:
-            raise UsageError(
-                f"orchestrator.c3po.token_budget ({o.c3po.token_budget}) is smaller than one "
-                f"rollout's max tokens ({max_tokens} for {env_id!r}: orchestrator.sampling."
-                "max_tokens or the environment's sampling_defaults)"
+        try:
+            check_scheduler(
+                o,
+                int(max_tokens),
+                f"{max_tokens} for {env_id!r}: orchestrator.sampling.max_tokens or the "
+                "environment's sampling_defaults",
             )
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         largest = max(largest, int(max_tokens))
     return largest

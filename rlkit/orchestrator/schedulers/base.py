@@ -110,8 +110,11 @@ class Scheduler(Protocol):
     `from_config` builds it for a run from the run's `RolloutJobConfig` (its parameters:
     `cfg.orchestrator.scheduler_settings`, validated against the model it registered);
     `groups_per_batch` tells the no-signal watchdog how many groups one batch takes (`o`: the
-    `OrchestratorConfig`). The config is typed `Any` here: it imports this module to validate
-    each scheduler's parameters. Per step the loop awaits `next_batch()` (a non-empty list of
+    `OrchestratorConfig`); `check_config(o, max_tokens, where)`, where a scheduler has it (the
+    hook of `check_scheduler`), refuses a config it cannot run with a ValueError naming the field
+    (`max_tokens`: one rollout's largest, None when not known yet; `where` says whose). The
+    config is typed `Any` here: it imports this module to validate each scheduler's
+    parameters. Per step the loop awaits `next_batch()` (a non-empty list of
     processed groups, their prompts settled with the `PromptStream`), calls
     `on_policy_update(step)` once the servers serve the new weights, and logs `take_counters()`
     and `take_idle_s()`; `close()` cancels whatever is still in flight. `version` is the policy
@@ -142,6 +145,16 @@ class Scheduler(Protocol):
     def take_idle_s(self) -> float: ...
 
     async def close(self) -> None: ...
+
+
+def check_scheduler(o: Any, max_tokens: int | None, where: str) -> None:
+    """The chosen scheduler's own checks of the config (its optional `check_config` hook): the
+    config's load checks `orchestrator.sampling.max_tokens`, the environments' load each one's."""
+    from rlkit.orchestrator.scheduler import scheduler_class
+
+    check = getattr(scheduler_class(o.scheduler), "check_config", None)
+    if check is not None:
+        check(o, max_tokens, where)
 
 
 class SchedulerParams(Config):

@@ -57,6 +57,22 @@ class C3POScheduler(SchedulerBase):
         self._changed = asyncio.Event()
 
     @staticmethod
+    def check_config(o: Any, max_tokens: int | None, where: str) -> None:
+        """A rollout of `max_tokens` (`where` says whose) must fit the budget Phi, or it could
+        never make a batch; Omega must hold one group."""
+        p = o.c3po
+        if max_tokens is not None and p.token_budget < max_tokens:
+            raise ValueError(
+                f"orchestrator.c3po.token_budget ({p.token_budget}) is smaller than one "
+                f"rollout's max tokens ({where})"
+            )
+        if p.capacity < o.group_size:
+            raise ValueError(
+                f"orchestrator.c3po.capacity ({p.capacity}) must hold at least one group "
+                f"(orchestrator.group_size = {o.group_size})"
+            )
+
+    @staticmethod
     def groups_per_batch(o: Any, max_tokens: int) -> int:
         """The groups in flight, or those the budget needs at max_tokens each if that is more."""
         g, p = o.group_size, o.c3po
