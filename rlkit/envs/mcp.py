@@ -38,9 +38,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rlkit.envs.rollout import Rollout
 from rlkit.envs.tools import ToolCall, ToolEnv
 from rlkit.inference import InferenceClient
+from rlkit.sandbox.backends import Backend
 from rlkit.sandbox.launch import Mounts
 from rlkit.sandbox.process import kill_tree, spawn
-from rlkit.sandbox.runner import active_backend, limits, require
+from rlkit.sandbox.runner import limits, require_here
 
 PROTOCOL_VERSION = "2025-06-18"
 LINE_LIMIT = 16 << 20  # one JSON-RPC message at most
@@ -203,10 +204,12 @@ NOT_SUPPORTED = {"code": -32601, "message": "not supported by this client"}
 
 
 class StdioServer(MCPSession):
-    """A running stdio server in the sandbox and its pending requests."""
+    """A running stdio server in the sandbox (on `backend`: this host's, checked when the
+    environment loaded) and its pending requests."""
 
-    def __init__(self, spec: MCPServer) -> None:
+    def __init__(self, spec: MCPServer, backend: Backend) -> None:
         super().__init__(spec)
+        self.backend = backend
         self._stack = contextlib.ExitStack()
         self._proc: asyncio.subprocess.Process | None = None
         self._pending: dict[int, asyncio.Future] = {}
@@ -221,7 +224,7 @@ class StdioServer(MCPSession):
         script = "exec " + shlex.join(self.spec.command) + "\n"
         run_limits = limits(self.spec.lifetime_cpu_s, self.spec.memory_mb)
         launch = self._stack.enter_context(
-            active_backend().prepare(script, "bash", {}, run_limits, mounts)
+            self.backend.prepare(script, "bash", {}, run_limits, mounts)
         )
         try:
             self._proc = await spawn(launch, line_limit=LINE_LIMIT)
@@ -479,8 +482,8 @@ class MCPToolEnv(ToolEnv):
         **kwargs: Any,
     ) -> None:
         self.mcp_servers = [MCPServer.model_validate(s) for s in mcp_servers]
-        if any(s.command for s in self.mcp_servers):
-            require()  # stdio servers run in the sandbox: refuse now, with the fix
+        # stdio servers run in this host's sandbox, a service or not: refuse now, with the fix
+        self.backend = require_here() if any(s.command for s in self.mcp_servers) else None
         for spec in self.mcp_servers:
             spec.headers()  # a header's variable that is not set: refuse now, naming it
         super().__init__(list(tools or []), *args, **kwargs)
@@ -503,7 +506,9 @@ class MCPToolEnv(ToolEnv):
         routes: dict[str, MCPSession] = {}
         try:
             for spec in self.mcp_servers:
-                server: MCPSession = HttpServer(spec) if spec.url else StdioServer(spec)
+                server: MCPSession = (
+                    HttpServer(spec) if spec.url else StdioServer(spec, self._backend())
+                )
                 servers.append(server)
                 await server.start()
                 server.tool_specs = {t["name"]: t for t in await server.tools()}
@@ -515,6 +520,10 @@ class MCPToolEnv(ToolEnv):
             await asyncio.gather(*(s.close() for s in servers), return_exceptions=True)
             raise
         return servers, routes
+
+    def _backend(self) -> Backend:
+        assert self.backend is not None  # resolved at load whenever a stdio server is listed
+        return self.backend
 
     async def rollout(
         self, row: dict[str, Any], client: InferenceClient, model: str, sampling: dict[str, Any]

@@ -155,6 +155,13 @@ def require() -> Backend | None:
     With a service configured, the service checked its own backend when it started (None)."""
     if service() is not None:
         return None
+    return require_here()
+
+
+def require_here() -> Backend:
+    """For work that runs on this host even when a sandbox service is configured (an MCP stdio
+    server, whose pipes this process holds): the configured backend, checked now, so that a
+    host where it cannot run refuses at load rather than on every use."""
     active_backend.cache_clear()
     return active_backend()
 
