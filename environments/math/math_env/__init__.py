@@ -93,7 +93,7 @@ def load_rows(dataset: str, split: str = "train", num_examples: int = -1) -> Dat
 
 
 _LATEX_NOISE = re.compile(r"\\left|\\right|\\[,;!]|\\displaystyle|[$\s{}]")
-_WORD = re.compile(r"[A-Za-z]{3,}")
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")  # prose words, not \\commands
 
 
 def _squash(text: str) -> str:
@@ -106,12 +106,15 @@ def copies_question(question: str, predicted: str, gold: str) -> bool:
     $(1+2i)6-3i$." or "Simplify $\\sqrt{242}$." scored 1, and boxing a whole question scores
     its last number). True when the answer holds four consecutive words of the question, or is
     an expression (not a bare number) copied from the question while the gold answer is not in
-    it. Never true of the gold answer itself."""
+    it (a question of fewer than four words: all of them). Never true of the gold answer."""
     if _squash(predicted) == _squash(gold):
         return False
     words = [w.lower() for w in _WORD.findall(question)]
-    said = " ".join(w.lower() for w in _WORD.findall(predicted))
-    if any(" ".join(words[i : i + 4]) in said for i in range(len(words) - 3)):
+    said = f" {' '.join(w.lower() for w in _WORD.findall(predicted))} "
+    run = min(4, len(words))  # a short question ("Simplify $x$."): all of its words
+    if run and any(
+        f" {' '.join(words[i : i + run])} " in said for i in range(len(words) - run + 1)
+    ):
         return True
     copied, squashed = _squash(predicted), _squash(question)
     is_number = re.fullmatch(r"-?[\d.,]+", copied) is not None

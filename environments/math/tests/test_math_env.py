@@ -189,7 +189,7 @@ async def test_boxing_the_question_scores_zero() -> None:
         for index, expression in cases.items():
             row = rows[index]
             question = row["prompt"][-1]["content"]
-            for text in filter(None, (question, expression)):
+            for text in filter(None, (question, expression, " ".join([question] * 20))):
                 assert copies_question(question, text, row["answer"])
                 rollout, _ = await play(env, row, reply(f"\\boxed{{{text}}}"))
                 assert rollout.reward == 0.0, (index, text)
