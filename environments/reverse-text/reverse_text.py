@@ -1,33 +1,114 @@
 """reverse-text: reverse a string character by character.
 
 The answer is the plain text of the model's reply after any `<think>...</think>` reasoning
-(ThinkParser), stripped of surrounding whitespace; the reward is difflib's SequenceMatcher ratio
-(2 * matched characters / total characters) between that answer and the reversed text, so
-partially right reversals earn partial credit. Data is generated offline and deterministically
-from `seed`: random strings of `min_len`..`max_len` characters drawn from a small `alphabet`,
-which a tiny model can learn in a short CPU run. With `dataset_name`, rows come from a hub
-dataset, a local data file or a dataset folder instead (its `text_column` is reversed).
+(ThinkParser), stripped of surrounding whitespace. Data is generated offline and
+deterministically from `seed`: random strings of `min_len`..`max_len` characters drawn from a
+small `alphabet`, which a tiny model can learn in a short CPU run. With `dataset_name`, rows come
+from a hub dataset, a local data file or a dataset folder instead (its `text_column` is
+reversed).
+
+The reward (`reversal_reward`) pays only for reversal work, measured above what the cheapest
+answers already earn on the row:
+
+    reward = max(0, (s(reply) - b) / (1 - b))
+
+- `s(x)` is positional similarity to the reversed text: the number of positions where `x` and
+  the reversal hold the same character, aligned at the start or at the end (whichever matches
+  more, so one dropped end character costs one position), divided by the longer length. It is
+  1.0 only for the exact reversal.
+- `b` is the best `s` among the row's cheap answers, computed from the row's text alone: the
+  text echoed, its characters sorted (both orders), the text rotated by every k, and each of its
+  characters repeated to its length (the best constant character: any other character matches
+  nothing). A cheap answer that happens to be the exact reversal (a palindrome's echo) is left
+  out of `b`.
+
+So the exact reversal earns 1.0, every cheap answer above earns 0 (the empty reply's score),
+and a reversal with one character wrong keeps most of the credit (0.5 on a 3-character string,
+about 0.8 on a 10-character one). `exact_match` (weight 0) is recorded beside the reward in
+every eval and training metric. The family's exploits (`rlkit env audit`) are registered on the
+environment: echo, sorted, rotated, constant character, another row's reversal.
 """
 
 from __future__ import annotations
 
+import functools
 import random
-from difflib import SequenceMatcher
+import zlib
+from collections import Counter
+from fractions import Fraction
 from typing import Any
 
 from datasets import Dataset
 
 from rlkit.envs import SingleTurnEnv, ThinkParser
 from rlkit.envs.data import load_dataset_any
+from rlkit.envs.exploits import Exploit, Variants, last_user_text, reply
 from rlkit.envs.rubric import Rubric
 
 SYSTEM_PROMPT = "Reverse the text character by character. Reply with the reversed text only."
 DEFAULT_ALPHABET = "abcdefghij"
+FAMILY = "reverse-text"
 
 
-def lcs_ratio(response: str, target: str) -> float:
-    """Similarity in [0, 1]: 1.0 only for the exact reversal."""
-    return SequenceMatcher(None, response, target, autojunk=False).ratio()
+def _matches(response: str, target: str) -> int:
+    """Positions holding the target's character, aligned at the start or at the end (the more)."""
+    n = min(len(response), len(target))
+    left = sum(response[i] == target[i] for i in range(n))
+    right = sum(response[-1 - i] == target[-1 - i] for i in range(n))
+    return max(left, right)
+
+
+def _similarity(response: str, target: str) -> Fraction:
+    longest = max(len(response), len(target))
+    return Fraction(_matches(response, target), longest) if longest else Fraction(1)
+
+
+def positional_similarity(response: str, target: str) -> float:
+    """Share of positions holding the target's character, aligned at the start or at the end
+    (the better of the two), over the longer length; 1.0 only when `response == target`."""
+    return float(_similarity(response, target))
+
+
+def cheap_answers(text: str) -> dict[str, str]:
+    """The answers that need no reversal, built from the prompt's text alone: echo, sorted
+    characters (both orders), every rotation, and each of its characters repeated to its
+    length."""
+    answers = {
+        "echo": text,
+        "sorted": "".join(sorted(text)),
+        "sorted descending": "".join(sorted(text, reverse=True)),
+    }
+    for k in range(1, len(text)):
+        answers[f"rotated by {k}"] = text[k:] + text[:k]
+    for ch in sorted(set(text)):
+        answers[f"{ch!r} repeated"] = ch * len(text)
+    return answers
+
+
+@functools.lru_cache(maxsize=8192)
+def _baseline(target: str) -> Fraction:
+    text = target[::-1]
+    return max(
+        (
+            _similarity(answer, target)
+            for answer in cheap_answers(text).values()
+            if answer != target
+        ),
+        default=Fraction(0),
+    )
+
+
+def baseline_similarity(target: str) -> float:
+    """`b`: the best positional similarity a cheap answer reaches on this row (the text is the
+    target reversed); cheap answers equal to the target (a palindrome's echo) are left out."""
+    return float(_baseline(target))
+
+
+def reversal_score(response: str, target: str) -> float:
+    """The reward: positional similarity above the row's best cheap answer, rescaled so the
+    exact reversal is 1.0 and anything no better than a cheap answer is 0 (exact fractions)."""
+    b = _baseline(target)
+    return float(max(Fraction(0), (_similarity(response, target) - b) / (1 - b)))
 
 
 def generate_texts(
@@ -76,6 +157,76 @@ def sft_examples(
     ]
 
 
+# --- exploits (`rlkit env audit`): the cheapest replies that do no reversal -------------------
+
+
+def _wrong_only(row: dict[str, Any], texts: dict[str, str]) -> Variants:
+    """Each text as a plain reply, leaving out one that is the row's answer (that is solving)."""
+    answer = str(row.get("answer") or "").strip()
+    return {name: reply(text) for name, text in texts.items() if text.strip() != answer}
+
+
+def _echo_text(env: Any, row: dict[str, Any]) -> Variants:
+    text = last_user_text(row)
+    return _wrong_only(row, {"echo": text}) if text else {}
+
+
+def _sorted_text(env: Any, row: dict[str, Any]) -> Variants:
+    text = last_user_text(row)
+    return _wrong_only(
+        row,
+        {"ascending": "".join(sorted(text)), "descending": "".join(sorted(text, reverse=True))},
+    )
+
+
+def _rotated(env: Any, row: dict[str, Any]) -> Variants:
+    text = last_user_text(row)
+    ks = sorted({k for k in (1, 2, 3, len(text) // 2, len(text) - 1) if 0 < k < len(text)})
+    return _wrong_only(row, {f"by {k}": text[k:] + text[:k] for k in ks})
+
+
+def _constant_characters(alphabet: str) -> Any:
+    def variants(env: Any, row: dict[str, Any]) -> Variants:
+        text = last_user_text(row)
+        if not text:
+            return {}
+        texts = {f"{ch} repeated": ch * len(text) for ch in dict.fromkeys(alphabet)}
+        texts["most common character"] = Counter(text).most_common(1)[0][0] * len(text)
+        return _wrong_only(row, texts)
+
+    return variants
+
+
+def _another_row(texts: list[str]) -> Any:
+    def variants(env: Any, row: dict[str, Any]) -> Variants:
+        text = last_user_text(row)
+        if not texts:
+            return {}
+        start = zlib.crc32(text.encode()) % len(texts)  # a stable pick, not the row's answer
+        for other in texts[start:] + texts[:start]:
+            if other != text:
+                return _wrong_only(row, {"reversed": other[::-1]})
+        return {}
+
+    return variants
+
+
+def exploits(alphabet: str, texts: list[str]) -> list[Exploit]:
+    """reverse-text's cheap answers as `rlkit env audit` exploits (none is two-way)."""
+    return [
+        Exploit("echo text", _echo_text, "the text unreversed", FAMILY),
+        Exploit("sorted", _sorted_text, "the text's characters sorted", FAMILY),
+        Exploit("rotated", _rotated, "the text rotated by k characters", FAMILY),
+        Exploit(
+            "constant character",
+            _constant_characters(alphabet),
+            "one character repeated to the text's length (each of the alphabet, the commonest)",
+            FAMILY,
+        ),
+        Exploit("another row reversed", _another_row(texts), "a different row's reversal", FAMILY),
+    ]
+
+
 class ReverseTextEnv(SingleTurnEnv):
     """Single-turn string reversal; the gold completion is the reversed text."""
 
@@ -106,6 +257,7 @@ def load_environment(
         texts = [str(t) for t in source[text_column]]
         eval_texts = texts[:num_eval_examples]
         train_texts = texts[num_eval_examples : num_eval_examples + num_train_examples]
+        alphabet = "".join(sorted({ch for t in texts for ch in t}))
     else:
         eval_texts = generate_texts(num_eval_examples, seed + 1, min_len, max_len, alphabet)
         train_texts = generate_texts(
@@ -114,15 +266,20 @@ def load_environment(
 
     parser = ThinkParser()
 
-    def lcs_reward(completion: list[dict[str, Any]], answer: str) -> float:
-        return lcs_ratio(parser.parse_answer(completion) or "", answer)
+    def reversal_reward(completion: list[dict[str, Any]], answer: str) -> float:
+        return reversal_score(parser.parse_answer(completion) or "", answer)
 
-    return ReverseTextEnv(
+    def exact_match(completion: list[dict[str, Any]], answer: str) -> float:
+        return float((parser.parse_answer(completion) or "") == answer)
+
+    env = ReverseTextEnv(
         dataset=_rows(train_texts) if train_texts else None,
         eval_dataset=_rows(eval_texts) if eval_texts else None,
         system_prompt=system_prompt,
         parser=parser,
-        rubric=Rubric([lcs_reward], [1.0], parser=parser),
+        rubric=Rubric([reversal_reward, exact_match], [1.0, 0.0], parser=parser),
         sampling_defaults={"temperature": 1.0, "max_tokens": 64},
         env_id="reverse-text",
     )
+    env.exploits.extend(exploits(alphabet, eval_texts + train_texts))
+    return env

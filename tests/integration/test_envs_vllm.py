@@ -39,7 +39,10 @@ async def test_reverse_text_rollouts(vllm_server: Any, tiny_model_dir: Path) -> 
     for rollout in rollouts:
         _check_engine_record(rollout)
         assert len(rollout.turns) == 1 and len(rollout.turns[0].completion_token_ids) <= 12
-        assert 0.0 <= rollout.reward <= 1.0 and set(rollout.metrics) == {"lcs_reward"}
+        assert 0.0 <= rollout.reward <= 1.0 and set(rollout.metrics) == {
+            "reversal_reward",
+            "exact_match",
+        }
 
 
 async def test_math_rollouts(vllm_server: Any, tiny_model_dir: Path) -> None:

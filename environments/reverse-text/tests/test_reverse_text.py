@@ -1,4 +1,4 @@
-"""reverse-text: deterministic data, the LCS reward, dataset loading and a scored rollout."""
+"""reverse-text: deterministic data, the reversal reward, dataset loading and a scored rollout."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from reverse_text import lcs_ratio, load_environment, sft_examples
+from reverse_text import load_environment, positional_similarity, reversal_score, sft_examples
 
 from rlkit.envs import load_environment as load_by_id
 from rlkit.envs.check import check_environment
@@ -29,10 +29,17 @@ def test_generated_data_is_deterministic_and_bounded() -> None:
     assert train[0]["prompt"][0]["role"] == "system" and train[0]["prompt"][1]["role"] == "user"
 
 
-def test_lcs_ratio() -> None:
-    assert lcs_ratio("cba", "cba") == 1.0
-    assert lcs_ratio("", "cba") == 0.0
-    assert 0.0 < lcs_ratio("cbx", "cba") < 1.0
+def test_positional_similarity_and_reversal_score() -> None:
+    assert positional_similarity("cba", "cba") == 1.0
+    assert positional_similarity("", "cba") == 0.0
+    assert positional_similarity("cbx", "cba") == 2 / 3
+    assert positional_similarity("ba", "cba") == 2 / 3  # aligned at the end: a dropped first char
+    assert positional_similarity("cbaa", "cba") == 3 / 4  # an extra char costs its position
+    assert reversal_score("cba", "cba") == 1.0
+    assert reversal_score("", "cba") == 0.0
+    # abc -> cba: the echo, rotations and constants match one position of three, so b = 1/3
+    assert reversal_score("cbx", "cba") == 0.5
+    assert reversal_score("abc", "cba") == 0.0
 
 
 def test_bad_lengths_are_rejected() -> None:
@@ -66,7 +73,7 @@ def test_dataset_name_loads_a_local_file(tmp_path: Path) -> None:
         load_by_id("reverse-text", dataset_name=str(tmp_path / "missing-dir-or-name"))
 
 
-async def test_rollouts_are_scored_by_lcs() -> None:
+async def test_rollouts_are_scored_by_reversal() -> None:
     env = load_by_id("reverse-text", num_train_examples=4, num_eval_examples=2)
     row = env.get_eval_dataset()[0]
 
@@ -80,7 +87,10 @@ async def test_rollouts_are_scored_by_lcs() -> None:
     with FakeOpenAIServer(responder=lambda body: "<think>unfinished") as server:
         async with InferenceClient(server.url) as client:
             (bad,) = await env.run_group(row, client, "fake-model", {}, n=1)
-    assert [r.reward for r in good] == [1.0, 1.0] and good[0].metrics == {"lcs_reward": 1.0}
+    assert [r.reward for r in good] == [1.0, 1.0] and good[0].metrics == {
+        "reversal_reward": 1.0,
+        "exact_match": 1.0,
+    }
     assert bad.reward == 0.0 and bad.error is None
 
 
