@@ -28,6 +28,7 @@ from rlkit.progress import make_console, phase, print_line
 from rlkit.protocol.credentials import read_token
 from rlkit.sim.config import SimConfig
 from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig, TrainerSettings
+from rlkit.trainer.context_parallel import describe_mesh
 from rlkit.trainer.routing import RoutingReplay
 from rlkit.weights import AUTO, carries_adapters, transport_name
 
@@ -80,6 +81,12 @@ class TrainerLaunchConfig(TrainerSettings):
             raise ValueError(
                 f"trainer.gpus lists {len(self.gpus)} GPU(s) but trainer.nproc_per_node is "
                 f"{self.nproc_per_node}: one GPU per trainer process"
+            )
+        world = self.nproc_per_node * self.nnodes
+        if world % self.context_parallel:
+            raise ValueError(
+                f"trainer.context_parallel ({self.context_parallel}) must divide the trainer's "
+                f"world size, trainer.nproc_per_node x trainer.nnodes = {world}"
             )
         if self.sharding == "hybrid" and self.nnodes == 1:
             raise ValueError(
@@ -197,6 +204,12 @@ def check_role(config: RLJobConfig, role: Role | str) -> dict[str, Any]:
     """Validate and load what `role` needs before anything starts: the environments (and their
     prompts' fit) for the roles that run the orchestrator; a trainer or inference node never
     reads them (their datasets may not even be reachable from it)."""
+    t = config.trainer
+    if Role(role).runs_trainer and t.context_parallel > 1:  # what the trainer's ranks form
+        print_line(
+            make_console(stderr=True),
+            describe_mesh(t.nproc_per_node * t.nnodes, t.context_parallel),
+        )
     if Role(role).runs_orchestrator:
         check_sinks(config.log)
         return check_environments(config)

@@ -249,3 +249,11 @@ class SFTConfig(TrainerConfig):
         description="Trainer processes on this machine (torchrun when > 1), as "
         "trainer.nproc_per_node.",
     )
+
+    @model_validator(mode="after")
+    def _context_divides_world(self) -> SFTConfig:
+        if self.nproc % self.context_parallel:
+            raise ValueError(
+                f"context_parallel ({self.context_parallel}) must divide nproc ({self.nproc})"
+            )
+        return self

@@ -2,13 +2,13 @@
 give the per-token logprobs, the loss metrics and every parameter's gradient of one process,
 within fp32 tolerance (logprobs and loss rel 1e-5, gradients rtol 1e-4 / atol 1e-6: the
 split changes only the order of floating-point sums), on rows of ~1k tokens, packed and
-padded, with IcePop (+ seq_reject_below), GSPO (sequence ratio) and GRPO with a recomputed
-old policy, seq-mean-token-mean and a reference KL; then a dense model with LoRA and
-activation checkpointing, and a MoE model with R2 routing replay.
+padded, with IcePop (+ seq_reject_below) and GSPO (its sequence ratio, seq-mean-token-mean,
+pi_old recomputed, a reference KL); and a MoE model with R2 routing replay, a LoRA adapter and
+activation checkpointing.
 
-The file is also the probe: `python THIS OUT MODEL CASES CP` (one process, CP = 1) or under
-torchrun computes, per case, every micro-batch's logprobs and one batch's gradients without a
-step, and saves them from rank 0.
+The file is also the probe: `python THIS OUT CP DENSE_MODEL MOE_MODEL` (one process, CP = 1)
+or under torchrun computes, per case of `CASES`, every micro-batch's logprobs and one batch's
+gradients without a step, and saves them from rank 0.
 """
 
 from __future__ import annotations
@@ -28,23 +28,19 @@ CASES = {
     "icepop-packed": dict(
         loss=dict(name="icepop", params={"seq_reject_below": 0.02}), packing=True
     ),
-    "gspo-padded": dict(loss=dict(name="gspo"), packing=False),
-    "grpo-recomputed-kl": dict(
-        loss=dict(
-            name="grpo",
-            old_policy="recomputed",
-            params={"agg": "seq-mean-token-mean", "kl_coef": 0.1},
-        ),
+    # GSPO's sequence ratio and seq-mean-token-mean, on pi_old recomputed, with a reference KL
+    "gspo-padded": dict(
+        loss=dict(name="gspo", old_policy="recomputed", params={"kl_coef": 0.1}), packing=False
+    ),
+    "moe-r2-lora-checkpointing": dict(
+        moe=True,
+        loss=dict(name="icepop"),
         packing=True,
-        mini_batches=1,
+        routing_replay="r2",
+        lora=8,
+        activation_checkpointing=True,
     ),
-    "lora-checkpointing": dict(
-        loss=dict(name="icepop"), packing=True, lora=8, activation_checkpointing=True
-    ),
-    "moe-r2": dict(loss=dict(name="gspo"), packing=True, routing_replay="r2"),
 }
-DENSE = ["icepop-packed", "gspo-padded", "grpo-recomputed-kl", "lora-checkpointing"]
-MOE = ["moe-r2"]
 
 
 def long_batch(vocab: int, seed: int = 0) -> list:
@@ -72,17 +68,17 @@ def long_batch(vocab: int, seed: int = 0) -> list:
     return seqs
 
 
-def probe(out: str, model_dir: str, cases: str, context_parallel: str) -> None:
+def probe(out: str, context_parallel: str, dense_dir: str, moe_dir: str) -> None:
     from rlkit.protocol.model import LoraConfig, ModelConfig
     from rlkit.trainer import dist
     from rlkit.trainer.config import LossConfig, TrainerConfig
     from rlkit.trainer.trainer import Trainer
 
     results = {}
-    for name in cases.split(","):
-        case = dict(CASES[name])
+    for name, case in CASES.items():
+        case = dict(case)
         model = ModelConfig(
-            path=model_dir,
+            path=moe_dir if case.pop("moe", False) else dense_dir,
             lora=LoraConfig(rank=case.pop("lora", 0)),
             activation_checkpointing=case.pop("activation_checkpointing", False),
         )
@@ -153,28 +149,21 @@ def _compare(one: dict, two: dict) -> None:
     assert nonzero == len(one["grads"])
 
 
-def _both(model_dir: Path, cases: list[str], tmp_path: Path) -> tuple[dict, dict]:
-    names = ",".join(cases)
+@pytest.mark.slow
+def test_context_parallel_two_ranks_match_one_process(
+    tiny_model_dir: Path, tiny_moe_model_dir: Path, tmp_path: Path
+):
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    _run([sys.executable, __file__, str(one), str(model_dir), names, "1"], tmp_path / "t1")
+    models = [str(tiny_model_dir), str(tiny_moe_model_dir)]
+    _run([sys.executable, __file__, str(one), "1", *models], tmp_path / "t1")
     torchrun = [sys.executable, *TrainerRanks(nproc=2).torchrun_args()]
-    _run([*torchrun, __file__, str(two), str(model_dir), names, "2"], tmp_path / "t2")
-    return torch.load(one), torch.load(two)
-
-
-@pytest.mark.slow
-def test_context_parallel_two_ranks_match_one_process(tiny_model_dir: Path, tmp_path: Path):
-    one, two = _both(tiny_model_dir, DENSE, tmp_path)
-    for case in DENSE:
-        _compare(one[case], two[case])
-    assert one["icepop-packed"]["metrics"]["seq_rejected"] > 0  # the rejection is exercised
-
-
-@pytest.mark.slow
-def test_context_parallel_moe_routing_replay(tiny_moe_model_dir: Path, tmp_path: Path):
-    one, two = _both(tiny_moe_model_dir, MOE, tmp_path)
-    for case in MOE:
-        _compare(one[case], two[case])
+    _run([*torchrun, __file__, str(two), "2", *models], tmp_path / "t2")
+    one_rank, two_ranks = torch.load(one), torch.load(two)
+    assert one_rank.keys() == two_ranks.keys() == CASES.keys()
+    for case in CASES:
+        _compare(one_rank[case], two_ranks[case])
+    assert one_rank["icepop-packed"]["metrics"]["seq_rejected"] > 0  # rejection is exercised
+    assert two_ranks["moe-r2-lora-checkpointing"]["metrics"]["router_known_pairs"] > 0
 
 
 if __name__ == "__main__":
