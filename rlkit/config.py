@@ -3,9 +3,10 @@
 Every config model derives from `Config`, which forbids unknown fields so a typo is an error
 that names the field. `load_config(Model, path, overrides)` reads TOML, applies overrides such
 as ``["--trainer.lr", "1e-5", "--env.0.weight=2"]`` (values parsed as TOML literals, falling back
-to plain strings) and validates; any problem raises `UsageError` naming the field, and an
-unknown field with a close known one says "did you mean" (`did_you_mean`, the one spelling
-helper every command's config errors go through).
+to plain strings; a part of the key in double quotes is taken whole, as in a TOML key:
+``--orchestrator.schedulers."my_pkg.mod:MyScheduler".record=b``) and validates; any problem
+raises `UsageError` naming the field, and an unknown field with a close known one says "did
+you mean" (`did_you_mean`, the one spelling helper every command's config errors go through).
 
 Every command that takes a config (`rlkit train`, `rlkit sft`, `python -m rlkit.trainer.main`)
 accepts the same overrides after the config path: `--section.field VALUE` or
@@ -15,6 +16,7 @@ accepts the same overrides after the config path: `--section.field VALUE` or
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 import typing
 from collections.abc import Iterable
@@ -42,9 +44,17 @@ def parse_value(text: str) -> Any:
         return text
 
 
+KEY_PART = re.compile(r'"([^"]*)"|([^."]+)')
+
+
+def key_parts(dotted: str) -> list[str]:
+    """``a."b.c".d`` -> ``["a", "b.c", "d"]``: a quoted part is one key, dots and all."""
+    return [quoted or bare for quoted, bare in KEY_PART.findall(dotted)]
+
+
 def apply_override(data: dict[str, Any], dotted: str, value: Any) -> None:
     """Set `data[a][b][c] = value` for `dotted == "a.b.c"`; integer parts index lists."""
-    parts = dotted.split(".")
+    parts = key_parts(dotted)
     node: Any = data
     for i, part in enumerate(parts[:-1]):
         nxt_is_index = parts[i + 1].isdigit()
@@ -81,7 +91,11 @@ def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
             raw = args[i]
         else:
             raise UsageError(f"override {arg!r} must look like --section.field VALUE")
-        out.append((key.replace("-", "_"), parse_value(raw)))
+        # dashes spell underscores in field names, not inside a quoted key
+        key = "".join(
+            p if p.startswith('"') else p.replace("-", "_") for p in re.split(r'("[^"]*")', key)
+        )
+        out.append((key, parse_value(raw)))
         i += 1
     return out
 

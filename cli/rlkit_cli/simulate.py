@@ -37,7 +37,7 @@ def simulate(
     engine use, trainer idle, staleness, retention, purges, and speedups over sync.
 
     Config fields can be overridden after the path, as for `rlkit train`
-    (e.g. `--simulate.at_cap 0.1 --orchestrator.c3po.token_budget 65536`).
+    (e.g. `--simulate.at_cap 0.1 --orchestrator.schedulers.c3po.token_budget 65536`).
     """
     from rlkit.config import load_config
     from rlkit.errors import UsageError

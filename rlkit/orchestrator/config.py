@@ -8,6 +8,7 @@ extends it with the trainer's sections.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,9 +17,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from rlkit.config import Config
 from rlkit.envs.sampling import SamplingConfig
 from rlkit.orchestrator.sampler import DifficultyConfig
-from rlkit.orchestrator.schedulers.base import SCHEDULERS, SchedulerParams
-from rlkit.orchestrator.schedulers.c3po import C3POParams
-from rlkit.orchestrator.schedulers.sync import SyncParams
+from rlkit.orchestrator.schedulers.base import SCHEDULERS, SchedulerParams, scheduler_table
 from rlkit.protocol.credentials import ensure_token_file, read_token
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.model import ModelConfig
@@ -31,6 +30,7 @@ MOVED_SCHEDULER_FIELDS = {
     "token_budget": "c3po",
     "retention": "c3po",
 }
+OLD_SCHEDULER_TABLES = ("sync", "c3po")  # [orchestrator.sync|c3po]: now [orchestrator.schedulers.*]
 
 
 class EnvSpec(Config):
@@ -188,21 +188,18 @@ class OrchestratorConfig(Config):
         "c3po",
         description="Rollout scheduler: sync (whole batch, then train), c3po (C3PO++ token-budget "
         "pool), an entry point in group rlkit.schedulers, or 'my_pkg.my_module:MyScheduler' "
-        "(rlkit.orchestrator.scheduler.Scheduler); its parameters: [orchestrator.sync], "
-        "[orchestrator.c3po], a plugin's [orchestrator.scheduler_params].",
+        "(rlkit.orchestrator.scheduler.Scheduler); its parameters: its table in "
+        "[orchestrator.schedulers].",
     )
     max_steps: int = Field(10, ge=1, description="Optimiser steps to run.")
     group_size: int = Field(8, ge=2, description="G: rollouts per prompt (advantage group).")
-    sync: SyncParams = Field(
-        default_factory=SyncParams, description="The sync scheduler's parameters."
-    )
-    c3po: C3POParams = Field(
-        default_factory=C3POParams, description="The C3PO++ scheduler's parameters."
-    )
-    scheduler_params: dict[str, Any] = Field(
+    schedulers: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
-        description="A plugin scheduler's parameters, validated by the parameter model it "
-        "registered (SCHEDULERS.register(name, params=Model)).",
+        description="Each scheduler's parameters, a table per name as orchestrator.scheduler "
+        "spells it ([orchestrator.schedulers.c3po], [orchestrator.schedulers.sync], "
+        '[orchestrator.schedulers."my_pkg.mod:MyScheduler"]), validated by the model it '
+        "registered (SCHEDULERS.register(name, params=Model)); a scheduler without a table "
+        "takes its defaults. `rlkit simulate` reads the table of each scheduler it compares.",
     )
     max_off_policy_steps: int = Field(
         4, ge=0, description="Drop samples whose oldest turn is more than N versions old."
@@ -249,19 +246,35 @@ class OrchestratorConfig(Config):
         default_factory=WatchdogConfig, description="Stop a run whose groups carry no signal."
     )
 
-    _scheduler_settings: SchedulerParams = PrivateAttr()
+    _settings: dict[str, SchedulerParams] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
     def _moved_scheduler_fields(cls, data: Any) -> Any:
-        """The scheduler knobs that moved into their scheduler's own table."""
-        if isinstance(data, dict):
-            for key in data.keys() & MOVED_SCHEDULER_FIELDS.keys():
-                table = MOVED_SCHEDULER_FIELDS[key]
-                raise ValueError(
-                    f"orchestrator.{key} moved to [orchestrator.{table}] (orchestrator.{table}."
-                    f"{key}): each scheduler owns its parameters"
-                )
+        """The scheduler knobs that moved into their scheduler's own table; the old tables
+        (`[orchestrator.sync]`, `[orchestrator.c3po]`, a plugin's `scheduler_params`, as a
+        resumed run's config.toml has them) load into `schedulers`, with a DeprecationWarning."""
+        if not isinstance(data, dict):
+            return data
+        for key in data.keys() & MOVED_SCHEDULER_FIELDS.keys():
+            table = scheduler_table(MOVED_SCHEDULER_FIELDS[key])
+            raise ValueError(
+                f"orchestrator.{key} moved to [{table}] ({table}.{key}): each scheduler owns "
+                "its parameters"
+            )
+        old = [(f"orchestrator.{n}", n, data[n]) for n in OLD_SCHEDULER_TABLES if n in data]
+        if data.get("scheduler_params"):  # written for whichever scheduler the config names
+            name = str(data.get("scheduler", cls.model_fields["scheduler"].default))
+            old.append(("orchestrator.scheduler_params", name, data["scheduler_params"]))
+        if not old and "scheduler_params" not in data:
+            return data
+        gone = (*OLD_SCHEDULER_TABLES, "scheduler_params")  # an empty scheduler_params: silently
+        data = {key: value for key, value in data.items() if key not in gone}
+        tables = {name: dict(table) for name, table in (data.get("schedulers") or {}).items()}
+        for was, name, table in old:
+            warnings.warn(f"[{was}] is now [{scheduler_table(name)}]", DeprecationWarning, 2)
+            tables[name] = {**table, **tables.get(name, {})}  # the new spelling wins
+        data["schedulers"] = tables
         return data
 
     @model_validator(mode="after")
@@ -273,33 +286,45 @@ class OrchestratorConfig(Config):
 
     @model_validator(mode="after")
     def _valid_scheduler(self) -> OrchestratorConfig:
-        """The scheduler exists and its parameters fit its model: a built-in's own table, a
-        plugin's `scheduler_params`."""
+        """The scheduler exists, and every table in `schedulers` (the chosen scheduler's too,
+        its defaults when it has none) fits its scheduler's parameter model."""
         from rlkit.orchestrator.scheduler import scheduler_class
 
         try:
             scheduler_class(self.scheduler)
-            entry = SCHEDULERS.get(self.scheduler)
         except ValueError as exc:  # unknown, unimportable, or not a Scheduler
             raise ValueError(f"orchestrator.scheduler: {exc}") from None
-        builtin = {"sync": self.sync, "c3po": self.c3po}.get(self.scheduler)
-        if builtin is not None:
-            if self.scheduler_params:
-                raise ValueError(
-                    f"orchestrator.scheduler_params: the {self.scheduler} scheduler's "
-                    f"parameters go in [orchestrator.{self.scheduler}]"
-                )
-            self._scheduler_settings = builtin
-        else:
-            self._scheduler_settings = entry.validate(
-                self.scheduler_params, "orchestrator.scheduler_params"
-            )
+        self._settings = {}
+        for name in dict.fromkeys([self.scheduler, *self.schedulers]):
+            # the table as validated, defaults filled in (what a dumped config.toml shows)
+            self.schedulers[name] = self.params_for(name).model_dump(mode="json")
         return self
+
+    def params_for(self, name: str) -> SchedulerParams:
+        """The parameters of the scheduler `name` (as orchestrator.scheduler spells it):
+        its table in [orchestrator.schedulers] validated by its model, else its defaults;
+        ValueError naming the field when they do not fit."""
+        if name not in self._settings:
+            where = scheduler_table(name)
+            try:
+                entry = SCHEDULERS.get(name)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+            table = self.schedulers.get(name, {})
+            for key in table.keys() - entry.params.model_fields.keys():
+                owners = [
+                    n for n in SCHEDULERS.names() if key in SCHEDULERS.get(n).params.model_fields
+                ]
+                if owners:
+                    hint = " or ".join(f"{scheduler_table(n)}.{key}" for n in owners)
+                    raise ValueError(f"{where}.{key}: unknown field; did you mean {hint}?")
+            self._settings[name] = entry.validate(table, where)
+        return self._settings[name]
 
     @property
     def scheduler_settings(self) -> SchedulerParams:
         """The chosen scheduler's validated parameters (what its `from_config` reads)."""
-        return self._scheduler_settings
+        return self.params_for(self.scheduler)
 
 
 class LogConfig(Config):

@@ -85,16 +85,17 @@ def compare(
             row["speedup_rollout"] = base.summary["rollout_s"] / row["rollout_s"]
         table[name] = row
     o = cfg.orchestrator
+    sync, c3po = o.params_for("sync").model_dump(), o.params_for("c3po").model_dump()
     return {
         "workload": {
             "servers": servers,
             "seed": seed,
             "max_seqs": sim.max_seqs,
             "group_size": o.group_size,
-            "batch_groups": o.sync.batch_groups,
-            "capacity": o.c3po.capacity,
-            "token_budget": o.c3po.token_budget,
-            "retention": o.c3po.retention,
+            "batch_groups": sync["batch_groups"],
+            "capacity": c3po["capacity"],
+            "token_budget": c3po["token_budget"],
+            "retention": c3po["retention"],
             "length_cap": work.lengths.cap,
             "mean_length": work.lengths.mean(),
             "share_at_cap": work.lengths.share_at_cap(),
@@ -110,7 +111,8 @@ def sweep(cfg: RolloutJobConfig, sim: SimConfig, *, servers: int, seed: int) -> 
     check(cfg, sim, servers)
     work = workload(cfg, sim, servers, seed)
     o = cfg.orchestrator
-    batch_tokens = o.sync.batch_groups * o.group_size * work.lengths.mean()
+    batch_groups = o.params_for("sync").model_dump()["batch_groups"]
+    batch_tokens = batch_groups * o.group_size * work.lengths.mean()
     slots = servers * sim.max_seqs
     rows = []
     for phi, omega, sigma in itertools.product(sim.sweep_phi, sim.sweep_omega, sim.sweep_sigma):
@@ -119,7 +121,7 @@ def sweep(cfg: RolloutJobConfig, sim: SimConfig, *, servers: int, seed: int) -> 
             "capacity": max(o.group_size, round(omega * slots)),
             "retention": sigma,
         }
-        change = {"scheduler": "c3po", "c3po": setting}
+        change = {"scheduler": "c3po", "schedulers": {"c3po": setting}}
         run = simulate_run(cfg, sim, work, "c3po", steps=sim.sweep_steps, orchestrator=change)
         s = run.summary
         rows.append(

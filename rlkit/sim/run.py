@@ -71,13 +71,21 @@ class RunResult:
 
 
 def with_orchestrator(cfg: RolloutJobConfig, changes: dict[str, Any]) -> RolloutJobConfig:
-    """`cfg` with `[orchestrator]` fields changed (a scheduler's table merged key by key),
-    validated again: the scheduler reads its validated parameters, not the raw tables."""
+    """`cfg` with `[orchestrator]` fields changed (tables merged key by key, a scheduler's
+    table in `schedulers` too), validated again: the scheduler reads its validated parameters,
+    not the raw tables."""
     data = cfg.model_dump()
-    for key, value in changes.items():
-        old = data["orchestrator"].get(key)
-        data["orchestrator"][key] = {**old, **value} if isinstance(old, dict) else value
+    data["orchestrator"] = _merged(data["orchestrator"], changes)
     return type(cfg).model_validate(data)
+
+
+def _merged(old: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = dict(old)
+    for key, value in changes.items():
+        was = out.get(key)
+        both = isinstance(was, dict) and isinstance(value, dict)
+        out[key] = _merged(was, value) if both else value  # type: ignore[arg-type]
+    return out
 
 
 def scaled_config(cfg: RolloutJobConfig, unit: int) -> RolloutJobConfig:
@@ -85,8 +93,8 @@ def scaled_config(cfg: RolloutJobConfig, unit: int) -> RolloutJobConfig:
     (`token_unit`), so that the config's own checks (a rollout fits the budget) hold as they do
     in real tokens."""
     o = cfg.orchestrator
-    budget = max(1, math.ceil(o.c3po.token_budget / unit))
-    changes: dict[str, Any] = {"c3po": {"token_budget": budget}}
+    budget = max(1, math.ceil(o.params_for("c3po").model_dump()["token_budget"] / unit))
+    changes: dict[str, Any] = {"schedulers": {"c3po": {"token_budget": budget}}}
     if o.sampling.max_tokens:
         changes["sampling"] = {"max_tokens": max(1, math.ceil(o.sampling.max_tokens / unit))}
     return with_orchestrator(cfg, changes)
@@ -250,7 +258,8 @@ def simulate_run(
     orchestrator: dict[str, Any] | None = None,
 ) -> RunResult:
     """Simulate `steps` (default orchestrator.max_steps) steps of one scheduler in virtual
-    time; `orchestrator` changes fields of `[orchestrator]` (e.g. `{"c3po": {"capacity": N}}`:
+    time; `orchestrator` changes fields of `[orchestrator]` (e.g.
+    `{"schedulers": {"c3po": {"capacity": N}}}`:
     Phi, Omega, sigma)."""
     # the scheduler's own parameters are validated for the one the config names
     cfg = with_orchestrator(cfg, {"scheduler": scheduler_name, **(orchestrator or {})})

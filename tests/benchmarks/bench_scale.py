@@ -153,7 +153,7 @@ def train_cmd(model: Path, run_dir: Path, args: argparse.Namespace, lora: bool) 
         f"--log.run_dir={run_dir}",
         "--log.plot=false",
         "--orchestrator.scheduler=sync",
-        f"--orchestrator.sync.batch_groups={args.groups}",
+        f"--orchestrator.schedulers.sync.batch_groups={args.groups}",
         f"--orchestrator.max_steps={args.steps}",
         f"--orchestrator.sampling={sampling}",
         "--orchestrator.eval.at_start=false",

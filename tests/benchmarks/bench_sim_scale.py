@@ -66,11 +66,13 @@ def cluster(servers: int, at_cap: float, steps: int, max_seqs: int, seed: int) -
             "orchestrator": {
                 "max_steps": steps,
                 "group_size": g,
-                "sync": {"batch_groups": groups},
-                "c3po": {
-                    "capacity": groups * g,
-                    "token_budget": budget,
-                    "retention": 2,
+                "schedulers": {
+                    "sync": {"batch_groups": groups},
+                    "c3po": {
+                        "capacity": groups * g,
+                        "token_budget": budget,
+                        "retention": 2,
+                    },
                 },
                 "max_off_policy_steps": 8,
             },
@@ -169,11 +171,13 @@ def validate(seeds: int, engines: list[dict[str, Any]]) -> dict[str, Any]:
                 "orchestrator": {
                     "max_steps": 8,
                     "group_size": 8,
-                    "sync": {"batch_groups": 8},
-                    "c3po": {
-                        "capacity": 128,
-                        "token_budget": int(8 * 8 * mean),
-                        "retention": 8,
+                    "schedulers": {
+                        "sync": {"batch_groups": 8},
+                        "c3po": {
+                            "capacity": 128,
+                            "token_budget": int(8 * 8 * mean),
+                            "retention": 8,
+                        },
                     },
                     "max_off_policy_steps": 10**6,
                 },
@@ -223,11 +227,13 @@ def cost(servers: int, steps: int, groups: int) -> dict[str, Any]:
             "orchestrator": {
                 "max_steps": steps,
                 "group_size": 8,
-                "sync": {"batch_groups": groups},
-                "c3po": {
-                    "capacity": groups * 8,
-                    "token_budget": int(groups * 8 * _mean_length(sim)),
-                    "retention": 2,
+                "schedulers": {
+                    "sync": {"batch_groups": groups},
+                    "c3po": {
+                        "capacity": groups * 8,
+                        "token_budget": int(groups * 8 * _mean_length(sim)),
+                        "retention": 2,
+                    },
                 },
                 "max_off_policy_steps": 8,
             },

@@ -26,8 +26,8 @@ def train_cmd(model: Path, run_dir: Path, *extra: str) -> list[str]:
         run_dir,
         "--log.plot=false",
         f"--orchestrator.max_steps={STEPS}",
-        "--orchestrator.c3po.capacity=16",  # two groups of 8 in flight: one per server
-        "--orchestrator.c3po.token_budget=128",
+        "--orchestrator.schedulers.c3po.capacity=16",  # two groups of 8 in flight: one per server
+        "--orchestrator.schedulers.c3po.token_budget=128",
         "--orchestrator.drop_zero_advantage=false",  # an untrained model solves nothing
         "--orchestrator.eval.at_start=false",
         "--ckpt.interval=0",

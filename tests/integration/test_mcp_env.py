@@ -207,7 +207,7 @@ args = {{ server_dir = "{time_server}" }}
 scheduler = "sync"
 max_steps = 2
 group_size = 2
-sync.batch_groups = 2
+schedulers.sync.batch_groups = 2
 drop_zero_advantage = false
 
 [orchestrator.sampling]

@@ -78,10 +78,11 @@ def test_a_plugin_scheduler_gets_its_own_parameter_table(
 ) -> None:
     plugin = "--orchestrator.scheduler=my_plugins:OneGroupScheduler"
     args = ["train", str(DEMO_CONFIG), "--dry-run", plugin]
-    code, output = run_cli(monkeypatch, capsys, *args, "--orchestrator.scheduler_params.record=b")
+    table = '--orchestrator.schedulers."my_plugins:OneGroupScheduler"'
+    code, output = run_cli(monkeypatch, capsys, *args, f"{table}.record=b")
     assert code == 0 and 'record = "b"' in output, output
-    code, output = run_cli(monkeypatch, capsys, *args, "--orchestrator.scheduler_params.nope=1")
-    assert code == 2 and "orchestrator.scheduler_params.nope" in output, output
+    code, output = run_cli(monkeypatch, capsys, *args, f"{table}.nope=1")
+    assert code == 2 and 'orchestrator.schedulers."my_plugins:OneGroupScheduler".nope' in output
 
 
 @pytest.mark.slow

@@ -44,8 +44,8 @@ def run(
             run_dir,
             *urls,
             f"--orchestrator.max_steps={STEPS}",
-            "--orchestrator.c3po.capacity=16",
-            "--orchestrator.c3po.token_budget=128",
+            "--orchestrator.schedulers.c3po.capacity=16",
+            "--orchestrator.schedulers.c3po.token_budget=128",
             "--orchestrator.drop_zero_advantage=false",  # an untrained model solves nothing
             "--orchestrator.eval.examples=4",
             "--orchestrator.eval.rollouts_per_example=2",

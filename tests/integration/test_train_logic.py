@@ -39,8 +39,8 @@ def test_train_on_logic_and_reverse_text(vllm_server, tiny_model_dir: Path, tmp_
             *urls,
             "--log.plot=false",
             f"--orchestrator.max_steps={STEPS}",
-            "--orchestrator.c3po.capacity=16",
-            "--orchestrator.c3po.token_budget=128",
+            "--orchestrator.schedulers.c3po.capacity=16",
+            "--orchestrator.schedulers.c3po.token_budget=128",
             "--orchestrator.drop_zero_advantage=false",  # an untrained model solves nothing
             "--orchestrator.eval.at_start=false",
             "--orchestrator.eval.examples=3",

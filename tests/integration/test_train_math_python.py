@@ -57,7 +57,7 @@ args = {{ dataset = "{data}", max_turns = 4, verify_workers = 1 }}
 scheduler = "sync"
 max_steps = 2
 group_size = 4
-sync.batch_groups = 2
+schedulers.sync.batch_groups = 2
 drop_zero_advantage = false
 sampling = {{ temperature = 1.0, max_tokens = 64, logit_bias = {{ {bias_toml} }} }}
 

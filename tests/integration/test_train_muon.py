@@ -47,7 +47,7 @@ def test_train_with_muon_raises_the_reward(
             *urls,
             f"--orchestrator.max_steps={STEPS}",
             "--orchestrator.scheduler=sync",  # on-policy: no rollout dropped as stale
-            "--orchestrator.sync.batch_groups=8",
+            "--orchestrator.schedulers.sync.batch_groups=8",
             "--trainer.optim.name=muon",
             "--trainer.optim.lr=5e-3",
         )

@@ -54,12 +54,12 @@ COMMON = [
     "--orchestrator.group_size=4",
 ]
 SCHEDULERS = {
-    "sync": ["--orchestrator.scheduler=sync", "--orchestrator.sync.batch_groups=2"],
+    "sync": ["--orchestrator.scheduler=sync", "--orchestrator.schedulers.sync.batch_groups=2"],
     "c3po": [
         "--orchestrator.scheduler=c3po",
-        "--orchestrator.c3po.capacity=8",  # two groups in flight
-        "--orchestrator.c3po.token_budget=64",  # two groups of 4 x 8 tokens a step
-        "--orchestrator.c3po.retention=4",  # nothing purged, nothing too stale
+        "--orchestrator.schedulers.c3po.capacity=8",  # two groups in flight
+        "--orchestrator.schedulers.c3po.token_budget=64",  # two groups of 4 x 8 tokens a step
+        "--orchestrator.schedulers.c3po.retention=4",  # nothing purged, nothing too stale
         "--orchestrator.max_off_policy_steps=4",
     ],
 }

@@ -82,8 +82,8 @@ args = {{ num_examples = 16 }}
 scheduler = "c3po"
 max_steps = 2
 group_size = 4
-c3po.capacity = 16
-c3po.token_budget = 256
+schedulers.c3po.capacity = 16
+schedulers.c3po.token_budget = 256
 drop_zero_advantage = false
 sampling = {{ temperature = 1.0, max_tokens = 16, min_tokens = 1 }}  # as in the eval test
 

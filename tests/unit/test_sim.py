@@ -28,11 +28,13 @@ def small(**sim: object) -> tuple[RolloutJobConfig, SimConfig]:
             "orchestrator": {
                 "max_steps": 6,
                 "group_size": 4,
-                "sync": {"batch_groups": 6},
-                "c3po": {
-                    "capacity": 32,
-                    "token_budget": 2000,
-                    "retention": 1,
+                "schedulers": {
+                    "sync": {"batch_groups": 6},
+                    "c3po": {
+                        "capacity": 32,
+                        "token_budget": 2000,
+                        "retention": 1,
+                    },
                 },
                 "max_off_policy_steps": 2,
                 "sampling": {"max_tokens": 400},
@@ -257,9 +259,9 @@ id = "a"
 max_steps = 4
 group_size = 4
 sampling = { max_tokens = 300 }
-[orchestrator.sync]
+[orchestrator.schedulers.sync]
 batch_groups = 4
-[orchestrator.c3po]
+[orchestrator.schedulers.c3po]
 capacity = 16
 token_budget = 1200
 retention = 1
@@ -346,7 +348,8 @@ def test_through_the_cli_a_tenth_lost_and_rejoining_audits_clean_and_a_seed_repe
     config = write_config(tmp_path)
     args = [
         "simulate", str(config), "--servers", "10", "--seed", "5", "--json", "--steps", "6",
-        "--orchestrator.sync.batch_groups", "10", "--orchestrator.c3po.capacity", "40",
+        "--orchestrator.schedulers.sync.batch_groups", "10",
+        "--orchestrator.schedulers.c3po.capacity", "40",
         "--simulate.lose_fraction", "0.1", "--simulate.lose_at_step", "2",
         "--simulate.lose_after_s", "0.2", "--simulate.rejoin_at_step", "4",
     ]  # fmt: skip

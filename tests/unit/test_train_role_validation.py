@@ -18,7 +18,7 @@ path = "/nonexistent/model"
 id = "math"
 args = { dataset = "some-org/a-hub-dataset-that-is-not-here" }
 [orchestrator]
-c3po.token_budget = 512
+schedulers.c3po.token_budget = 512
 sampling = { max_tokens = 64 }
 """
 

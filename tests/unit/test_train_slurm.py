@@ -187,7 +187,7 @@ def test_two_node_example_script(
     assert len(gpu_sruns) == 2  # trainer and inference steps; the orchestrator needs no GPU
     # every role reads the same resolved config: the one the CLI resolved
     resolved = load_config(RLJobConfig, TWO_NODE, [f"--log.run_dir={run_dir}"])
-    assert resolved.orchestrator.c3po.capacity == 1024
+    assert resolved.orchestrator.schedulers["c3po"]["capacity"] == 1024
 
 
 def test_eight_node_example_script(

@@ -6,8 +6,8 @@ names a registered one (`SCHEDULERS`: `sync`, `c3po`), an installed entry point 
 `rlkit.schedulers`) or the user's own class (`"my_pkg.my_module:MyScheduler"`), so adding one is
 one file and no edit of rlkit. Each scheduler owns its parameters: a pydantic model registered
 with it (`SCHEDULERS.register(name, params=Model)`), validated when the config loads, from its
-own table (`[orchestrator.sync]`, `[orchestrator.c3po]`; a plugin's
-`[orchestrator.scheduler_params]`).
+own table, keyed by its name as `orchestrator.scheduler` spells it, for built-ins and plugins
+alike (`[orchestrator.schedulers.c3po]`, `[orchestrator.schedulers."my_pkg.mod:MyScheduler"]`).
 
 Each group rolls out one prompt handed out by the `PromptStream` at launch, in launch order;
 its `uid` is the prompt's draw number (unique in the run, across resumes). A group taken into a
@@ -18,6 +18,7 @@ once taken into a batch it leaves the pool, so no rollout is trained on twice.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -155,6 +156,13 @@ def check_scheduler(o: Any, max_tokens: int | None, where: str) -> None:
     check = getattr(scheduler_class(o.scheduler), "check_config", None)
     if check is not None:
         check(o, max_tokens, where)
+
+
+def scheduler_table(name: str) -> str:
+    """The dotted path of scheduler `name`'s table: ``orchestrator.schedulers.c3po``, its name
+    quoted as TOML quotes a key when it is not a bare one (``"my_pkg.mod:MyScheduler"``)."""
+    key = name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else f'"{name}"'
+    return f"orchestrator.schedulers.{key}"
 
 
 class SchedulerParams(Config):

@@ -20,11 +20,12 @@ from rlkit.orchestrator.schedulers.base import (
     RolloutSource,
     SchedulerBase,
     SchedulerParams,
+    scheduler_table,
 )
 
 
 class C3POParams(SchedulerParams):
-    """`[orchestrator.c3po]`."""
+    """`[orchestrator.schedulers.c3po]`."""
 
     capacity: int = Field(64, ge=1, description="Omega: rollouts kept in flight.")
     token_budget: int = Field(8192, gt=0, description="Phi: trainable completion tokens per step.")
@@ -60,22 +61,22 @@ class C3POScheduler(SchedulerBase):
     def check_config(o: Any, max_tokens: int | None, where: str) -> None:
         """A rollout of `max_tokens` (`where` says whose) must fit the budget Phi, or it could
         never make a batch; Omega must hold one group."""
-        p = o.c3po
+        p, table = o.scheduler_settings, scheduler_table(o.scheduler)
         if max_tokens is not None and p.token_budget < max_tokens:
             raise ValueError(
-                f"orchestrator.c3po.token_budget ({p.token_budget}) is smaller than one "
+                f"{table}.token_budget ({p.token_budget}) is smaller than one "
                 f"rollout's max tokens ({where})"
             )
         if p.capacity < o.group_size:
             raise ValueError(
-                f"orchestrator.c3po.capacity ({p.capacity}) must hold at least one group "
+                f"{table}.capacity ({p.capacity}) must hold at least one group "
                 f"(orchestrator.group_size = {o.group_size})"
             )
 
     @staticmethod
     def groups_per_batch(o: Any, max_tokens: int) -> int:
         """The groups in flight, or those the budget needs at max_tokens each if that is more."""
-        g, p = o.group_size, o.c3po
+        g, p = o.group_size, o.scheduler_settings
         return max(p.capacity // g, math.ceil(p.token_budget / (g * max(max_tokens, 1))), 1)
 
     def in_flight(self) -> int:

@@ -19,7 +19,7 @@ from rlkit.orchestrator.schedulers.base import (
 
 
 class SyncParams(SchedulerParams):
-    """`[orchestrator.sync]`."""
+    """`[orchestrator.schedulers.sync]`."""
 
     batch_groups: int = Field(8, ge=1, description="Groups per batch.")
 
@@ -36,7 +36,7 @@ class SyncScheduler(SchedulerBase):
 
     @staticmethod
     def groups_per_batch(o: Any, max_tokens: int) -> int:
-        return o.sync.batch_groups
+        return o.scheduler_settings.batch_groups
 
     async def next_batch(self) -> list[Group]:
         groups = [self._new_group() for _ in range(self.batch_groups)]

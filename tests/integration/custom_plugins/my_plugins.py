@@ -24,7 +24,7 @@ RECORD = "one_group_batches.jsonl"
 
 
 class OneGroupParams(SchedulerParams):
-    """The plugin's own table, `[orchestrator.scheduler_params]`."""
+    """The plugin's own table, `[orchestrator.schedulers."my_plugins:OneGroupScheduler"]`."""
 
     record: str = RECORD
 
