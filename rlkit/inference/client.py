@@ -19,8 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,21 +26,10 @@ import aiohttp
 from multidict import CIMultiDictProxy
 
 from rlkit.errors import InferenceError
+from rlkit.proxies import env_proxy
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
-
-
-def env_proxy(url: str) -> str | None:
-    """The proxy HTTP(S)_PROXY / NO_PROXY set for `url`, as the OpenAI client would use it.
-
-    Looked up once per client: aiohttp's own `trust_env` looks it up (and .netrc) on a worker
-    thread for every request, which cost as much CPU as the HTTP itself at concurrency 256.
-    """
-    parts = urllib.parse.urlsplit(url)
-    if parts.hostname is None or urllib.request.proxy_bypass(parts.hostname):
-        return None
-    return urllib.request.getproxies().get(parts.scheme)
 
 
 @dataclass

@@ -32,8 +32,8 @@ from aiohttp.connector import Connection
 from aiohttp.tracing import Trace
 
 from rlkit.errors import SystemRequirementError
-from rlkit.inference.client import env_proxy
 from rlkit.protocol.credentials import read_token
+from rlkit.proxies import env_proxy
 from rlkit.sandbox.result import SandboxResult
 from rlkit.sandbox.wire import DEFAULT_MAX_QUEUE_S, encode_files
 

@@ -48,3 +48,17 @@ def test_only_health_is_open_and_refusals_have_one_body() -> None:
     big = "x" * (ServiceSettings().max_request_bytes + 1)
     refused = service.post("/run", content=big, headers={"Authorization": f"Bearer {ALICE}"})
     assert refused.status_code == 413 and list(refused.json()) == ["error"]
+
+
+def test_the_sandbox_service_loads_nothing_of_rlkit_inference() -> None:
+    """Issue 62: the sandbox service states its own rules; importing it (a fresh interpreter)
+    loads no module of rlkit.inference."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, rlkit.sandbox.service; "
+        "print(sorted(m for m in sys.modules if m.startswith('rlkit.inference')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
