@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import json
 import os
 import shlex
@@ -466,8 +465,7 @@ def openai_schema(tool: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# The running rollout's servers by tool name: each rollout runs in its own asyncio task.
-_ROUTES: contextvars.ContextVar[dict[str, MCPSession]] = contextvars.ContextVar("mcp_routes")
+ROUTES = "mcp_routes"  # the rollout's state: its MCP servers by tool name
 
 
 class MCPToolEnv(ToolEnv):
@@ -488,17 +486,19 @@ class MCPToolEnv(ToolEnv):
             spec.headers()  # a header's variable that is not set: refuse now, naming it
         super().__init__(list(tools or []), *args, **kwargs)
 
-    def tools_for_request(self) -> list[dict[str, Any]] | None:
-        routes = _ROUTES.get({})
+    def tools_for_request(self, state: dict[str, Any] | None = None) -> list[dict[str, Any]] | None:
+        """The environment's own tools, and the MCP tools of the rollout whose `state` is given."""
+        routes: dict[str, MCPSession] = (state or {}).get(ROUTES, {})
         schemas = list(self.tool_schemas)
         for name, server in routes.items():
             schemas.append(openai_schema(server.tool_specs[name]))
         return schemas or None
 
-    async def call_tool(self, call: ToolCall) -> str:
-        server = _ROUTES.get({}).get(call.name)
+    async def call_tool_in(self, call: ToolCall, state: dict[str, Any]) -> str:
+        """An MCP tool on this rollout's server for it; else the environment's own."""
+        server = state.get(ROUTES, {}).get(call.name)
         if server is None or call.error:
-            return await super().call_tool(call)
+            return await super().call_tool_in(call, state)
         return await server.call(call.name, call.arguments)  # MCPServerError: rollout errors
 
     async def _open(self) -> tuple[list[MCPSession], dict[str, MCPSession]]:
@@ -528,15 +528,15 @@ class MCPToolEnv(ToolEnv):
     async def rollout(
         self, row: dict[str, Any], client: InferenceClient, model: str, sampling: dict[str, Any]
     ) -> Rollout:
+        rollout = self.new_rollout(row)
         try:
             servers, routes = await self._open()
         except Exception as exc:  # not started, refused, or no sandbox: this rollout only
-            rollout = self.new_rollout(row)
             rollout.error = f"environment error: {type(exc).__name__}: {exc}"
             return rollout
-        token = _ROUTES.set(routes)
+        rollout.state = {**self.init_state(row), ROUTES: routes}
         try:
-            return await super().rollout(row, client, model, sampling)
+            return await self.run_turns(rollout, client, model, sampling)
         finally:
-            _ROUTES.reset(token)
+            rollout.state.pop(ROUTES, None)  # the servers close now; the rubric sees the rest
             await asyncio.gather(*(s.close() for s in servers), return_exceptions=True)

@@ -44,8 +44,9 @@ class MultiTurnEnv(Environment):
         """The environment's reply (user or tool messages) to the last model turn."""
         raise NotImplementedError
 
-    def tools_for_request(self) -> list[dict[str, Any]] | None:
-        """OpenAI tool schemas sent with each request (ToolEnv overrides)."""
+    def tools_for_request(self, state: dict[str, Any] | None = None) -> list[dict[str, Any]] | None:
+        """OpenAI tool schemas sent with each request of the rollout whose `state` is given
+        (None: outside a rollout, e.g. measuring a prompt's fit); ToolEnv overrides."""
         return None
 
     def assistant_message(self, generation: Generation) -> dict[str, Any]:
@@ -60,13 +61,20 @@ class MultiTurnEnv(Environment):
     ) -> Rollout:
         rollout = self.new_rollout(row)
         rollout.state = self.init_state(row)
+        return await self.run_turns(rollout, client, model, sampling)
+
+    async def run_turns(
+        self, rollout: Rollout, client: InferenceClient, model: str, sampling: dict[str, Any]
+    ) -> Rollout:
+        """The turns of `rollout` (its prompt and `state` set): model turn, stop conditions,
+        environment reply, until done; failures are recorded on it, never raised."""
         messages: Messages = list(rollout.prompt)
         generation_s = env_s = 0.0
         prompt_tokens = completion_tokens = 0
         t0 = time.perf_counter()
         try:
             turns = await open_turns(
-                client, model, self.sampling_for(sampling), self.tools_for_request()
+                client, model, self.sampling_for(sampling), self.tools_for_request(rollout.state)
             )
             rollout.prompt_mode = turns.mode
             while True:

@@ -88,11 +88,16 @@ class ToolEnv(MultiTurnEnv):
         self.tools = {func.__name__: validate_call(func) for func in tools}
         self.tool_schemas = [tool_schema(func) for func in tools]
 
-    def tools_for_request(self) -> list[dict[str, Any]] | None:
+    def tools_for_request(self, state: dict[str, Any] | None = None) -> list[dict[str, Any]] | None:
         return self.tool_schemas or None
 
     async def is_completed(self, messages: Messages, state: dict[str, Any]) -> bool:
         return not parse_tool_calls(messages[-1])
+
+    async def call_tool_in(self, call: ToolCall, state: dict[str, Any]) -> str:
+        """Run one call of the rollout whose `state` is given (MCPToolEnv routes by it to that
+        rollout's servers); by default `call_tool`."""
+        return await self.call_tool(call)
 
     async def call_tool(self, call: ToolCall) -> str:
         """Run one call; any failure becomes an error text the model can read."""
@@ -117,7 +122,7 @@ class ToolEnv(MultiTurnEnv):
 
     async def env_response(self, messages: Messages, state: dict[str, Any]) -> Messages:
         calls = parse_tool_calls(messages[-1])
-        results = await asyncio.gather(*(self.call_tool(call) for call in calls))
+        results = await asyncio.gather(*(self.call_tool_in(call, state) for call in calls))
         return [
             {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result}
             for call, result in zip(calls, results, strict=True)

@@ -14,8 +14,9 @@ from pydantic import ValidationError
 
 from rlkit.envs import mcp
 from rlkit.envs.check import ScriptedClient
-from rlkit.envs.mcp import HttpServer, MCPServer, MCPServerError, MCPToolEnv
+from rlkit.envs.mcp import ROUTES, HttpServer, MCPServer, MCPServerError, MCPToolEnv
 from rlkit.envs.rubric import Rubric
+from rlkit.envs.tools import ToolCall
 from rlkit.ports import free_port
 
 
@@ -226,3 +227,30 @@ async def test_nobody_listening_errors_the_rollout_not_the_run() -> None:
     assert (
         rollout.error is not None and "'gone'" in rollout.error and "ConnectError" in rollout.error
     )
+
+
+class OneRollout:
+    """A rollout's MCP session: its tool specs, answering calls with its own name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.tool_specs = {"add": TOOL}
+
+    async def call(self, tool: str, arguments: dict) -> str:
+        await asyncio.sleep(0)
+        return f"{self.name}: {tool}"
+
+
+async def test_each_rollout_routes_its_tools_to_its_own_servers_through_its_state() -> None:
+    """The MCP routes live on the rollout (its state), not in process or task state: two
+    rollouts at once each call their own server; outside a rollout only local tools show."""
+    rows = Dataset.from_list([{"question": "q", "answer": "a"}])
+    server = {"name": "s", "url": "https://example.invalid/mcp"}
+    env = MCPToolEnv(eval_dataset=rows, rubric=Rubric([]), mcp_servers=[server])
+    states = [{ROUTES: {"add": OneRollout(name)}} for name in ("a", "b")]
+    call = ToolCall("call_0", "add", {})
+    both = await asyncio.gather(*(env.call_tool_in(call, s) for s in states))
+    assert both == ["a: add", "b: add"]
+    assert [t["function"]["name"] for t in env.tools_for_request(states[0]) or []] == ["add"]
+    assert env.tools_for_request() is None
+    assert (await env.call_tool_in(call, {})).startswith("Error: unknown tool 'add'")
