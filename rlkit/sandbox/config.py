@@ -3,11 +3,13 @@ applied at run start."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pydantic import Field, field_validator, model_validator
 
 from rlkit.config import Config
 from rlkit.sandbox.backends import backend_class
-from rlkit.sandbox.runner import configure
+from rlkit.sandbox.runner import SandboxSettings, settings, use
 
 
 class SandboxConfig(Config):
@@ -59,12 +61,17 @@ class SandboxConfig(Config):
             backend_class(name)  # ValueError: unknown, unimportable, or not a Backend
         return name
 
+    def settings(self, base: SandboxSettings) -> SandboxSettings:
+        """`base` (the environment's settings) with this table's fields that are set."""
+        changes = {
+            "backend": self.backend,
+            "total_memory_mb": self.total_memory_mb,
+            "url": self.url,
+            "token_file": self.token_file if self.url else None,
+        }
+        return replace(base, **{k: v for k, v in changes.items() if v is not None})
+
     def apply(self) -> None:
-        """Configure the sandbox before the run loads its environments; those that run
-        untrusted code call `rlkit.sandbox.require()` when they load."""
-        configure(
-            backend=self.backend,
-            total_memory_mb=self.total_memory_mb,
-            url=self.url,
-            token_file=self.token_file,
-        )
+        """Make these the process's sandbox settings before the run loads its environments;
+        those that run untrusted code call `rlkit.sandbox.require()` when they load."""
+        use(self.settings(settings()))

@@ -6,7 +6,8 @@ says how to fix it. A backend without isolation (`local`: rlimits, a temp dir an
 runs only when the user chooses it explicitly (`RLKIT_SANDBOX_BACKEND=local`, a run config's
 `[sandbox] backend = "local"`, or `configure`), and every run start that resolves it logs a
 warning. `RLKIT_SANDBOX_CONCURRENCY` and `RLKIT_SANDBOX_TOTAL_MEMORY_MB` override the other
-defaults.
+defaults. The settings are one frozen `SandboxSettings`, replaced whole (`use`, `configure`),
+never edited in place.
 
 With a sandbox service configured (`configure(url=..., token_file=...)`, `[sandbox] url`, or
 `RLKIT_SANDBOX_URL` + `RLKIT_SANDBOX_TOKEN_FILE`), `run` and `PythonSession` send their work to
@@ -21,6 +22,7 @@ import functools
 import logging
 import os
 import weakref
+from dataclasses import dataclass, field, replace
 
 from rlkit.errors import SystemRequirementError
 from rlkit.progress import make_console
@@ -38,26 +40,72 @@ class SandboxUnavailable(SystemRequirementError):
     """The chosen backend (bubblewrap by default) cannot run programs here."""
 
 
-# The backend's registered name or `module:Class` (resolved and checked by `active_backend`).
-_backend_name = os.environ.get("RLKIT_SANDBOX_BACKEND", "bwrap")
-_settings: dict[str, object] = {
-    # Default: the CPUs this process may run on (not the host's count inside a container).
-    "concurrency": int(os.environ.get("RLKIT_SANDBOX_CONCURRENCY", len(os.sched_getaffinity(0)))),
-    "total_memory_mb": int(
-        os.environ.get("RLKIT_SANDBOX_TOTAL_MEMORY_MB", DEFAULT_TOTAL_MEMORY_MB)
-    ),
-    "output_limit": 1 * MIB,
-}
-# The service `run` and `PythonSession` use, when one is configured (else None: in-process).
+def _cpus() -> int:
+    """The CPUs this process may run on (not the host's count inside a container)."""
+    return len(os.sched_getaffinity(0))
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """The sandbox's settings as one frozen value: the backend (a registered name or
+    `module:Class`, resolved and checked by `active_backend`), parallel runs, the memory cap of
+    one sandbox's whole process tree, the per-stream output cap, and a sandbox service's URL and
+    token file (None: in-process). Built from the environment (`from_env`) and a config's
+    `[sandbox]` (`SandboxConfig.settings`); `use` makes one the process's."""
+
+    backend: str = "bwrap"
+    concurrency: int = field(default_factory=_cpus)
+    total_memory_mb: int = DEFAULT_TOTAL_MEMORY_MB
+    output_limit: int = 1 * MIB
+    url: str | None = None
+    token_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"sandbox concurrency must be >= 1, not {self.concurrency}")
+        if self.total_memory_mb < 1:
+            raise ValueError(f"sandbox total_memory_mb must be >= 1, not {self.total_memory_mb}")
+
+    @classmethod
+    def from_env(cls) -> SandboxSettings:
+        """RLKIT_SANDBOX_BACKEND, _CONCURRENCY, _TOTAL_MEMORY_MB, _URL, _TOKEN_FILE over the
+        defaults."""
+        env = os.environ.get
+        return cls(
+            backend=env("RLKIT_SANDBOX_BACKEND", "bwrap"),
+            concurrency=int(env("RLKIT_SANDBOX_CONCURRENCY", _cpus())),
+            total_memory_mb=int(env("RLKIT_SANDBOX_TOTAL_MEMORY_MB", DEFAULT_TOTAL_MEMORY_MB)),
+            url=env("RLKIT_SANDBOX_URL") or None,
+            token_file=env("RLKIT_SANDBOX_TOKEN_FILE") or None,
+        )
+
+    def limits(self, timeout: float, memory_mb: int) -> Limits:
+        """Per-run limits under these settings' total memory cap."""
+        return Limits(timeout=timeout, memory_mb=memory_mb, total_memory_mb=self.total_memory_mb)
+
+
+_current = SandboxSettings.from_env()
+# The client of `_current`'s service, made on first use (None: none made yet, or in-process).
 _service: SandboxClient | None = None
-_service_address = (
-    os.environ.get("RLKIT_SANDBOX_URL") or None,
-    os.environ.get("RLKIT_SANDBOX_TOKEN_FILE") or None,
-)
 # One semaphore per event loop: asyncio primitives cannot be shared across loops.
 _semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
     weakref.WeakKeyDictionary()
 )
+
+
+def use(new: SandboxSettings) -> SandboxSettings:
+    """Make `new` this process's sandbox settings (what `run` and `PythonSession` read);
+    returns the ones it replaces, to restore later. The backend is checked to exist."""
+    global _current, _service
+    backend_class(new.backend)  # ValueError: unknown, unimportable, or not a Backend
+    old, _current = _current, new
+    if new.backend != old.backend:
+        active_backend.cache_clear()
+    if new.concurrency != old.concurrency:
+        _semaphores.clear()
+    if (new.url, new.token_file) != (old.url, old.token_file):
+        _service = None
+    return old
 
 
 def configure(
@@ -69,41 +117,32 @@ def configure(
     url: str | None = None,
     token_file: str | None = None,
 ) -> None:
-    """Change the process-wide sandbox settings (the backend: a registered name or
-    `module:Class`; parallel runs; the memory cap of one sandbox's whole process tree; the
-    per-stream output cap; a sandbox service's URL and token file, "" for in-process)."""
-    global _backend_name, _service, _service_address
-    if backend is not None:
-        backend_class(backend)  # ValueError: unknown, unimportable, or not a Backend
-        _backend_name = backend
-        active_backend.cache_clear()
-    if concurrency is not None:
-        if concurrency < 1:
-            raise ValueError(f"sandbox concurrency must be >= 1, not {concurrency}")
-        _settings["concurrency"] = concurrency
-        _semaphores.clear()
-    if total_memory_mb is not None:
-        if total_memory_mb < 1:
-            raise ValueError(f"sandbox total_memory_mb must be >= 1, not {total_memory_mb}")
-        _settings["total_memory_mb"] = total_memory_mb
-    if output_limit_bytes is not None:
-        _settings["output_limit"] = output_limit_bytes
-    if url is not None:
-        if url and not token_file:
-            raise ValueError("a sandbox service url needs its token_file")
-        _service_address = (url or None, token_file or None)
-        _service = None
+    """`use` the current settings with these changed (None: unchanged; url "" for in-process)."""
+    if url and not token_file:
+        raise ValueError("a sandbox service url needs its token_file")
+    now = _current
+    use(
+        replace(
+            now,
+            backend=now.backend if backend is None else backend,
+            concurrency=now.concurrency if concurrency is None else concurrency,
+            total_memory_mb=now.total_memory_mb if total_memory_mb is None else total_memory_mb,
+            output_limit=now.output_limit if output_limit_bytes is None else output_limit_bytes,
+            url=now.url if url is None else url or None,
+            token_file=now.token_file if url is None else token_file or None,
+        )
+    )
 
 
-def settings() -> dict[str, object]:
-    """The process-wide settings (concurrency, total_memory_mb, output_limit)."""
-    return dict(_settings)
+def settings() -> SandboxSettings:
+    """This process's sandbox settings."""
+    return _current
 
 
 def service() -> SandboxClient | None:
     """The configured sandbox service's client, or None when the sandbox runs in-process."""
     global _service
-    url, token_file = _service_address
+    url, token_file = _current.url, _current.token_file
     if url is None:
         return None
     if _service is None:
@@ -114,19 +153,15 @@ def service() -> SandboxClient | None:
 
 
 def limits(timeout: float, memory_mb: int) -> Limits:
-    """Per-run limits under the process-wide total memory cap."""
-    return Limits(
-        timeout=timeout,
-        memory_mb=memory_mb,
-        total_memory_mb=int(_settings["total_memory_mb"]),  # type: ignore[arg-type]
-    )
+    """Per-run limits under this process's total memory cap."""
+    return _current.limits(timeout, memory_mb)
 
 
 @functools.cache
 def active_backend() -> Backend:
     """Resolve the configured backend once; raise when it cannot run programs here."""
     try:
-        backend = backend_class(_backend_name)()
+        backend = backend_class(_current.backend)()
     except ValueError as exc:
         raise SandboxUnavailable(f"RLKIT_SANDBOX_BACKEND / [sandbox] backend: {exc}") from None
     if not backend.isolated:
@@ -169,7 +204,7 @@ def require_here() -> Backend:
 def _semaphore() -> asyncio.Semaphore:
     loop = asyncio.get_running_loop()
     if loop not in _semaphores:
-        _semaphores[loop] = asyncio.Semaphore(int(_settings["concurrency"]))  # type: ignore[arg-type]
+        _semaphores[loop] = asyncio.Semaphore(_current.concurrency)
     return _semaphores[loop]
 
 
@@ -198,4 +233,4 @@ async def run(
     backend = active_backend()
     async with _semaphore():
         with backend.prepare(code, language, files or {}, run_limits, mounts) as launch:
-            return await execute(launch, stdin, timeout, int(_settings["output_limit"]))  # type: ignore[arg-type]
+            return await execute(launch, stdin, timeout, _current.output_limit)

@@ -200,7 +200,7 @@ class SandboxService:
                     request.stdin,
                     files,
                     run_limits,
-                    int(settings()["output_limit"]),
+                    settings().output_limit,
                 )
             except ValueError as exc:  # a file name outside the working directory
                 self.refill()
@@ -211,7 +211,7 @@ class SandboxService:
 
     def open_session(self, request: SessionRequest, owner: str) -> dict[str, Any]:
         self._pool_for(request.timeout, request.memory_mb)  # the same limits as programs
-        cap = int(settings()["output_limit"])  # a cell's output is held here: the caller's cap
+        cap = settings().output_limit  # a cell's output is held here: the caller's cap
         if request.output_limit > cap:  # alone would let it fill the service's memory
             raise Refused(
                 400, f"output_limit {request.output_limit} over the service's limit of {cap} bytes"

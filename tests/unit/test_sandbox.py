@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import pytest
 from rlkit import sandbox
 from rlkit.sandbox import backends, runner
 from rlkit.sandbox import launch as launch_mod
+from rlkit.sandbox.config import SandboxConfig
 from rlkit.sandbox.limits import MIB, Limits
 from rlkit.sandbox.pool import Profile, WarmPool
 from rlkit.sandbox.process import classify
@@ -115,7 +117,7 @@ async def test_bash_language_and_unknown_language() -> None:
 
 
 async def test_concurrency_limit_is_respected() -> None:
-    default = int(runner._settings["concurrency"])  # type: ignore[arg-type]
+    before = runner.settings()
     sandbox.configure(concurrency=2)
     try:
         start = time.monotonic()
@@ -125,7 +127,7 @@ async def test_concurrency_limit_is_respected() -> None:
         assert all(r.status == "ok" for r in results)
         assert time.monotonic() - start >= 0.8  # two waves of two
     finally:
-        sandbox.configure(concurrency=default)
+        runner.use(before)
 
 
 async def test_broken_sandbox_is_a_sandbox_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -261,3 +263,21 @@ async def test_a_warm_program_that_hides_a_marker_still_ends_soon() -> None:
     assert (result.status, result.stdout, result.exit_code) == ("ok", "hidden\n", 0)
     assert result.duration < 4.0  # not the request's timeout
     await pool.close()
+
+
+def test_settings_are_one_frozen_value_checked_when_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SandboxSettings: from the environment, from [sandbox] over it, frozen, validated."""
+    monkeypatch.setenv("RLKIT_SANDBOX_TOTAL_MEMORY_MB", "1024")
+    monkeypatch.setenv("RLKIT_SANDBOX_URL", "")
+    env = runner.SandboxSettings.from_env()
+    assert env.total_memory_mb == 1024 and env.url is None
+    assert env.limits(3.0, 256).total_memory_mb == 1024
+    table = SandboxConfig(backend="local", url="http://x:1", token_file="/t")
+    made = table.settings(env)
+    assert (made.backend, made.total_memory_mb, made.url, made.token_file) == (
+        "local", 1024, "http://x:1", "/t"
+    )  # fmt: skip
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.concurrency = 3  # type: ignore[misc]
+    with pytest.raises(ValueError, match="concurrency must be >= 1"):
+        runner.SandboxSettings(concurrency=0)
