@@ -15,3 +15,13 @@ def summation_atol(n_terms: int, max_term: float, dtype: torch.dtype = torch.flo
     """How far two summation orders of `n_terms` terms of at most `max_term` in magnitude may
     land apart in `dtype`."""
     return n_terms * torch.finfo(dtype).eps * max_term
+
+
+def forward_terms(config: object, keys: int) -> int:
+    """The additions on the longest path from the inputs to one token's logprob in a decoder
+    with `config`'s shapes (a transformers config): per layer, attention over `keys` keys and
+    the hidden and intermediate projections; the head's hidden; the log-softmax's vocabulary."""
+    hidden = int(config.hidden_size)  # type: ignore[attr-defined]
+    mlp = int(getattr(config, "moe_intermediate_size", None) or config.intermediate_size)  # type: ignore[attr-defined]
+    per_layer = keys + 4 * hidden + mlp  # q, k, v, o projections; attention; the MLP's down
+    return int(config.num_hidden_layers) * per_layer + hidden + int(config.vocab_size)  # type: ignore[attr-defined]
