@@ -19,7 +19,7 @@ from typer.core import TyperGroup
 
 from rlkit.errors import UsageError
 from rlkit.ports import INFERENCE_PORT
-from rlkit.progress import make_console
+from rlkit.progress import make_console, print_line
 
 
 class _RunByDefault(TyperGroup):
@@ -133,6 +133,12 @@ def run_cmd(
         None, "--config", help="TOML file with the eval's fields (see rlkit.eval.EvalConfig)."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
+    allow_errors: bool = typer.Option(
+        False,
+        "--allow-errors",
+        help="Exit 0 even when rollouts errored (by default an eval with errored rollouts "
+        "exits 1, after its summary).",
+    ),
     reproduces: int | None = typer.Option(
         None,
         "--reproduces",
@@ -142,6 +148,9 @@ def run_cmd(
 ) -> None:
     """Run an eval (or resume one) and print its summary: `rlkit eval ENV_ID [OPTIONS]`.
 
+    Exit status: 0 when every rollout finished, 1 when any errored (the summary groups them by
+    cause; --allow-errors exits 0), 2 on a usage error (nothing written), 130 when interrupted.
+
     ENV_ID is an environment id (reverse-text, owner/name@1.0), or DIST:package.module for a
     package whose load_environment is not in the module named after it. Any field of the eval
     config can also be set after it, e.g. `--sandbox.backend local`.
@@ -149,7 +158,7 @@ def run_cmd(
     from rlkit.config import dump_toml
     from rlkit.eval import EvalInterrupted, load_run, run_eval
     from rlkit.eval.config import layered_eval_config
-    from rlkit.eval.report import run_summary, summary_table
+    from rlkit.eval.report import error_summary, run_summary, summary_table
 
     if reproduces is not None and not push:
         raise UsageError("--reproduces needs --push")
@@ -192,11 +201,17 @@ def run_cmd(
     run = load_run(run_dir)
     console = make_console()
     console.print(summary_table(run_summary(run), title=f"{config.env_id} | {config.model}"))
-    console.print(f"results: {run_dir}")
+    print_line(console, f"results: {run_dir}")
+    errors = error_summary(run)
+    for line in errors:
+        print_line(console, line)
     if push:
         from rlkit.eval.publish import push_eval_results
 
         console.print(f"pushed: {push_eval_results(run_dir, hub, reproduces)}")
+    if errors and not allow_errors:
+        print_line(err, "exit status 1: rollouts errored (--allow-errors exits 0)")
+        raise typer.Exit(1)
 
 
 @app.command("show")

@@ -17,15 +17,19 @@ def show_cmd(
     html: Path | None = typer.Option(
         None, "--html", help="Also write a self-contained HTML report with the plots here."
     ),
+    errors: bool = typer.Option(
+        False, "--errors", help="Also print every errored rollout's full message, by cause."
+    ),
 ) -> None:
     """Summarise a run: steps, reward sparkline, eval before/after, throughput, mismatch,
     errors and where the checkpoints are."""
     from rlkit.progress import print_line
+    from rlkit.runs.rollout_errors import detail_lines
     from rlkit.runs.show import load_run, summary_lines, write_html
 
     run = load_run(run_dir)
     console = make_console()
-    for line in summary_lines(run):
+    for line in summary_lines(run) + (detail_lines(run.errors) if errors else []):
         print_line(console, line)
     if html is not None:
         print_line(console, f"report: {write_html(run, html)}")

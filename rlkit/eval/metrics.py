@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from rlkit.envs.rollout import Rollout
+from rlkit.runs.rollout_errors import cause_counts
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -117,6 +118,7 @@ def summarize(
         "reward_by": reward_by_info(rollouts),
         "errors": len(errors),
         "error_examples": sorted({e.error.splitlines()[0][:200] for e in errors if e.error})[:5],
+        "errors_by_cause": dict(cause_counts([e.error for e in errors]).most_common()),
         "prompt_modes": dict(sorted(Counter(r.prompt_mode for r in rollouts).items())),
         "prompt_tokens": sum(r.usage.get("prompt_tokens", 0) for r in rollouts),
         "completion_tokens": sum(r.usage.get("completion_tokens", 0) for r in rollouts),

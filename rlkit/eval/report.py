@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from rich.console import Console, Group
@@ -11,6 +12,8 @@ from rich.text import Text
 
 from rlkit.eval.metrics import summarize
 from rlkit.eval.store import EvalResult, EvalRun
+from rlkit.progress import print_line
+from rlkit.runs.rollout_errors import cause_lines, detail_lines, error_record
 
 
 def _fmt(value: Any) -> str:
@@ -106,17 +109,48 @@ def sample_panel(result: EvalResult) -> Panel:
     return Panel(Group(*parts), title=title, title_align="left")
 
 
+def error_records(run: EvalRun) -> list[dict[str, Any]]:
+    """The run's errored rollouts as `rlkit.runs.rollout_errors` records."""
+    return [
+        error_record(
+            env_id=run.metadata.env_id,
+            example_id=r.rollout.example_id,
+            error=r.rollout.error,
+            phase="eval",
+            example=r.example_index,
+            rollout=r.rollout_index,
+        )
+        for r in run.results
+        if r.rollout.error is not None
+    ]
+
+
+def error_summary(run: EvalRun) -> list[str]:
+    """'errored rollouts 46 of 176: sandbox service unreachable' per cause, and where the full
+    messages are; nothing when no rollout errored."""
+    records = error_records(run)
+    if not records:
+        return []
+    counts = Counter(r["cause"] for r in records)
+    return [f"errored rollouts {line}" for line in cause_lines(counts, len(run.results))] + [
+        f"every error in full: rlkit eval show {run.run_dir} --errors"
+    ]
+
+
 def show_run(console: Console, run: EvalRun, samples: int = 5, errors_only: bool = False) -> None:
-    """Print the header, the summary and up to `samples` rollouts (through a pager on a TTY)."""
-    chosen = [r for r in run.results if r.rollout.error or not errors_only][:samples]
+    """Print the header, the summary, the errors by cause and up to `samples` rollouts (through
+    a pager on a TTY); `errors_only`: every errored rollout's full message instead of samples."""
+    chosen = [] if errors_only else run.results[:samples]
 
     def render() -> None:
         console.print(run_header(run))
         console.print(summary_table(run_summary(run)))
+        for line in error_summary(run) + (detail_lines(error_records(run)) if errors_only else []):
+            print_line(console, line)
         for result in chosen:
             console.print(sample_panel(result))
 
-    if console.is_terminal and chosen:
+    if console.is_terminal and (chosen or errors_only):
         with console.pager(styles=True):
             render()
     else:

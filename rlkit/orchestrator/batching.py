@@ -28,6 +28,7 @@ from rlkit.orchestrator.scheduler import Group, oldest_version
 from rlkit.orchestrator.watchdog import NoSignalWatchdog
 from rlkit.protocol.batch import TrainBatch, TrainSample
 from rlkit.protocol.routing import encode_routing
+from rlkit.runs.rollout_errors import error_record
 
 
 @dataclass
@@ -39,6 +40,8 @@ class GroupStats:
     task_rewards: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     errored: int = 0
     errors: list[str] = field(default_factory=list)  # first few messages, for the log
+    # every errored rollout (`rlkit.runs.rollout_errors.error_record`), for errors.jsonl
+    error_records: list[dict[str, Any]] = field(default_factory=list)
     zero_advantage_groups: int = 0
     groups: int = 0
     # completion tokens of every finished rollout, trained on or not
@@ -124,6 +127,11 @@ class GroupProcessor:
             if error is not None or sample is None:
                 stats.errored += 1
                 errors.append(str(error))
+                stats.error_records.append(
+                    error_record(
+                        env_id=env_id, example_id=rollout.example_id, error=error, phase="train"
+                    )
+                )
                 if len(stats.errors) < 5:
                     stats.errors.append(f"{env_id}: {error}")
                 continue

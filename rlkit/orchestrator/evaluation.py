@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,9 @@ from rlkit.envs.sampling import SamplingConfig, resolve_sampling
 from rlkit.eval.metrics import summarize
 from rlkit.inference.pool import ClientPool
 from rlkit.orchestrator.config import OnlineEvalConfig
+from rlkit.progress import print_line
 from rlkit.protocol.layout import RunLayout
+from rlkit.runs.rollout_errors import append_errors, cause_lines, error_record
 
 
 async def evaluate(
@@ -53,10 +56,23 @@ async def evaluate(
         with open(layout.eval_rollouts(step), "a") as f:
             for rollout in rollouts:
                 f.write(json.dumps(rollout.model_dump(mode="json")) + "\n")
+        errored = [r for r in rollouts if r.error]
         with open(layout.evals, "a") as f:
             f.write(json.dumps({"step": step, "env_id": env_id, **summary}) + "\n")
-        console.print(
-            f"[bold]eval[/] step {step} {env_id}: reward {summary['reward_mean']:.3f} "
-            f"(n={summary['num_rollouts']}, errors={len([r for r in rollouts if r.error])})"
+        append_errors(
+            run_dir,
+            [
+                error_record(
+                    env_id=env_id, example_id=r.example_id, error=r.error, phase="eval", step=step
+                )
+                for r in errored
+            ],
+        )
+        causes = Counter(summary["errors_by_cause"])
+        why = "".join(f"; {line}" for line in cause_lines(causes, len(rollouts)))
+        print_line(
+            console,
+            f"eval step {step} {env_id}: reward {summary['reward_mean']:.3f} "
+            f"(n={summary['num_rollouts']}, errors={len(errored)}{why})",
         )
     return summaries

@@ -2,7 +2,9 @@
 
 `run_dir/metrics.jsonl` (written by `MetricsLogger`) holds every step record as it is. Each sink
 switched on receives the record's numbers under the same names (`reward_mean`, `mismatch_kl`,
-`reward_mean/<env>`, ...), so a curve is found under one name in every tool; sample rollouts
+`reward_mean/<env>`, ...; an environment named by its folder loses its path punctuation:
+`tag_name`), so a curve is found under one name in every tool; the interleaved evals go to
+each sink as `eval/<name>/<env>` points (`eval_scalars`); sample rollouts
 (prompt, completion, reward) go every `log.samples_every` steps to `run_dir/samples.jsonl` and,
 as a table, to each sink that has one (TensorBoard gets them as a markdown text).
 """
@@ -32,14 +34,33 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
+def tag_name(key: str) -> str:
+    """A metric name as the sinks get it: an environment named by its folder (`./calc-tool`)
+    keeps no path punctuation (`reward_mean/./calc-tool` -> `reward_mean/calc-tool`)."""
+    return "/".join(part for part in key.split("/") if part not in ("", ".", "..", "~"))
+
+
 def scalars(record: dict[str, Any]) -> dict[str, float]:
     """The record's numbers (what every sink plots); flags, strings and missing values stay in
     the JSONL only."""
     return {
-        key: float(value)
+        tag_name(key): float(value)
         for key, value in record.items()
         if key != "step" and isinstance(value, int | float) and not isinstance(value, bool)
     }
+
+
+def eval_scalars(summaries: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """An interleaved eval's numbers per environment, `eval/<name>/<env>` (reward mean and
+    std, avg@k, pass@k, errors, each reward function's mean): the sinks' eval points."""
+    record: dict[str, Any] = {}
+    for env_id, summary in summaries.items():
+        k = summary.get("rollouts_per_example")
+        for name in ("reward_mean", "reward_std", f"avg@{k}", "errors"):
+            record[f"eval/{name}/{env_id}"] = summary.get(name)
+        for name, value in {**summary.get("pass_at_k", {}), **summary.get("metrics", {})}.items():
+            record[f"eval/{name}/{env_id}"] = value
+    return scalars(record)
 
 
 def _text(messages: list[dict[str, Any]]) -> str:
@@ -50,7 +71,13 @@ def _text(messages: list[dict[str, Any]]) -> str:
 
 
 def sample_rows(groups: list[Any], n: int, step: int) -> list[dict[str, Any]]:
-    """Up to `n` rollouts of a step's groups (the first of each group first), as table rows."""
+    """Up to `n` rollouts of a step's groups (the first of each group first, the environments
+    taking turns), as table rows."""
+    by_env: dict[str, list[Any]] = {}
+    for group in groups:
+        by_env.setdefault(group.env_id, []).append(group)
+    queues = list(by_env.values())
+    groups = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
     picked = []
     depth = 0
     while len(picked) < n and any(depth < len(g.rollouts) for g in groups):

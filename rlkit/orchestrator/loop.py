@@ -56,6 +56,7 @@ from rlkit.protocol import handoff
 from rlkit.protocol.batch import write_batch
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.weights import published_bytes
+from rlkit.runs.rollout_errors import append_errors
 
 
 class TrainerFailed(RuntimeError):
@@ -356,10 +357,12 @@ class Orchestrator:
         canary = await self.update_weights(path, step)
         weight_update_s = time.monotonic() - t2
         self.scheduler.on_policy_update(step)
+        stats = self.processor.take_stats()
+        append_errors(self.run_dir, [{**r, "step": step} for r in stats.error_records])
         ours = step_record(
             step,
             batch,
-            self.processor.take_stats(),
+            stats,
             self.scheduler.take_counters(),
             rollout_time_s=rollout_s,
             train_time_s=time.monotonic() - t1,
@@ -436,3 +439,4 @@ class Orchestrator:
             solve_threshold=o.difficulty.solve_threshold,
             console=self.console,
         )
+        self.logger.log_eval(step, self.evals[step])

@@ -20,12 +20,13 @@ from rich.console import Console
 
 from rlkit.atomic import atomic_path, atomic_write
 from rlkit.orchestrator.batching import GroupStats
-from rlkit.orchestrator.loggers import Sink, append_samples, scalars
+from rlkit.orchestrator.loggers import Sink, append_samples, eval_scalars, scalars
 from rlkit.orchestrator.scheduler import Counters
 from rlkit.progress import print_line
 from rlkit.protocol.batch import TrainBatch, read_batch
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.panels import PLOT_PANELS
+from rlkit.runs.rollout_errors import cause_key
 
 PLOT_COLUMNS = 3  # metrics.png: panels per row
 
@@ -104,6 +105,11 @@ def step_record(
     )
     for lag, count in sorted(Counter(staleness).items()):
         record[f"staleness_hist/{lag}"] = count
+    causes = Counter(r["cause"] for r in stats.error_records)
+    for cause, count in causes.most_common():  # a number for every logger, the text in the JSONL
+        record[f"rollouts_errored/{cause_key(cause)}"] = count
+    if causes:
+        record["errors_by_cause"] = dict(causes.most_common())
     return record
 
 
@@ -271,6 +277,12 @@ class MetricsLogger:
             append_samples(self.samples_path, samples)
             for sink in self.sinks:
                 sink.log_samples(samples, step)
+
+    def log_eval(self, step: int, summaries: dict[str, dict[str, Any]]) -> None:
+        """An interleaved eval's points to every sink (eval.jsonl holds the records)."""
+        numbers = eval_scalars(summaries)
+        for sink in self.sinks:
+            sink.log(numbers, step)
 
     def samples_due(self, step: int) -> bool:
         """Whether step `step` logs sample rollouts (every `samples_every` steps; 0 = never)."""

@@ -25,6 +25,7 @@ from rlkit.orchestrator.metrics import recover_step_records, truncate_jsonl
 from rlkit.protocol import handoff
 from rlkit.protocol.batch import read_batch_header
 from rlkit.protocol.layout import RunLayout, step_of
+from rlkit.runs.rollout_errors import ERRORS_FILE
 
 
 def save_state(run_dir: Path, step: int, state: dict[str, Any]) -> None:
@@ -100,6 +101,7 @@ def prepare_resume(
     handoff.clear_stop(run_dir)
     truncate_jsonl(layout.metrics, step)
     truncate_jsonl(layout.trainer_metrics, step)
+    truncate_jsonl(Path(run_dir) / ERRORS_FILE, step)
     recover_step_records(run_dir, step)
     return step, state
 

@@ -15,6 +15,7 @@ import html
 import json
 import statistics
 import tomllib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from rlkit.atomic import atomic_write
 from rlkit.errors import UsageError
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.panels import PLOT_PANELS
+from rlkit.runs.rollout_errors import ERRORS_FILE, cause_lines, error_cause
 
 SPARKS = "▁▂▃▄▅▆▇█"
 Z95 = 1.96  # eval error bars: a 95% interval of the mean over the eval's examples
@@ -55,6 +57,7 @@ class RunView:
     stopped: str | None = None
     notes: list[str] = field(default_factory=list)
     resumes: list[int] = field(default_factory=list)  # steps a `--resume` continued from
+    errors: list[dict[str, Any]] = field(default_factory=list)  # errors.jsonl: every errored one
 
     def series(self, key: str) -> list[tuple[int, float]]:
         return [
@@ -81,6 +84,11 @@ class RunView:
             n = max(int(record.get("num_examples") or 1), 1)
             points.append((record.get("env_id", "?"), record["step"], mean, ci95(std, n)))
         return points
+
+    def env_ids(self) -> list[str]:
+        """The run's environments: the configured ones, then any other an eval names."""
+        ids = [e.get("id", "?") for e in self.config.get("env", [])]
+        return ids + sorted({r.get("env_id", "?") for r in self.evals} - set(ids))
 
     def eval_before_after(self) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
         """env_id -> (first evaluation, last evaluation)."""
@@ -121,6 +129,7 @@ def load_run(run_dir: str | Path) -> RunView:
         weights=layout.weights_versions(),
         stopped=stopped,
         resumes=[int(r["step"]) for r in _jsonl(layout.resumes)],
+        errors=_jsonl(root / ERRORS_FILE),
     )
 
 
@@ -176,6 +185,23 @@ def reward_without_task(run: RunView) -> list[str]:
     return warnings
 
 
+def error_lines(run: RunView) -> list[str]:
+    """Errored rollouts grouped by cause, per phase: 'training: 46 of 176: sandbox service
+    unreachable' (the full messages: `rlkit runs show RUN_DIR --errors`)."""
+    lines = []
+    finished = sum(int(v) for _, v in run.series("rollouts_finished"))
+    evaluated = sum(int(r.get("num_rollouts") or 0) for r in run.evals)
+    for phase, total in (("train", finished), ("eval", evaluated)):
+        causes = Counter(
+            r.get("cause") or error_cause(r.get("error")) for r in run.errors if r["phase"] == phase
+        )
+        label = "training" if phase == "train" else "eval"
+        lines += [f"errored {label} rollouts {line}" for line in cause_lines(causes, total)]
+    if run.errors:
+        lines.append(f"every error in full: rlkit runs show {run.run_dir} --errors")
+    return lines
+
+
 def ci95(std: float | None, n: int) -> float:
     """Half-width of a normal 95% interval of a mean of `n` units with deviation `std`."""
     return Z95 * (std or 0.0) / n**0.5
@@ -217,6 +243,10 @@ def summary_lines(run: RunView) -> list[str]:
             f"reward {rewards[0]:.3f} -> {rewards[-1]:.3f} (min {min(rewards):.3f}, "
             f"max {max(rewards):.3f})  {sparkline(rewards)}"
         )
+    for env in run.env_ids() if len(run.env_ids()) > 1 else []:
+        values = [v for _, v in run.series(f"reward_mean/{env}")]
+        if values:
+            lines.append(f"reward {env}: {values[0]:.3f} -> {values[-1]:.3f}  {sparkline(values)}")
     for env, (first, final) in sorted(run.eval_before_after().items()):
         note = (
             f"; ± is a 95% interval over its {final.get('num_examples')} examples"
@@ -265,6 +295,7 @@ def summary_lines(run: RunView) -> list[str]:
         f"rollouts {finished} finished, {errored} errored (scored 0), {purged} purged "
         "(dropped unused: too far off-policy to train on)"
     )
+    lines.extend(error_lines(run))
     lines.extend(reward_without_task(run))
     if run.stopped:
         lines.append(f"stopped: {run.stopped}")
@@ -302,8 +333,20 @@ def _svg(run: RunView, title: str, keys: tuple[str, ...], w: int = 460, h: int =
     the evaluations (with 95% error bars) on the reward plot, resumed steps as dashed lines,
     and a legend below the axes."""
     left, right, top, bottom = 66, 10, 28, 48
+    envs = run.env_ids() if "reward_mean" in keys else []
+    if len(envs) > 1:  # each environment's training reward beside the mean over all
+        keys = (*keys, *(f"reward_mean/{env}" for env in envs))
     series = [(key, run.series(key)) for key in keys]
     evals = run.eval_points() if "reward_mean" in keys else []
+    env_color = {  # an environment's eval points take its training curve's colour
+        env: COLORS[(keys.index(f"reward_mean/{env}") if len(envs) > 1 else i) % len(COLORS)]
+        for i, env in enumerate(envs)
+    }
+    entries = len(keys) + len({env for env, *_ in evals}) + bool(run.resumes)
+    stacked = entries > 3  # the legend one entry per line, the plot taller to hold it
+    if stacked:
+        h += 13 * (entries - 1)
+        bottom += 13 * (entries - 1)
     points = [p for _, s in series for p in s]
     points += [(step, m + d) for _, step, m, d in evals] + [
         (step, m - d) for _, step, m, d in evals
@@ -359,24 +402,28 @@ def _svg(run: RunView, title: str, keys: tuple[str, ...], w: int = 460, h: int =
         if len(s) == 1:
             cx, cy = xy(*s[0]).split(",")
             parts.append(f'<circle cx="{cx}" cy="{cy}" r="3" fill="{color}"/>')
-        legend.append((key, color))
-    for _env, step, mean, width in evals:
+        env = key.removeprefix("reward_mean/")
+        legend.append((f"training reward {env}" if env in env_color else key, color))
+    for env, step, mean, width in evals:
         cx, cy = xy(step, mean).split(",")
         _, hi = xy(step, mean + width).split(",")
         _, lo = xy(step, mean - width).split(",")
+        paint = f'style="stroke:{env_color.get(env, "#000")};fill:{env_color.get(env, "#000")}"'
+        label = html.escape(f"eval {env} at step {step}: {mean:.3f} ± {width:.3f}")
         parts.append(
-            f'<line x1="{cx}" y1="{hi}" x2="{cx}" y2="{lo}" class="eval"/>'
+            f'<g class="eval" data-env="{html.escape(env)}"><title>{label}</title>'
+            f'<line x1="{cx}" y1="{hi}" x2="{cx}" y2="{lo}" class="eval" {paint}/>'
             f'<rect x="{float(cx) - 3:.1f}" y="{float(cy) - 3:.1f}" width="6" height="6" '
-            'class="eval"/>'
+            f'class="eval" {paint}/></g>'
         )
-    if evals:
-        legend.append(("eval reward (95% interval)", "#000"))
+    for env in dict.fromkeys(env for env, *_ in evals):
+        legend.append((f"eval {env} (95% interval)", env_color.get(env, "#000")))
     if run.resumes:
         legend.append(("resumed", "#888"))
-    x = left
+    x, y = left, h - 6 - (13 * (len(legend) - 1) if stacked else 0)
     for label, color in legend:  # below the axes: never over the curves, never cut off
-        parts.append(f'<text x="{x}" y="{h - 6}" fill="{color}">■ {html.escape(label)}</text>')
-        x += 18 + 7 * len(label)
+        parts.append(f'<text x="{x}" y="{y}" fill="{color}">■ {html.escape(label)}</text>')
+        x, y = (x, y + 13) if stacked else (x + 18 + 7 * len(label), y)
     parts.append("</svg>")
     return "".join(parts)
 
@@ -431,11 +478,36 @@ def render_html(run: RunView) -> str:
             '<h2>Sample rollouts</h2><table id="samples"><tr><th>step</th><th>environment</th>'
             f"<th>prompt</th><th>completion</th><th>reward</th></tr>{samples}</table>"
         )
+    sections.append(f'<p id="note">{esc(per_env_note(run))}</p>')
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>rlkit run {esc(run.run_dir.name)}</title><style>{STYLE}</style></head>"
         f"<body>{''.join(sections)}</body></html>\n"
     )
+
+
+def per_env_note(run: RunView) -> str:
+    """The report's closing note: what it shows of each environment."""
+    parts = []
+    for env in run.env_ids():
+        values = [v for _, v in run.series(f"reward_mean/{env}")]
+        points = [p for p in run.eval_points() if p[0] == env]
+        shown = [s for s in run.samples[-20:] if s.get("env_id") == env]
+        train = (
+            f"training reward {values[0]:.3f} -> {values[-1]:.3f} over {len(values)} steps"
+            if values
+            else "no scored training rollouts"
+        )
+        parts.append(
+            f"{env}: {train}; {len(points)} eval points (95% intervals over the eval's "
+            f"examples); {len(shown)} of the sample rollouts"
+        )
+    curves = (
+        " Each environment has its own curve and colour on the reward plot."
+        if len(parts) > 1
+        else ""
+    )
+    return "Per environment: " + "; ".join(parts) + "." + curves
 
 
 def write_html(run: RunView, path: str | Path) -> Path:

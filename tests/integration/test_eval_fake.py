@@ -89,7 +89,8 @@ def test_failures_are_recorded_then_resume_reruns_them(custom_env, tmp_path, mon
             monkeypatch, capsys, "eval", custom_env, "-m", "fake-model", "-b", server.url,
             "-n", "3", "-r", "2", "--max-retries", "0", "-o", str(tmp_path / "out"),
         )  # fmt: skip
-        assert code == 0, output
+        assert code == 1, output  # after the summary, which groups the errors by cause
+        assert "errored rollouts 6 of 6: generation failed (HTTP 500)" in output
         run_dir = only_run_dir(tmp_path / "out")
         run = load_run(run_dir)
         assert len(run.results) == 6 and all("HTTP 500" in r.rollout.error for r in run.results)

@@ -101,7 +101,7 @@ def test_the_html_report_answers_did_training_work(
     for title in (*titles, "completion length (tokens)"):
         assert f'class="title">{title}</text>' in page
     assert page.count('<line x1="') >= 2 and 'class="eval"' in page  # error bars
-    assert "eval reward (95% interval)" in page
+    assert "eval e (95% interval)" in page
     assert "resumed from step 3" in page and page.count('class="resume"') >= 5
     assert ">step</text>" in page and 'text-anchor="middle">3</text>' in page  # mid tick
 
@@ -167,3 +167,50 @@ def test_a_constant_is_drawn_on_an_axis_of_its_own_scale(tmp_path: Path) -> None
     assert [line for line in lines if "weights" in line] == [
         f"latest weights {tmp_path / 'weights' / 'step_000003'}"
     ]
+
+
+def test_two_environments_and_their_errors_are_told_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Issue 66: errored rollouts grouped by cause per phase (full text on --errors, one line
+    each); the HTML report has a training curve per environment, eval points labelled with
+    the environment's colour, and a closing note of what it shows per environment."""
+    from rlkit.runs.rollout_errors import append_errors, error_record
+
+    run = tmp_path / "run"
+    run.mkdir()
+    steps = [
+        {"step": s, "reward_mean": 0.1 * s, "reward_mean/a": 0.2 * s, "reward_mean/./b": 0.05,
+         "rollouts_finished": 8}
+        for s in range(1, 4)
+    ]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    evals = [
+        {"step": s, "env_id": env, "reward_mean": m, "reward_std": 0.3, "num_examples": 4,
+         "num_rollouts": 8}
+        for s in (0, 3) for env, m in (("a", 0.4), ("./b", 0.1))
+    ]  # fmt: skip
+    (run / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    (run / "config.toml").write_text('[[env]]\nid = "a"\n[[env]]\nid = "./b"\n')
+    long = "ValueError: " + "y" * 200
+    append_errors(
+        run,
+        [error_record(env_id="./b", example_id=i, error=f"reward function 'f' failed: {long}",
+                      phase="train", step=1) for i in range(3)]
+        + [error_record(env_id="./b", example_id=0, error="generation failed: HTTP 500 x",
+                        phase="eval", step=3)],
+    )  # fmt: skip
+    out_html = tmp_path / "report.html"
+    code, out = run_cli(
+        monkeypatch, capsys, "runs", "show", str(run), "--html", str(out_html), "--errors"
+    )
+    assert code in (None, 0), out
+    assert "errored training rollouts 3 of 24: reward function 'f' raised ValueError" in out
+    assert "errored eval rollouts 1 of 32: generation failed (HTTP 500)" in out
+    assert "reward a: 0.200 -> 0.600" in out and "reward ./b: 0.050 -> 0.050" in out
+    assert out.count("y" * 200) == 3  # --errors: every message in full, one line each
+    page = out_html.read_text()
+    assert "training reward a" in page and "training reward ./b" in page
+    assert "eval a (95% interval)" in page and "eval ./b (95% interval)" in page
+    assert page.count('<g class="eval" data-env="./b">') == 2
+    assert 'id="note">Per environment: a: training reward 0.200 -&gt; 0.600' in page
