@@ -55,10 +55,11 @@ def serve_cmd(
         [], "--tenant", help="A client with its own token file and sessions (repeatable)."
     ),
     profile: list[str] = typer.Option(
-        ["30:512"],
+        [],
         "--profile",
         help="A warm pool's limits, TIMEOUT_S:MEMORY_MB (repeatable); requests may ask for "
-        "less, never more than the largest.",
+        "less, never more than the largest. Default: 60:1024, what every shipped environment "
+        "asks at most.",
     ),
     pool_size: int = typer.Option(4, min=0, help="Warm sandboxes kept ready per profile."),
     concurrency: int = typer.Option(4, min=1, help="Programs and cells running at once."),
@@ -91,7 +92,7 @@ def serve_cmd(
         owner_token=read_token(creds.token_file), tenants=load_tenants(creds.tenants_dir)
     )
     config = ServiceSettings(
-        profiles=tuple(Profile(*_profile(p)) for p in profile),
+        profiles=tuple(Profile(*_profile(p)) for p in profile) or ServiceSettings().profiles,
         pool_size=pool_size,
         concurrency=concurrency,
         queue=queue,

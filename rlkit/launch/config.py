@@ -11,6 +11,7 @@ before anything is started.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -18,6 +19,8 @@ from rich.console import Console
 
 from rlkit.config import dump_toml
 from rlkit.envs.fit import fit_training_sets, max_model_len, renderer_for, served_context
+from rlkit.envs.rendering import load_tokenizer
+from rlkit.errors import UsageError
 from rlkit.launch.roles import Role
 from rlkit.launch.slurm_config import SlurmConfig
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list, run_token_file
@@ -161,6 +164,7 @@ def check_environments(config: RLJobConfig) -> dict[str, Any]:
     """Load every `[[env]]` up front (an unknown id is a UsageError naming `env.N.id`) and drop
     the training prompts that do not fit the context, or refuse when too many do not."""
     config.sandbox.apply()
+    check_chat_template(config.model.path)
     envs = load_environments(config.env)
     try:
         max_rollout_tokens(envs, config.orchestrator)
@@ -169,6 +173,24 @@ def check_environments(config: RLJobConfig) -> dict[str, Any]:
         close_environments(envs)
         raise
     return envs
+
+
+def check_chat_template(model_path: str) -> None:
+    """Refuse, before any server starts, a local model whose tokenizer has no chat template:
+    every environment sends chat messages, so every rollout would error at its first turn."""
+    if not (Path(model_path) / "tokenizer_config.json").is_file():
+        return  # a hub name, or a folder that check_model_dir judges
+    try:
+        tokenizer = load_tokenizer(model_path)
+    except Exception:
+        return  # an unreadable tokenizer: the server's start says why
+    if tokenizer.chat_template is None:
+        raise UsageError(
+            f"model.path {model_path}: its tokenizer has no chat template, and environments "
+            "send chat messages (every rollout would error). Use the model's chat/instruct "
+            f"variant, or give it a template: put the family's template in {model_path}/"
+            "chat_template.jinja (or tokenizer_config.json's chat_template)"
+        )
 
 
 def fit_prompts(config: RLJobConfig, envs: dict[str, Any], console: Console) -> None:

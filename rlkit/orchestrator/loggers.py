@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,8 +37,10 @@ class Sink(Protocol):
 
 def tag_name(key: str) -> str:
     """A metric name as the sinks get it: an environment named by its folder (`./calc-tool`)
-    keeps no path punctuation (`reward_mean/./calc-tool` -> `reward_mean/calc-tool`)."""
-    return "/".join(part for part in key.split("/") if part not in ("", ".", "..", "~"))
+    keeps no path punctuation (`reward_mean/./calc-tool` -> `reward_mean/calc-tool`), and only
+    characters MLflow accepts (`pass@1` -> `pass_at_1`)."""
+    parts = [part for part in key.split("/") if part not in ("", ".", "..", "~")]
+    return re.sub(r"[^\w\-. :/]", "_", "/".join(parts).replace("@", "_at_"))
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:

@@ -19,6 +19,13 @@ from rlkit.errors import RunStopped
 from rlkit.orchestrator.config import OrchestratorConfig
 from rlkit.orchestrator.scheduler import scheduler_class
 from rlkit.progress import make_console
+from rlkit.runs.rollout_errors import error_cause
+
+
+def _cut(message: str, most: int = 200) -> str:
+    """A message's first line, at most `most` characters (the watchdog's line stays short)."""
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    return line if len(line) <= most else line[: most - 3] + "..."
 
 
 class NoSignalError(RunStopped):
@@ -42,7 +49,8 @@ class NoSignalWatchdog:
         self.console = console or make_console(stderr=True)
         self.streak = 0
         self.equal: dict[str, Counter[float]] = defaultdict(Counter)  # env -> reward values
-        self.errored: dict[str, list[str]] = defaultdict(list)  # env -> first errors
+        self.errored: dict[str, Counter[str]] = defaultdict(Counter)  # env -> errors' causes
+        self.first: dict[str, str] = {}  # cause -> its first message
 
     def observe(self, env_id: str, rewards: list[float], errors: list[str]) -> None:
         """One finished group: rewards of its usable rollouts, errors of the others."""
@@ -50,13 +58,16 @@ class NoSignalWatchdog:
             self.streak = 0
             self.equal.clear()
             self.errored.clear()
+            self.first.clear()
             return
         self.streak += 1
         if rewards:
             self.equal[env_id].update(round(r, 6) for r in rewards)
         else:
-            seen = self.errored[env_id]
-            seen += errors[: max(0, 3 - len(seen))]
+            for error in errors:
+                cause = error_cause(error)
+                self.errored[env_id][cause] += 1
+                self.first.setdefault(cause, error)
         if self.streak == self.warn_groups:
             self.console.print(f"[bold yellow]warning:[/] {self.explain()}")
         if self.streak >= self.stop_groups:
@@ -71,7 +82,13 @@ class NoSignalWatchdog:
         for env_id, values in sorted(self.equal.items()):
             shown = ", ".join(f"{v:g} x{n}" for v, n in values.most_common(5))
             parts.append(f"{env_id}: all rewards equal within each group (rewards {shown})")
-        for env_id, errors in sorted(self.errored.items()):
-            first = "; ".join(e for e in errors if e) or "no message"
-            parts.append(f"{env_id}: every rollout errored ({first})")
+        for env_id, causes in sorted(self.errored.items()):
+            said = "; ".join(
+                f"{n} x {cause}" + (f": {_cut(self.first[cause])}" if cause in self.first else "")
+                for cause, n in causes.most_common()
+            )
+            parts.append(
+                f"{env_id}: every rollout errored ({said}; every message in full: "
+                "run_dir/errors.jsonl)"
+            )
         return f"{self.streak} consecutive groups without learning signal: " + " | ".join(parts)

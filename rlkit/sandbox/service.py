@@ -49,7 +49,8 @@ KEEP_ALIVE_S = 60
 class ServiceSettings:
     """What one service allows and keeps ready."""
 
-    profiles: tuple[Profile, ...] = (Profile(timeout=30.0, memory_mb=1024),)
+    # what every shipped environment asks at most (the code env: 6 tests x 5.5 s + 5 s = 38 s)
+    profiles: tuple[Profile, ...] = (Profile(timeout=60.0, memory_mb=1024),)
     pool_size: int = 4  # warm sandboxes kept ready per profile
     concurrency: int = 4  # programs and cells running at once
     queue: int = 256  # requests waiting for a slot at most; more get 429

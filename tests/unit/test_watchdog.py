@@ -78,7 +78,18 @@ def test_all_rewards_zero_stops_within_the_limit() -> None:
 
 def test_every_rollout_errored_stops_with_the_errors() -> None:
     error, _ = run_until_stopped(FlatSource(error="reward function raised: KeyError 'x'"))
-    assert "flat: every rollout errored (reward function raised: KeyError 'x'" in str(error)
+    assert "flat: every rollout errored (" in str(error)
+    assert "x reward function raised: reward function raised: KeyError 'x'" in str(error)
+
+
+def test_a_long_error_is_said_once_and_short() -> None:
+    """Issue 66: a ~3 KB message (a template error quoting the whole prompt) is said once per
+    cause, with its count, cut to one short line; the full text is in errors.jsonl."""
+    long = "reward function 'f' failed: KeyError: " + "x" * 3000
+    error, _ = run_until_stopped(FlatSource(error=long))
+    text = str(error)
+    assert len(text) < 700 and text.count("reward function 'f' raised KeyError") == 1, text
+    assert "every message in full: run_dir/errors.jsonl" in text
 
 
 def test_one_group_with_signal_resets_the_count() -> None:

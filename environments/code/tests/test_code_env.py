@@ -332,3 +332,25 @@ def test_load_environment_registers_the_code_exploits() -> None:
     names = {e.name for e in load_environment().exploits}
     assert {"early exit", "harness tampering", "constant output"} <= names
     assert all(e.family == "code" for e in CODE_EXPLOITS)
+
+
+async def test_the_sandbox_service_default_profile_runs_every_problem(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 66: `rlkit sandbox serve` with its default profile refused problems that ask for
+    more than 30 s (n tests x (timeout + 0.5 s) + 5 s): every shipped problem's ask fits it."""
+    from rlkit.sandbox.service import ServiceSettings
+
+    asked: list[tuple[float, int]] = []
+
+    async def record(code: str, **kwargs: Any) -> SandboxResult:
+        asked.append((kwargs["timeout"], kwargs["memory_mb"]))
+        return SandboxResult(status="ok")
+
+    monkeypatch.setattr(sandbox, "run", record)
+    env = load_environment()
+    for index in range(len(env.dataset)):
+        await _score(env, [_answer(PROBLEMS[0]["reference"])], problem_index=index)
+    (profile,) = ServiceSettings().profiles
+    assert len(asked) == len(env.dataset) and max(asked) > (30.0, 0)  # the old default's limit
+    assert all(profile.covers(timeout, memory) for timeout, memory in asked), max(asked)
