@@ -12,10 +12,12 @@ answers already earn on the row:
 
     reward = max(0, (s(reply) - b) / (1 - b))
 
-- `s(x)` is positional similarity to the reversed text: the number of positions where `x` and
-  the reversal hold the same character, aligned at the start or at the end (whichever matches
-  more, so one dropped end character costs one position), divided by the longer length. It is
-  1.0 only for the exact reversal.
+- `s(x)` is prefix similarity to the reversed text: the characters `x` gets right, in order,
+  before its first mistake, divided by the longer of the two lengths (extra characters cost).
+  It is 1.0 only for the exact reversal, and it pays only for the next right character: a
+  reply that hedges (writes a character twice where it is unsure of the order) earns no more
+  than a wrong guess, which per-position credit would pay (RL on the demo learned to hedge
+  under it: its reward rose while exact match fell).
 - `b` is the best `s` among the row's cheap answers, computed from the row's text alone: the
   text echoed, its characters sorted (both orders), the text rotated by every k, and each of its
   characters repeated to its length (the best constant character: any other character matches
@@ -23,10 +25,11 @@ answers already earn on the row:
   out of `b`.
 
 So the exact reversal earns 1.0, every cheap answer above earns 0 (the empty reply's score),
-and a reversal with one character wrong keeps most of the credit (0.5 on a 3-character string,
-about 0.8 on a 10-character one). `exact_match` (weight 0) is recorded beside the reward in
-every eval and training metric. The family's exploits (`rlkit env audit`) are registered on the
-environment: echo, sorted, rotated, constant character, another row's reversal.
+and a reversal with its last character wrong keeps most of the credit (0.5 on a 3-character
+string, about 0.9 on a 10-character one); each further right character adds to it.
+`exact_match` (weight 0) is recorded beside the reward in every eval and training metric. The
+family's exploits (`rlkit env audit`) are registered on the environment: echo, sorted, rotated,
+constant character, another row's reversal.
 """
 
 from __future__ import annotations
@@ -50,22 +53,24 @@ DEFAULT_ALPHABET = "abcdefghij"
 FAMILY = "reverse-text"
 
 
-def _matches(response: str, target: str) -> int:
-    """Positions holding the target's character, aligned at the start or at the end (the more)."""
-    n = min(len(response), len(target))
-    left = sum(response[i] == target[i] for i in range(n))
-    right = sum(response[-1 - i] == target[-1 - i] for i in range(n))
-    return max(left, right)
+def _prefix(response: str, target: str) -> int:
+    """Characters of `target` that `response` reproduces in order from the start."""
+    n = 0
+    for got, want in zip(response, target, strict=False):
+        if got != want:
+            break
+        n += 1
+    return n
 
 
 def _similarity(response: str, target: str) -> Fraction:
     longest = max(len(response), len(target))
-    return Fraction(_matches(response, target), longest) if longest else Fraction(1)
+    return Fraction(_prefix(response, target), longest) if longest else Fraction(1)
 
 
-def positional_similarity(response: str, target: str) -> float:
-    """Share of positions holding the target's character, aligned at the start or at the end
-    (the better of the two), over the longer length; 1.0 only when `response == target`."""
+def prefix_similarity(response: str, target: str) -> float:
+    """The reversal's characters the reply gets right before its first mistake, over the longer
+    of the two lengths; 1.0 only when `response == target`."""
     return float(_similarity(response, target))
 
 
@@ -99,13 +104,13 @@ def _baseline(target: str) -> Fraction:
 
 
 def baseline_similarity(target: str) -> float:
-    """`b`: the best positional similarity a cheap answer reaches on this row (the text is the
+    """`b`: the best prefix similarity a cheap answer reaches on this row (the text is the
     target reversed); cheap answers equal to the target (a palindrome's echo) are left out."""
     return float(_baseline(target))
 
 
 def reversal_score(response: str, target: str) -> float:
-    """The reward: positional similarity above the row's best cheap answer, rescaled so the
+    """The reward: prefix similarity above the row's best cheap answer, rescaled so the
     exact reversal is 1.0 and anything no better than a cheap answer is 0 (exact fractions)."""
     b = _baseline(target)
     return float(max(Fraction(0), (_similarity(response, target) - b) / (1 - b)))

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from reverse_text import load_environment, positional_similarity, reversal_score, sft_examples
+from reverse_text import load_environment, prefix_similarity, reversal_score, sft_examples
 
 from rlkit.envs import load_environment as load_by_id
 from rlkit.envs.check import check_environment
@@ -29,17 +29,27 @@ def test_generated_data_is_deterministic_and_bounded() -> None:
     assert train[0]["prompt"][0]["role"] == "system" and train[0]["prompt"][1]["role"] == "user"
 
 
-def test_positional_similarity_and_reversal_score() -> None:
-    assert positional_similarity("cba", "cba") == 1.0
-    assert positional_similarity("", "cba") == 0.0
-    assert positional_similarity("cbx", "cba") == 2 / 3
-    assert positional_similarity("ba", "cba") == 2 / 3  # aligned at the end: a dropped first char
-    assert positional_similarity("cbaa", "cba") == 3 / 4  # an extra char costs its position
+def test_prefix_similarity_and_reversal_score() -> None:
+    assert prefix_similarity("cba", "cba") == 1.0
+    assert prefix_similarity("", "cba") == 0.0
+    assert prefix_similarity("cbx", "cba") == 2 / 3
+    assert prefix_similarity("cxa", "cba") == 1 / 3  # nothing after the first mistake counts
+    assert prefix_similarity("cbaa", "cba") == 3 / 4  # an extra char costs its position
     assert reversal_score("cba", "cba") == 1.0
     assert reversal_score("", "cba") == 0.0
-    # abc -> cba: the echo, rotations and constants match one position of three, so b = 1/3
+    # abc -> cba: "c" repeated (a cheap answer) gets the first character, so b = 1/3
     assert reversal_score("cbx", "cba") == 0.5
     assert reversal_score("abc", "cba") == 0.0
+    assert reversal_score("cxa", "cba") == 0.0
+
+
+def test_hedging_earns_no_more_than_a_wrong_guess() -> None:
+    # unsure of the middle order, a policy may write one character twice: per-position credit
+    # paid that above a wrong guess (and RL learned it); prefix credit pays them the same
+    target = "QXGJKB"
+    wrong_guess, hedge, right = "QXGKJB", "QXGKKB", target
+    assert reversal_score(hedge, target) == reversal_score(wrong_guess, target)
+    assert reversal_score(hedge, target) < reversal_score(right, target) == 1.0
 
 
 def test_bad_lengths_are_rejected() -> None:
