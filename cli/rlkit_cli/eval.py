@@ -62,7 +62,11 @@ def split_env_id(args: list[str]) -> tuple[str | None, list[str]]:
     return None, args
 
 
-@app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(
+    "run",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    options_metavar="ENV_ID [OPTIONS] [--FIELD VALUE]...",
+)
 def run_cmd(
     ctx: typer.Context,
     model: str | None = typer.Option(None, "--model", "-m", help="Model name sent to the API."),

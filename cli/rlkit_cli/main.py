@@ -66,6 +66,19 @@ def _register() -> None:
 _register()
 
 
+def plain_help(typer_app: typer.Typer) -> None:
+    """Help rendered as written, every word kept: rich markup would read `[section]` names,
+    `[bwrap]` defaults and `[OPTIONS]` as tags and drop them (`Sandbox backend .`), so no
+    command's help is parsed as markup; click also prints each usage line with its arguments."""
+    typer_app.rich_markup_mode = None
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            plain_help(group.typer_instance)
+
+
+plain_help(app)
+
+
 def quiet_triton_teardown() -> None:
     """Exit handler: once triton is loaded (transformers imports it through torch._dynamo),
     its nanobind bindings print a "nanobind: leaked ... functions" report at interpreter
