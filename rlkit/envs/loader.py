@@ -9,7 +9,9 @@ environment's own worker processes import it by name).
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,7 @@ def load_resolved(
             "--verifiers-version applies only to verifiers environments"
         )
     module = _import(resolved)
+    check_env_args(resolved.name, module.load_environment, kwargs)
     try:
         env = module.load_environment(**kwargs)
     except (TypeError, ValueError) as exc:  # unknown kwarg or a value the environment rejects
@@ -70,6 +73,26 @@ def load_resolved(
     env.env_id = env.env_id or resolved.name
     env.version = env.version or resolved.version
     return env
+
+
+def check_env_args(name: str, loader: Any, kwargs: dict[str, Any]) -> None:
+    """Refuse a key `load_environment` does not take, naming the closest ones it does (`did
+    you mean min_len?`) and all it takes; a loader with **kwargs takes anything."""
+    try:
+        params = inspect.signature(loader).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    known = [n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    for key in kwargs:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=2, cutoff=0.5)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            raise UsageError(
+                f"environment {name!r} takes no argument {key!r}: {hint}"
+                f"its load_environment takes {', '.join(known) or 'no arguments'}"
+            )
 
 
 def _import(resolved: ResolvedEnv) -> Any:

@@ -109,7 +109,7 @@ def test_unknown_id_suggests_close_matches() -> None:
 
 def test_bad_arguments_are_usage_errors(env_path: Path) -> None:
     _write_env(env_path, "shout-words", "shout_words", CUSTOM_ENV)
-    with pytest.raises(UsageError, match="bad arguments for environment 'shout-words'"):
+    with pytest.raises(UsageError, match="environment 'shout-words' takes no argument 'colour'"):
         load_environment("shout-words", colour="red")
 
 

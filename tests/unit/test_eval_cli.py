@@ -55,3 +55,12 @@ def test_dry_run_prints_resolved_config(monkeypatch, capsys, tmp_path) -> None:
     assert code == 0, output
     assert 'env_id = "reverse-text"' in output and "num_examples = 7" in output
     assert "rollouts_per_example = 2" in output and 'backend = "local"' in output
+
+
+def test_an_unknown_env_args_key_says_did_you_mean(monkeypatch, capsys) -> None:
+    """Issue 66: not `load_environment() got an unexpected keyword argument 'min_length'`."""
+    code, output = run_cli(
+        monkeypatch, capsys, "eval", "reverse-text", "-m", "m", "-a", '{"min_length": 3}'
+    )
+    flat = " ".join(output.split())
+    assert code == 2 and "takes no argument 'min_length': did you mean min_len" in flat, output
