@@ -68,7 +68,8 @@ def _print(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from rlkit.sim.compare import table_lines
+    from rlkit.progress import print_line
+    from rlkit.sim.compare import COLUMN_NOTES, drop_lines, recommendation, table_lines
 
     console = Console()
     if not console.is_terminal:  # a pipe or a file: the whole table, unwrapped
@@ -94,12 +95,23 @@ def _print(result: dict) -> None:
         )
     if "sweep" in result:
         best = result["sweep"]["best"]
+        current = result["schedulers"].get("c3po", {}).get("trained_tokens_per_s")
+        versus = (
+            f" ({best['trained_tokens_per_s'] / current - 1:+.1%} over the current c3po setting)"
+            if current
+            else ""
+        )
         console.print(
             f"sweep ({len(result['sweep']['rows'])} settings): best Phi={best['token_budget']} "
             f"({best['phi_x_batch']}x a sync batch), Omega={best['capacity']} "
             f"({best['omega_x_slots']}x the slots), sigma={best['retention']}: "
-            f"{best['trained_tokens_per_s']:.0f} trained tokens/s, staleness "
+            f"{best['trained_tokens_per_s']:.0f} trained tokens/s{versus}, staleness "
             f"{best['staleness_mean']:.2f}"
         )
     if "plot" in result:
         console.print(f"plot: {result['plot']}")
+    for label, note in COLUMN_NOTES.items():
+        print_line(console, f"{label}: {note}")
+    for line in drop_lines(result):
+        print_line(console, line)
+    print_line(console, recommendation(result))

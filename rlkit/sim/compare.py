@@ -187,3 +187,61 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+COLUMN_NOTES = {
+    "step s": "simulated seconds per training step",
+    "rollout s": "of those, seconds waiting for the batch's rollouts",
+    "step x": "sync's step time / this scheduler's (above 1: faster)",
+    "rollout x": "the same for the rollout wait",
+    "engine busy": "share of time the inference servers generate",
+    "slots used": "share of the servers' sequence slots in use",
+    "trainer idle": "share of time the trainer waits for a batch",
+    "staleness": "mean policy versions a trained sample lags the trainer",
+    "retention": "mean policy updates a rollout spans while generating",
+    "purged": "rollouts dropped for spanning more than sigma updates",
+    "trained tok/s": "trained tokens per simulated second: the figure to maximise",
+}
+DROP_REASONS = {
+    "no_samples": "every rollout of the prompt was filtered out (equal rewards under "
+    "drop_zero_advantage, too stale, or errored): the prompt gave no sample",
+    "purged": "its rollouts stayed in flight past sigma policy updates (C3PO++ retention)",
+}
+
+
+def drop_lines(result: dict[str, Any]) -> list[str]:
+    """What each drop reason the table's rows name means."""
+    reasons = {r for row in result["schedulers"].values() for r in row.get("prompts_dropped", {})}
+    return [
+        f"dropped {r}: {DROP_REASONS.get(r, 'see rlkit.orchestrator')}" for r in sorted(reasons)
+    ]
+
+
+def recommendation(result: dict[str, Any]) -> str:
+    """One plain line: which scheduler to set, its gain in trained tokens/s over sync, and how
+    far one simulated seed can be trusted."""
+    rows = result["schedulers"]
+    best_name = max(rows, key=lambda n: rows[n]["trained_tokens_per_s"])
+    base = rows.get("sync")
+    sure = "one simulated seed: rerun with --seed N to see the spread"
+    if base is None or best_name == "sync" or not base["trained_tokens_per_s"]:
+        return f'recommendation: keep orchestrator.scheduler = "{best_name}" ({sure})'
+    best = rows[best_name]
+    gain = best["trained_tokens_per_s"] / base["trained_tokens_per_s"] - 1
+    setting = f'orchestrator.scheduler = "{best_name}"'
+    sweep_best = result.get("sweep", {}).get("best")
+    if sweep_best and best_name == "c3po":
+        setting += (
+            f" with token_budget = {sweep_best['token_budget']}, capacity = "
+            f"{sweep_best['capacity']}, retention = {sweep_best['retention']}"
+        )
+        gain = max(gain, sweep_best["trained_tokens_per_s"] / base["trained_tokens_per_s"] - 1)
+    if gain < 0.05:
+        return (
+            f"recommendation: keep sync: {best_name} trains only {gain:+.1%} more tokens/s, "
+            f"within what {sure.split(':')[0]} can tell"
+        )
+    return (
+        f"recommendation: set {setting}: {gain:+.1%} trained tokens/s over sync, staleness "
+        f"{best['staleness_mean']:.2f} ({sure})"
+    )

@@ -364,3 +364,20 @@ def test_through_the_cli_a_tenth_lost_and_rejoining_audits_clean_and_a_seed_repe
         assert f"{trained} trained" in out and "at step 6" in out, out
     code, again = run_cli(monkeypatch, capsys, *args)
     assert code in (0, None) and again == first
+
+
+def test_simulate_ends_with_a_recommendation_and_explains_its_table(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Issue 66 item 7: one plain recommendation line last; every column and drop reason said."""
+    from rlkit.sim.compare import COLUMN_NOTES
+    from tests.helpers.cli import DEMO_CONFIG, run_cli
+
+    code, out = run_cli(monkeypatch, capsys, "simulate", str(DEMO_CONFIG), "--steps", "4")
+    assert code in (0, None), out
+    lines = out.strip().splitlines()
+    assert lines[-1].startswith("recommendation: ") and "orchestrator.scheduler" in lines[-1]
+    assert "--seed" in lines[-1]
+    for label in COLUMN_NOTES:
+        assert any(line.startswith(f"{label}: ") for line in lines), label
+    assert any(line.startswith("dropped no_samples: ") for line in lines), out
