@@ -16,10 +16,16 @@ server (`rlkit.inference.auth`, `rlkit.inference.routes`), the sandbox service
   answers it with one body, `{"error": message}` (`error_response`, `send_error`).
 - `confine(path, roots)`: a named path resolved inside one of `roots`, or `PathRefused` (403)
   with the same words whether the path exists or not.
+- `guarded_http()`: uvicorn's HTTP protocol with the limits that hold before any credential is
+  read: a request's headers must arrive whole within `HEADER_TIMEOUT_S` of its first byte (or of
+  the connection's opening) and within `MAX_HEADER_BYTES`, and at most `MAX_CONNECTIONS` are
+  open at once; an idle or trickling connection is closed, whoever holds it. A 401 or 403 closes
+  its connection, so nothing more of that request (its body) is read.
 """
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 from collections.abc import Callable
@@ -180,6 +186,8 @@ async def send_error(scope: dict, send: Any, status: int, message: str) -> None:
         await send({"type": "websocket.close", "code": 1008})
         return
     extra = [(b"www-authenticate", b"Bearer")] if status == 401 else []
+    if status in (401, 403):  # the caller is not let in: read nothing more from it
+        extra.append((b"connection", b"close"))
     await send_json(send, status, error_body(message), extra)
 
 
@@ -259,3 +267,87 @@ def confine(path: str | Path, roots: list[Path], refusal: str = PATH_REFUSED) ->
     if resolved is None or not any(resolved.is_relative_to(root) for root in roots):
         raise PathRefused(refusal)
     return resolved
+
+
+# Before any credential is read: how long a request's headers may take to arrive, how large they
+# may be, and how many connections may be open at once (`guarded_http`).
+HEADER_TIMEOUT_S = 10.0
+MAX_HEADER_BYTES = 16 * 1024
+MAX_CONNECTIONS = 512
+
+
+@functools.cache
+def guarded_http() -> type:
+    """uvicorn's HTTP protocol (httptools', else h11's) with limits that hold before any
+    credential is read, for `uvicorn.run(http=guarded_http(), ...)`.
+
+    A connection waiting for a request's headers (just opened, or a request begun after the
+    previous answer) gets `HEADER_TIMEOUT_S` and `MAX_HEADER_BYTES` for them, then is answered
+    408 / 431 and closed; a connection beyond `MAX_CONNECTIONS` is answered 503 and closed. An
+    idle kept connection is closed by uvicorn's own keep-alive timeout."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
+    except ImportError:  # httptools not installed
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Base
+
+    class GuardedHttp(Base):  # type: ignore[misc, valid-type]
+        _deadline: Any = None
+        _awaiting: Any = None  # the cycle that was current when the wait for headers began
+        _received = 0  # bytes received since then
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > MAX_CONNECTIONS:
+                self._refuse(503, "Service Unavailable")
+                return
+            self._await_headers()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self.transport.is_closing():
+                return  # refused: nothing more is parsed
+            idle = self.cycle is None or self.cycle.response_complete
+            if self._deadline is None and idle:
+                self._await_headers()
+            super().data_received(data)
+            if self._deadline is not None and self.cycle is not self._awaiting:
+                self._deadline.cancel()  # the headers are in
+                self._deadline = None
+            elif self._deadline is not None:
+                self._received += len(data)
+                if self._received > MAX_HEADER_BYTES:
+                    self._refuse(431, "Request Header Fields Too Large")
+
+        def _await_headers(self) -> None:
+            self._awaiting, self._received = self.cycle, 0
+            self._deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._too_slow)
+
+        def _too_slow(self) -> None:
+            self._deadline = None
+            if self.cycle is self._awaiting:
+                self._refuse(408, "Request Timeout")
+
+        def _refuse(self, status: int, reason: str) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+            if not self.transport.is_closing():
+                head = f"HTTP/1.1 {status} {reason}\r\nconnection: close\r\n"
+                self.transport.write(head.encode() + b"content-length: 0\r\n\r\n")
+                self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            if not self.transport.is_closing():
+                super().send_400_response(msg)
+
+    return GuardedHttp
+
+
+def guarded_uvicorn_options() -> dict[str, Any]:
+    """What `uvicorn.run` takes to serve with `guarded_http()` (and h11's own header cap)."""
+    return {"http": guarded_http(), "h11_max_incomplete_event_size": MAX_HEADER_BYTES}

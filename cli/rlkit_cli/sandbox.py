@@ -70,13 +70,25 @@ def serve_cmd(
         32, min=1, help="Open sessions at most for one caller (token)."
     ),
     backend: str | None = typer.Option(None, help="Sandbox backend [bwrap]."),
+    max_session_cpu_s: float = typer.Option(
+        600.0, min=1, help="CPU seconds a session may use over its whole life, at most."
+    ),
+    status: list[str] = typer.Option(
+        [],
+        "--status",
+        help="Serve nothing: show the load of each service URL given (repeatable, or "
+        "comma-separated), with --token-file or $RLKIT_SANDBOX_TOKEN_FILE.",
+    ),
 ) -> None:
     """Serve the sandbox over HTTP: warm pools, a shared concurrency limit, sessions, metrics.
 
     Every route but /health needs the token in the printed token file; clients set
     `[sandbox] url = "http://HOST:PORT"` and `token_file` (or RLKIT_SANDBOX_URL and
-    RLKIT_SANDBOX_TOKEN_FILE).
+    RLKIT_SANDBOX_TOKEN_FILE); several services: `service_urls = [...]` (one token file).
     """
+    if status:
+        _show_status(status, token_file)
+        return
     from rlkit.protocol.credentials import read_token
     from rlkit.sandbox.pool import Profile
     from rlkit.sandbox.runner import configure
@@ -99,9 +111,59 @@ def serve_cmd(
         max_sessions=max_sessions,
         max_sessions_per_caller=max_sessions_per_caller,
         session_idle_s=session_idle_s,
+        max_session_cpu_s=max_session_cpu_s,
     )
     typer.echo(f"sandbox service on http://{host}:{port}")
     typer.echo(f"token file: {creds.token_file}")
     for name, path in creds.tenant_files.items():
         typer.echo(f"tenant {name}: {path}")
     serve(host, port, credentials, config)
+
+
+def _show_status(urls: list[str], token_file: Path | None) -> None:
+    """One row per service: its load from /metrics, or why it did not answer (exit 1 if any)."""
+    import httpx
+
+    from rlkit.protocol.credentials import read_token
+    from rlkit.sandbox.client import service_urls
+
+    token_path = token_file or os.environ.get("RLKIT_SANDBOX_TOKEN_FILE")
+    if not token_path:
+        raise typer.BadParameter("--status needs --token-file (or RLKIT_SANDBOX_TOKEN_FILE)")
+    headers = {"Authorization": f"Bearer {read_token(token_path)}"}
+    table = Table(
+        "service",
+        "running",
+        "waiting",
+        "ready",
+        "sessions",
+        "programs",
+        "cells",
+        "refused",
+        title="rlkit sandbox services",
+    )
+    down = 0
+    for url in [u for text in urls for u in service_urls(text)]:
+        try:
+            m = httpx.get(f"{url}/metrics", headers=headers, timeout=5)
+            m.raise_for_status()
+            m = m.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            down += 1
+            table.add_row(url, f"[bold red]down[/] ({type(exc).__name__})", *[""] * 6)
+            continue
+        ready = sum(p["ready"] for p in m["pools"])
+        size = sum(p["size"] for p in m["pools"])
+        table.add_row(
+            url,
+            f"{m['running']}/{m['concurrency']}",
+            f"{m['waiting']}/{m['queue']}",
+            f"{ready}/{size}",
+            str(m["sessions"]),
+            str(m["runs"]),
+            str(m["cells"]),
+            str(m["rejected"]),
+        )
+    make_console().print(table)
+    if down:
+        raise typer.Exit(1)

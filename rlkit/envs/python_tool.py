@@ -79,7 +79,10 @@ class PythonToolEnv(ToolEnv):
         session = PythonSession(**self.session_options)
         token = _SESSION.set(session)
         try:
-            return await super().rollout(row, client, model, sampling)
+            rollout = await super().rollout(row, client, model, sampling)
+            if session.lost is not None and rollout.error is None:
+                rollout.error = f"sandbox: {session.lost}"  # its interpreter's state is gone
+            return rollout
         finally:
             _SESSION.reset(token)
             await session.close()

@@ -32,8 +32,15 @@ def new_token() -> str:
 
 
 def check_private(path: Path) -> None:
-    """Refuse a token file that its group or other users can read or write."""
-    mode = path.stat().st_mode
+    """Refuse a token file that its group or other users can read or write, or that another
+    user owns (one planted in a folder others may write to: they would know the token)."""
+    info = path.stat()
+    mode = info.st_mode
+    if info.st_uid != os.geteuid():
+        raise UsageError(
+            f"token file {path} belongs to uid {info.st_uid}, not to this user "
+            f"({os.geteuid()}): whoever owns it knows the token; create a new one"
+        )
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise UsageError(
             f"token file {path} is readable or writable by other users "

@@ -31,6 +31,13 @@ class SandboxConfig(Config):
         description="A sandbox service (`rlkit sandbox serve`), e.g. http://127.0.0.1:8790: "
         "programs and Python sessions run there; unset: RLKIT_SANDBOX_URL, else in-process.",
     )
+    service_urls: list[str] = Field(
+        default_factory=list,
+        description="Several sandbox services (one token_file for all), e.g. "
+        '["http://node1:8790", "http://node2:8790"]: each program goes to the least loaded, '
+        "and to another when its service dies; instead of url (RLKIT_SANDBOX_URL may name "
+        "several, comma-separated).",
+    )
     token_file: str | None = Field(
         None, description="The sandbox service's token file (mode 0600); required with url."
     )
@@ -48,11 +55,20 @@ class SandboxConfig(Config):
 
     @model_validator(mode="after")
     def _url_has_token(self) -> SandboxConfig:
+        if self.url and self.service_urls:
+            raise ValueError("set sandbox.url or sandbox.service_urls, not both")
         if self.url and not self.token_file:
             raise ValueError("sandbox.token_file is required with sandbox.url")
-        if self.serve and self.url:
+        if self.service_urls and not self.token_file:
+            raise ValueError("sandbox.token_file is required with sandbox.service_urls")
+        if self.serve and (self.url or self.service_urls):
             raise ValueError("sandbox.serve starts the run's own service: leave sandbox.url unset")
         return self
+
+    @property
+    def service_url(self) -> str | None:
+        """`url`, or `service_urls` joined as the client reads several (comma-separated)."""
+        return ",".join(self.service_urls) if self.service_urls else self.url
 
     @field_validator("backend")
     @classmethod
@@ -66,8 +82,8 @@ class SandboxConfig(Config):
         changes = {
             "backend": self.backend,
             "total_memory_mb": self.total_memory_mb,
-            "url": self.url,
-            "token_file": self.token_file if self.url else None,
+            "url": self.service_url,
+            "token_file": self.token_file if self.service_url else None,
         }
         return replace(base, **{k: v for k, v in changes.items() if v is not None})
 

@@ -3,21 +3,29 @@
 `prepare_bwrap` / `prepare_local` return a `Launch` (argv + process settings) inside a context
 manager that owns everything the launch needs on the host (in-memory files, pipes, a temp dir)
 and releases it afterwards, so nothing a run wrote survives it.
+
+Nothing a request names reaches a host command line (which every user of the host can read):
+bubblewrap's options, file names among them, travel in an in-memory file (`bwrap --args FD`);
+the command line holds only the limits and the interpreter. When rlkit runs as root, each
+sandbox runs as a host uid of its own (`SandboxUid`), so no other sandbox, and nothing else
+running as one shared uid, may signal, trace or read its processes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import json
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from rlkit.sandbox.limits import MIB, Limits
+from rlkit.sandbox.limits import MIB, SHM_MB, TMP_MB, WORKDIR_MB, Limits
 from rlkit.sandbox.rootfs import runtime_binds, sandbox_python
 
 WORKDIR = "/sandbox"
@@ -26,7 +34,13 @@ PYTHONPATH_ROOT = "/opt/pythonpath"
 # Host uid/gid the sandbox runs as when rlkit itself runs as root: an escape lands as `nobody`,
 # not root, and the kernel applies RLIMIT_NPROC (it exempts root).
 NOBODY = 65534
+# The host uids sandboxes run as when rlkit runs as root: one per live sandbox, held with a lock
+# file so that processes of several rlkit programs on one host never share one (`SandboxUid`).
+UID_BASE = 1_500_000_000
+UID_COUNT = 1_000_000
 PROGRAM_NAMES = {"python": "main.py", "bash": "main.sh"}
+# A file name longer than this (or a path component over NAME_MAX) is refused.
+MAX_NAME = 1024
 
 
 def interpreter(language: str) -> list[str]:
@@ -39,11 +53,27 @@ def interpreter(language: str) -> list[str]:
 
 
 def check_relative(name: str) -> PurePosixPath:
-    """A `files` key must stay inside the working directory."""
+    """A `files` key must be a plain relative path inside the working directory."""
     path = PurePosixPath(name)
-    if path.is_absolute() or ".." in path.parts or not path.parts:
-        raise ValueError(f"sandbox file name {name!r} must be a relative path inside the workdir")
+    if (
+        path.is_absolute()
+        or ".." in path.parts
+        or not path.parts
+        or "\x00" in name
+        or len(name) > MAX_NAME
+        or any(len(part.encode()) > 255 for part in path.parts)
+    ):
+        raise ValueError(
+            f"sandbox file name {name[:100]!r} must be a relative path inside the workdir "
+            f"(no NUL byte, at most {MAX_NAME} characters)"
+        )
     return path
+
+
+def check_names(files: dict[str, str | bytes]) -> None:
+    """ValueError unless every file name is one `check_relative` accepts."""
+    for name in files:
+        check_relative(name)
 
 
 def as_bytes(content: str | bytes) -> bytes:
@@ -116,22 +146,76 @@ class Mounts:
         return {"PYTHONPATH": ":".join(paths)}
 
 
-def _memfd(name: str, content: bytes) -> int:
-    fd = os.memfd_create(name.replace("/", "_"), 0)
+def _memfd(content: bytes) -> int:
+    """An in-memory file holding `content` (its name, seen in /proc, is always the same)."""
+    fd = os.memfd_create("rlkit-sandbox", 0)
     os.write(fd, content)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
 
-def _drop_root() -> list[str]:
-    """When rlkit runs as root, start bwrap as `nobody` through util-linux `setpriv`.
+class SandboxUid:
+    """A host uid no other live sandbox on this host holds (rlkit runs as root): a random one of
+    `UID_COUNT` from `UID_BASE`, held by an exclusive lock on its file in `uid_dir()` until
+    `release()`. Not root: None (every sandbox runs as this user; see the README)."""
+
+    def __init__(self) -> None:
+        self.uid: int | None = None
+        self._fd: int | None = None
+        self._path: Path | None = None
+        if os.geteuid() != 0:
+            return
+        folder = uid_dir()
+        while self.uid is None:
+            n = secrets.randbelow(UID_COUNT)
+            path = folder / str(n)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino  # not unlinked meanwhile
+            except OSError:  # held by a live sandbox, or removed by its releaser
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            self.uid, self._fd, self._path = UID_BASE + n, fd, path
+
+    def release(self) -> None:
+        if self._fd is not None and self._path is not None:
+            with contextlib.suppress(OSError):
+                self._path.unlink()
+            os.close(self._fd)
+        self._fd = self._path = None
+
+
+@functools.cache
+def uid_dir() -> Path:
+    """Where the uid locks live (private to root)."""
+    from rlkit.sandbox.workspace import base_dir
+
+    folder = base_dir() / "uids"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
+def _drop_root(uid: int | None) -> list[str]:
+    """When rlkit runs as root, start bwrap as `uid` (the sandbox's own) through util-linux
+    `setpriv`.
 
     An exec'd wrapper instead of subprocess's `user=`: Python must fork (not vfork) to change
     uid itself, which is slow in a large process such as a trainer (docs/benchmarks.md).
     """
     if os.geteuid() != 0:
         return []
-    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+    uid = NOBODY if uid is None else uid
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+
+
+def _workdir_owner(workdir: Path) -> int | None:
+    """A bound working directory is written as its owner (`workspace.writable_copy` gives each
+    copy a uid of its own); one root owns is written as `nobody`."""
+    owner = workdir.stat().st_uid
+    return owner if owner != 0 else None
 
 
 @contextlib.contextmanager
@@ -144,17 +228,19 @@ def prepare_bwrap(
 ) -> Iterator[Launch]:
     """A bubblewrap launch: every namespace unshared (no network), a fresh size-capped tmpfs as
     the working directory (or `mounts.workdir`) holding `files`, the program read-only at
-    /program, no host env."""
+    /program, no host env; /dev read-only but for a size-capped /dev/shm; its options in an
+    in-memory file, as a uid of its own when rlkit runs as root."""
     mounts = mounts or Mounts()
     command = interpreter(language)
     program = f"/program/{PROGRAM_NAMES[language]}"
     launch = Launch(argv=[])
     status_read: int | None = None
+    owner = SandboxUid() if mounts.workdir is None else None
     try:
         status_read, status_write = os.pipe()
         launch.ending = functools.partial(_bwrap_ending, status_read)
         launch.child_fds.append(status_write)
-        program_fd = _memfd(program, code.encode())
+        program_fd = _memfd(code.encode())
         launch.child_fds.append(program_fd)
         file_args: list[str] = []
         files_size = 0
@@ -162,17 +248,17 @@ def prepare_bwrap(
             path = check_relative(name)
             data = as_bytes(content)
             files_size += len(data)
-            fd = _memfd(name, data)
+            fd = _memfd(data)
             launch.child_fds.append(fd)
             file_args += ["--file", str(fd), f"{WORKDIR}/{path}"]
-        work_size = 64 * MIB + 2 * files_size
         if mounts.workdir is None:
+            work_size = WORKDIR_MB * MIB + files_size
             workdir_args = ["--size", str(work_size), "--tmpfs", WORKDIR]
+            uid = owner.uid if owner is not None else None
         else:
             workdir_args = ["--bind", str(mounts.workdir), WORKDIR]
-        launch.argv = [
-            *_drop_root(),
-            "bwrap",
+            uid = _workdir_owner(mounts.workdir)
+        options = [
             "--unshare-all",
             "--unshare-user",
             "--disable-userns",
@@ -190,7 +276,13 @@ def prepare_bwrap(
             "--dev",
             "/dev",
             "--size",
-            str(64 * MIB),
+            str(SHM_MB * MIB),
+            "--tmpfs",
+            "/dev/shm",
+            "--remount-ro",  # --dev's own tmpfs has no size: nothing may be written there
+            "/dev",
+            "--size",
+            str(TMP_MB * MIB),
             "--tmpfs",
             "/tmp",
             *workdir_args,
@@ -221,6 +313,14 @@ def prepare_bwrap(
             ],
             "--json-status-fd",
             str(status_write),
+        ]
+        options_fd = _memfd(b"".join(arg.encode() + b"\x00" for arg in options))
+        launch.child_fds.append(options_fd)
+        launch.argv = [
+            *_drop_root(uid),
+            "bwrap",
+            "--args",
+            str(options_fd),
             "--",
             *limits.prlimit_args(),
             *command,
@@ -232,6 +332,8 @@ def prepare_bwrap(
         launch.close_child_fds()
         if status_read is not None:
             os.close(status_read)
+        if owner is not None:
+            owner.release()
 
 
 def _bwrap_ending(status_fd: int, returncode: int, stderr: str) -> Ending:

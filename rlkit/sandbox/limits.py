@@ -6,6 +6,11 @@ process may map at most `memory_mb` (RLIMIT_AS) and the sandbox may hold at most
 per sandbox because each sandbox has its own user namespace), so the tree can never map more
 than `total_memory_mb`. Threads count as processes. A cgroup v2 memory controller would be the
 tighter tool, but it is not delegated on this machine kind (`rlkit sandbox check` says so).
+
+The sandbox's writable tmpfs mounts hold memory too, outside every process's RLIMIT_AS: each has
+a fixed size (`/tmp` `TMP_MB`, `/dev/shm` `SHM_MB`, the working directory `WORKDIR_MB` beyond
+the files given to it; `/dev` itself is read-only) and their sum (`scratch_mb`) comes out of
+the same total, so processes and files together stay inside `total_memory_mb`.
 """
 
 from __future__ import annotations
@@ -17,6 +22,11 @@ from dataclasses import dataclass
 MIB = 1 << 20
 # Memory cap of one sandbox's whole process tree unless configured otherwise (runner.configure).
 DEFAULT_TOTAL_MEMORY_MB = 2048
+# Sizes of the sandbox's writable tmpfs mounts (bubblewrap: `rlkit.sandbox.launch`).
+TMP_MB = 64
+SHM_MB = 64
+WORKDIR_MB = 64  # beyond the request's own files
+SCRATCH_MB = TMP_MB + SHM_MB + WORKDIR_MB
 
 
 @dataclass(frozen=True)
@@ -31,17 +41,19 @@ class Limits:
     nofile: int = 256
 
     def __post_init__(self) -> None:
-        if self.memory_mb > self.total_memory_mb:
+        if self.memory_mb + SCRATCH_MB > self.total_memory_mb:
             raise ValueError(
-                f"sandbox memory_mb ({self.memory_mb}) exceeds the total memory cap "
-                f"total_memory_mb ({self.total_memory_mb})"
+                f"sandbox memory_mb ({self.memory_mb}) + its tmpfs mounts ({SCRATCH_MB} MiB) "
+                f"exceed the total memory cap total_memory_mb ({self.total_memory_mb})"
             )
 
     @property
     def nproc(self) -> int:
-        """RLIMIT_NPROC: the processes the total cap affords, plus one for bubblewrap's init
-        (which runs no program code and maps a few hundred KiB)."""
-        return min(self.max_processes, self.total_memory_mb // self.memory_mb) + 1
+        """RLIMIT_NPROC: the processes the total cap affords once the tmpfs mounts are set
+        aside, plus one for bubblewrap's init (which runs no program code and maps a few
+        hundred KiB)."""
+        budget = (self.total_memory_mb - SCRATCH_MB) // self.memory_mb
+        return min(self.max_processes, budget) + 1
 
     @property
     def cpu_seconds(self) -> int:

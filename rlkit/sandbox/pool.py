@@ -77,23 +77,24 @@ class WarmSandbox:
     ) -> SandboxResult:
         """Hand the request over, supervise it like a fresh sandbox, then discard this one."""
         end = secrets.token_hex(16)  # this request's end marker (`loader.finish`)
-        header = marshal.dumps(
-            {
-                "code": code,
-                "language": language,
-                "files": {
-                    str(check_relative(name)): as_bytes(content) for name, content in files.items()
-                },
-                "memory_mb": request.memory_mb,
-                "cpu_seconds": request.cpu_seconds,
-                "nproc": request.nproc,
-                "end": end,
-            },
-            MARSHAL_VERSION,
-        )
-        payload = b"%d\n" % len(header) + header + stdin.encode()
         start = time.monotonic()
-        try:
+        try:  # whatever happens from here (a bad file name too), this sandbox is discarded
+            header = marshal.dumps(
+                {
+                    "code": code,
+                    "language": language,
+                    "files": {
+                        str(check_relative(name)): as_bytes(content)
+                        for name, content in files.items()
+                    },
+                    "memory_mb": request.memory_mb,
+                    "cpu_seconds": request.cpu_seconds,
+                    "nproc": request.nproc,
+                    "end": end,
+                },
+                MARSHAL_VERSION,
+            )
+            payload = b"%d\n" % len(header) + header + stdin.encode()
             return await supervise(
                 self.proc, self.launch, payload, request.timeout, output_limit, start, end
             )

@@ -5,11 +5,16 @@ Not imported by rlkit: its source is the sandboxed program. It reads one JSON re
 2 redirected to a capture file (so prints, tracebacks and subprocess output all land there, in
 order), echoes the value of a trailing expression like a notebook, and answers with one JSON line
 ({"output", "truncated", "error"}) on a private duplicate of the original stdout.
+
+A cell's processes end with the cell: whatever it started that still runs when it returns (a
+background child, a daemon it spawned) is killed before the answer goes out, so a session
+holds no CPU between its cells and its slot on the service means what it says.
 """
 
 import ast
 import json
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -42,6 +47,49 @@ def run_cell(code: str, namespace: dict) -> bool:
         return True
 
 
+def _parent(pid: str) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[1])
+
+
+def end_strays() -> None:
+    """Kill what the cell left running: in a sandbox (bubblewrap's init is pid 1) every process
+    but init and this one; elsewhere this process's descendants. Own children are reaped."""
+    me = os.getpid()
+    try:
+        with open("/proc/1/comm") as f:
+            contained = f.read().strip() == "bwrap"
+    except OSError:
+        contained = False
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in (1, me):
+            try:
+                parents[int(entry)] = _parent(entry)
+            except (OSError, ValueError, IndexError):
+                continue
+    if contained:
+        victims = list(parents)
+    else:
+        victims, todo = [], [me]
+        while todo:
+            parent = todo.pop()
+            children = [pid for pid, ppid in parents.items() if ppid == parent]
+            victims += children
+            todo += children
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+    for pid in victims:
+        if parents[pid] == me:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
 def main() -> None:
     # Private copies of the pipes: cells that call input() or write to fd 1 cannot touch them.
     protocol = os.fdopen(os.dup(1), "w", encoding="utf-8")
@@ -72,6 +120,7 @@ def main() -> None:
                 os.dup2(saved[1], 2)
                 os.close(saved[0])
                 os.close(saved[1])
+            end_strays()
             size = capture.seek(0, os.SEEK_END)
             capture.seek(0)
             data = capture.read(OUTPUT_LIMIT)

@@ -34,15 +34,25 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from rlkit.sandbox.launch import check_names
 from rlkit.sandbox.pool import Profile, WarmPool
 from rlkit.sandbox.runner import active_backend, limits, settings
 from rlkit.sandbox.session import PythonSession
 from rlkit.sandbox.wire import CellRequest, RunRequest, SessionRequest, decode_files
-from rlkit.serving import Credentials, RequireToken, ServiceError, caller, error_response
+from rlkit.serving import (
+    Credentials,
+    RequireToken,
+    ServiceError,
+    caller,
+    error_response,
+    guarded_uvicorn_options,
+)
 
 # How long an idle client connection is kept open: longer than the client keeps it
 # (`client.KEEP_ALIVE_S`), so the client always drops an idle connection first.
 KEEP_ALIVE_S = 60
+# How long an authenticated caller may take to send a request's body.
+BODY_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,7 @@ class ServiceSettings:
     max_sessions: int = 256
     max_sessions_per_caller: int = 32  # one caller (token) cannot take every session
     session_idle_s: float = 300.0
+    max_session_cpu_s: float = 600.0  # a session's CPU time over its whole life, at most
 
 
 class Busy(ServiceError):
@@ -185,6 +196,7 @@ class SandboxService:
         pool = self._pool_for(request.timeout, request.memory_mb)
         try:
             files = decode_files(request.files)
+            check_names(files)  # before a sandbox is taken: a refusal costs none
             run_limits = limits(request.timeout, request.memory_mb)
         except ValueError as exc:
             raise Refused(400, str(exc)) from None
@@ -203,7 +215,7 @@ class SandboxService:
                     run_limits,
                     settings().output_limit,
                 )
-            except ValueError as exc:  # a file name outside the working directory
+            except ValueError as exc:  # refused after all: the sandbox is discarded
                 self.refill()
                 raise Refused(400, str(exc)) from None
         if result.status == "sandbox_error":
@@ -217,6 +229,12 @@ class SandboxService:
             raise Refused(
                 400, f"output_limit {request.output_limit} over the service's limit of {cap} bytes"
             )
+        if request.lifetime_cpu_s > self.config.max_session_cpu_s:
+            raise Refused(
+                400,
+                f"lifetime_cpu_s {request.lifetime_cpu_s} over the service's limit of "
+                f"{self.config.max_session_cpu_s} s",
+            )
         wait = max(1, int(self.config.session_idle_s))
         if len(self.sessions) >= self.config.max_sessions:
             raise Busy(wait)
@@ -228,12 +246,14 @@ class SandboxService:
                 "one (DELETE /sessions/ID) or wait for an idle one to expire",
             )
         try:
+            files = decode_files(request.files)
+            check_names(files)
             session = PythonSession(
                 timeout=request.timeout,
                 memory_mb=request.memory_mb,
                 output_limit=request.output_limit,
                 lifetime_cpu_s=request.lifetime_cpu_s,
-                files=decode_files(request.files),
+                files=files,
                 local=True,
             )
         except ValueError as exc:
@@ -256,6 +276,10 @@ class SandboxService:
             hosted.busy = True
             try:
                 result = await hosted.session.execute(request.code, request.timeout)
+            except asyncio.CancelledError:  # its caller went away mid-cell: the session ends
+                self.sessions.pop(session_id, None)
+                await asyncio.shield(hosted.session.close())
+                raise
             finally:
                 hosted.busy = False
                 hosted.last_used = time.monotonic()
@@ -321,10 +345,14 @@ async def _body(request: Request, model: type[BaseModel]) -> Any:
     if declared is not None and declared.isdigit() and int(declared) > cap:
         raise Refused(413, f"request body over the service's limit of {cap} bytes")
     data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > cap:
-            raise Refused(413, f"request body over the service's limit of {cap} bytes")
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):  # a trickled body holds no slot for long
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > cap:
+                    raise Refused(413, f"request body over the service's limit of {cap} bytes")
+    except TimeoutError:
+        raise Refused(408, f"request body not received within {BODY_TIMEOUT_S:.0f} s") from None
     try:
         return model.model_validate_json(bytes(data))
     except ValidationError as exc:
@@ -339,10 +367,35 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"ok": True})
 
 
+async def _while_connected(request: Request, work: Any) -> Any:
+    """`work`'s result, or, when the caller goes away first (its connection closed: killed,
+    timed out), `work` cancelled, which kills its sandbox (`process.supervise`), and no answer."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    gone = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise Refused(499, "the caller went away")  # nobody reads this answer
+    return task.result()
+
+
 async def run(request: Request) -> JSONResponse:
     service = _service(request)
-    result = await service.run(await _body(request, RunRequest))
-    service.refill()  # scheduled only: the starts run once this answer is on its way
+    body = await _body(request, RunRequest)
+    try:
+        result = await _while_connected(request, service.run(body))
+    finally:
+        service.refill()  # scheduled only: the starts run once this answer is on its way
     return JSONResponse(result)
 
 
@@ -354,7 +407,8 @@ async def open_session(request: Request) -> JSONResponse:
 async def execute(request: Request) -> JSONResponse:
     body = await _body(request, CellRequest)
     sid = request.path_params["sid"]
-    return JSONResponse(await _service(request).execute(sid, body, caller(request).name))
+    work = _service(request).execute(sid, body, caller(request).name)
+    return JSONResponse(await _while_connected(request, work))
 
 
 async def close_session(request: Request) -> JSONResponse:
@@ -418,4 +472,5 @@ def serve(host: str, port: int, credentials: Credentials, config: ServiceSetting
         loop="asyncio",
         access_log=False,  # nothing logged per request (log_level alone still asks the logger)
         proxy_headers=False,  # no client address is used: X-Forwarded-* is not parsed at all
+        **guarded_uvicorn_options(),  # header time and size, connections: before any token
     )

@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 REPL_SOURCE = (Path(__file__).parent / "repl_server.py").read_text()
 # Interpreter start is slow on a loaded machine; it is waited for separately from cell timeouts.
 STARTUP_TIMEOUT_S = 60.0
+# What is kept of the interpreter's own stderr (read as it comes, older bytes dropped): enough to
+# tell why it died, never more however much a session writes there.
+STDERR_TAIL = 65536
 
 
 class CellResult(BaseModel):
@@ -68,6 +71,8 @@ class PythonSession:
         self._proc: asyncio.subprocess.Process | None = None
         self._stack: contextlib.ExitStack | None = None
         self._launch: Launch | None = None  # how the backend reads the interpreter's end
+        self._stderr = bytearray()  # the interpreter's stderr, its last STDERR_TAIL bytes
+        self._stderr_reader: asyncio.Task | None = None
         self._lock = asyncio.Lock()
         self._remote = None if local else RemoteSession.configured(self)
 
@@ -80,6 +85,12 @@ class PythonSession:
     @property
     def alive(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
+
+    @property
+    def lost(self) -> str | None:
+        """Why the sandbox service holding this session failed it (None: it did not); a
+        rollout using the session is then errored with this reason (`PythonToolEnv`)."""
+        return None if self._remote is None else self._remote.lost
 
     async def _start(self) -> asyncio.subprocess.Process | None:
         """Start the interpreter and wait until it is ready; None when it failed to start."""
@@ -95,7 +106,9 @@ class PythonSession:
             self._proc = await spawn(launch, line_limit=6 * self.output_limit + 4096)
         except OSError:
             return None
-        assert self._proc.stdout is not None
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        self._stderr = bytearray()
+        self._stderr_reader = asyncio.ensure_future(self._keep_tail(self._proc.stderr))
         try:
             ready = await asyncio.wait_for(self._proc.stdout.readline(), STARTUP_TIMEOUT_S)
         except TimeoutError:
@@ -145,16 +158,22 @@ class PythonSession:
                 status = "output_limit"
             return CellResult(status=status, output=reply["output"], duration=duration)
 
+    async def _keep_tail(self, stream: asyncio.StreamReader) -> None:
+        """Read the interpreter's stderr as it comes, keeping only its last bytes."""
+        while chunk := await stream.read(65536):
+            self._stderr += chunk
+            del self._stderr[:-STDERR_TAIL]
+
     async def _died(self) -> Status:
         """Classify an interpreter that stopped answering, then clean up."""
-        assert self._proc is not None and self._proc.stderr is not None
+        assert self._proc is not None
         proc = self._proc
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(proc.wait(), 2.0)
-        stderr = b""
-        with contextlib.suppress(TimeoutError):
-            stderr = await asyncio.wait_for(proc.stderr.read(65536), 1.0)
-        code, text = proc.returncode, stderr.decode(errors="replace")
+        if self._stderr_reader is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._stderr_reader), 1.0)
+        code, text = proc.returncode, self._stderr.decode(errors="replace")
         ending = None if code is None or self._launch is None else self._launch.ending(code, text)
         await self.close()
         if ending is None or ending.setup_failed or ending.exit_code is None:
@@ -172,6 +191,9 @@ class PythonSession:
             # Bounded: on Python 3.11 wait() also waits for pipes nobody may be reading.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), 5.0)
+        if self._stderr_reader is not None:
+            self._stderr_reader.cancel()
+            self._stderr_reader = None
         if self._stack is not None:
             self._stack.close()
             self._stack = None
@@ -193,6 +215,12 @@ class RemoteSession:
             "files": encode_files(session.files),
         }
         self.session_id: str | None = None
+        self.base: str | None = None  # the service holding the interpreter
+        self.lost: str | None = None  # why the session's service failed it, if it did
+
+    async def _open(self, work_s: float) -> None:
+        self.base, opened = await self.client.open_at("POST", "/sessions", self.options, work_s)
+        self.session_id = opened["id"]
 
     @classmethod
     def configured(cls, session: PythonSession) -> RemoteSession | None:
@@ -205,21 +233,21 @@ class RemoteSession:
         restarted = False
         try:
             if self.session_id is None:
-                opened = await self.client.call("POST", "/sessions", self.options, work_s)
-                self.session_id = opened["id"]
+                await self._open(work_s)
+            assert self.base is not None
             try:
                 path = f"/sessions/{self.session_id}/execute"
-                answer = await self.client.call("POST", path, body, work_s)
+                answer = await self.client.call_at(self.base, "POST", path, body, work_s)
             except KeyError:  # expired on the service: a fresh interpreter, state lost
                 self.session_id = None
                 restarted = True
-                opened = await self.client.call("POST", "/sessions", self.options, work_s)
-                self.session_id = opened["id"]
+                await self._open(work_s)
                 path = f"/sessions/{self.session_id}/execute"
-                answer = await self.client.call("POST", path, body, work_s)
+                answer = await self.client.call_at(self.base, "POST", path, body, work_s)
         except (ServiceError, KeyError) as exc:
             self.session_id = None  # whatever state the service held is out of reach
-            logger.warning("python session on the sandbox service failed: %s", exc)
+            self.lost = f"python session on the sandbox service failed: {exc}"
+            logger.warning("%s", self.lost)
             return CellResult(
                 status="sandbox_error",
                 duration=time.monotonic() - start,
@@ -230,6 +258,8 @@ class RemoteSession:
 
     async def close(self) -> None:
         session_id, self.session_id = self.session_id, None
-        if session_id is not None:
+        if session_id is not None and self.base is not None:
             with contextlib.suppress(ServiceError, KeyError, ValueError):
-                await self.client.call("DELETE", f"/sessions/{session_id}", None, 10.0)
+                await self.client.call_at(
+                    self.base, "DELETE", f"/sessions/{session_id}", None, 10.0
+                )

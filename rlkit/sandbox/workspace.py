@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from rlkit.sandbox.launch import NOBODY
+from rlkit.sandbox.launch import SandboxUid
 
 
 def base_dir() -> Path:
@@ -40,26 +40,29 @@ def base_dir() -> Path:
     return base
 
 
-def _give_to_sandbox_user(root: Path) -> None:
-    """When running as root the sandbox writes as `nobody`: hand the tree over to it."""
-    if os.geteuid() != 0:
+def _give_to_sandbox_user(root: Path, uid: int | None) -> None:
+    """When running as root the sandbox writes as the copy's own uid: hand the tree over."""
+    if uid is None:
         return
     for dirpath, dirnames, filenames in os.walk(root):
-        os.chown(dirpath, NOBODY, NOBODY)
+        os.chown(dirpath, uid, uid)
         for name in dirnames + filenames:
-            os.chown(os.path.join(dirpath, name), NOBODY, NOBODY, follow_symlinks=False)
+            os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
 
 
 @contextlib.contextmanager
 def writable_copy(source: Path) -> Iterator[Path]:
     """A fresh copy of `source` the sandbox can bind read-write (`Mounts.workdir`); removed on
-    exit, whatever the sandboxed programs left in it."""
+    exit, whatever the sandboxed programs left in it. As root, the copy belongs to a uid of its
+    own (`launch.SandboxUid`), which every sandbox bound to it runs as."""
     parent = Path(tempfile.mkdtemp(prefix="work-", dir=base_dir()))
+    owner = SandboxUid()
     try:
         parent.chmod(0o711)
         copy = parent / "tree"
         shutil.copytree(source, copy, symlinks=True)
-        _give_to_sandbox_user(copy)
+        _give_to_sandbox_user(copy, owner.uid)
         yield copy
     finally:
         shutil.rmtree(parent, ignore_errors=True)
+        owner.release()

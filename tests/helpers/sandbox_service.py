@@ -4,6 +4,7 @@ on /health, stopped by its own pid."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -96,3 +97,20 @@ def sandbox_service(folder: Path, *args: str, port: int | None = None) -> Iterat
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def marker() -> str:
+    """A `sleep` argument no other process on the host uses."""
+    return f"{random.randint(10**6, 10**7)}.{random.randint(10**5, 10**6)}"
+
+
+def pids_with(text: str) -> list[int]:
+    """The host's processes whose command line holds `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

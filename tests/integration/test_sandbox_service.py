@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import re
 import signal
 import stat
@@ -24,6 +23,8 @@ from rlkit.sandbox import runner
 from rlkit.sandbox.session import PythonSession
 from tests.helpers.cli import tiny_train_cmd
 from tests.helpers.sandbox_service import Service, sandbox_service
+from tests.helpers.sandbox_service import marker as _marker
+from tests.helpers.sandbox_service import pids_with as _pids_with
 from tests.helpers.session_server import on_session_server
 from tests.helpers.train_runs import SHORT, records, run
 
@@ -44,22 +45,6 @@ def use_service(service: Service) -> Iterator[Service]:
     runner.configure(url=service.url, token_file=str(service.token_file))
     yield service
     runner.configure(url="")
-
-
-def _marker() -> str:
-    """A `sleep` argument no other process on the host uses."""
-    return f"{random.randint(10**6, 10**7)}.{random.randint(10**5, 10**6)}"
-
-
-def _pids_with(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 async def _wait_for(predicate, timeout: float = 30.0) -> None:
