@@ -52,13 +52,14 @@ def main() -> None:
     cli = parser.parse_args()
     args = env_args(cli.config)
     excluded = environment_texts(args)
-    from reverse_text import sft_examples  # importable once the environment has loaded
+    from reverse_text import DEFAULT_ALPHABET, sft_examples  # importable once the env loaded
 
     rows = sft_examples(
         cli.n,
         seed=cli.seed,
         min_len=args.get("min_len", 5),
         max_len=args.get("max_len", 10),
+        alphabet=args.get("alphabet", DEFAULT_ALPHABET),
         exclude=excluded,
     )
     overlap = {row["prompt"][1]["content"] for row in rows} & excluded
