@@ -63,8 +63,15 @@ def sft_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def train_cmd(model: Path, run_dir: Path, *extra: str) -> list[str]:
+    # lr 5e-4, not the demo's 2e-4: over 30 steps from the demo's warm start the training
+    # reward rose 0.479 -> 0.517 (first vs steps 26-30) at 5e-4 and 0.570 -> 0.558 at 2e-4
     return tiny_train_cmd(
-        model, run_dir, "--log.plot=true", "--orchestrator.eval.examples=16", *extra
+        model,
+        run_dir,
+        "--log.plot=true",
+        "--orchestrator.eval.examples=16",
+        "--trainer.optim.lr=5e-4",
+        *extra,
     )
 
 
