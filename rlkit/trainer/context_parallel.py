@@ -16,21 +16,27 @@ whole row (a new document wherever the position ids do not go up by one, as tran
 
 **Attention.** A transformers attention function registered as `rlkit_context_parallel`
 (`AttentionInterface.register`): each layer all-gathers K and V of the group (after rotary, before
-GQA's repeat) and puts them in row order; each local query chunk x attends to keys [0, (x+1) c)
-with the mask `key index <= query index and same document`, exact for causal and packed
-(block-diagonal) rows. The gather is an autograd function: its backward reduce-scatters dK and
-dV to their owners. Masks are additive, built once per forward and shared by all layers (one
-saved copy, not one per layer; chunk 0 of a one-document row needs none: `is_causal`).
+GQA's repeat) and puts them in row order. The gather is an autograd function: its backward
+reduce-scatters dK and dV to their owners. Each local query chunk x is cut where documents begin
+(`attention_plan`, built once per forward for all layers); each piece attends, through a flash
+kernel that returns the log-sum-exp, to its own keys with `is_causal` and, where its document
+began before the chunk, to that document's earlier keys unmasked; the two are merged by
+log-sum-exp (`_BlockAttention`, whose backward runs each block's flash backward against the
+merged output and log-sum-exp: the exact gradient). So causal and packed (block-diagonal) rows
+are exact without a mask or a score matrix, and K/V go to the kernel unrepeated (it takes GQA's
+fewer heads).
 Costs per layer and rank, for a row of L tokens, H_kv x D key/value width, b bytes per element:
 - memory: the gathered K and V, 2 L H_kv D b, kept for backward (the only activation that does
-  not shrink with N), plus once per forward the masks, (2N+1) c^2 = (2N+1) L^2 / 4N^2 elements
-  (5/16 L^2 at N = 2; in the compute dtype);
+  not shrink with N); the kernel's per-thread score blocks are O(block x L), not O(L^2);
 - communication: forward an all-gather of 2 (N-1)/N L H_kv D b received, backward a
   reduce-scatter of the same volume; plus, per micro-batch, a sum of the [S, T] per-token
   logprobs and entropies (two floats per token).
-Attention runs through `torch.nn.functional.scaled_dot_product_attention` with an explicit
-mask on every device (gloo on CPU, NCCL on GPU run the same code); a flash-attention varlen path
-on GPU is not implemented.
+The LSE kernel is CPU's (`torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`, gloo);
+elsewhere (GPU, NCCL) and with dropout, attention falls back to sdpa per local chunk over keys
+[0, (x+1) c) with an additive mask `key index <= query index and same document` (built once per
+forward, (2N+1) L^2 / 4N^2 elements) and K/V repeated for GQA: exact, but the mask and, where sdpa
+picks its math path, the scores are materialised. GPU kernels with the log-sum-exp (flash or
+efficient attention, or flash-attention's varlen) are not wired in yet.
 
 **Per-token outputs.** Each rank computes the logprobs and entropies of the targets it holds;
 `sum_copies` adds the ranks' [S, T] tensors (disjoint entries), and its backward passes each
@@ -144,6 +150,13 @@ class RowAttention:
     chunks: tuple[int, ...]
     chunk_len: int
     _masks: dict[tuple, Tensor | None] = field(default_factory=dict, repr=False)
+    _plan: list | None = field(default=None, repr=False)
+
+    def plan(self) -> list[list[Block]]:
+        """`attention_plan` of these rows, built once for every layer."""
+        if self._plan is None:
+            self._plan = attention_plan(self)
+        return self._plan
 
     def mask(self, chunk: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
         """Additive mask [R, 1, c, (chunk+1) c] of query chunk `chunk` against keys
@@ -252,6 +265,123 @@ def gather_columns(local: Tensor, shard: Shard, group: ContextGroup) -> Tensor:
 
 
 # ---- the attention function -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Block:
+    """One run of an LSE kernel: queries [q0, q1) of the local tokens (of the rows `rows`)
+    against keys [k0, k1) of the whole row, causal (a square: q and k the same row positions)
+    or unmasked."""
+
+    rows: slice
+    q0: int
+    q1: int
+    k0: int
+    k1: int
+    causal: bool
+
+
+def attention_plan(rows: RowAttention) -> list[list[Block]]:
+    """The blocks of every query segment (a document's part of a local chunk), each list merged
+    by log-sum-exp into that segment's output: the segment's own keys with `is_causal` and,
+    where its document began before the chunk, the document's earlier keys unmasked. So no mask
+    and no score matrix is built, and packed rows stay exact: a query sees exactly the keys at or
+    before it in its own document. Rows with the same document layout share blocks (padded rows,
+    one document each: all rows at once); otherwise each row has its own."""
+    docs = rows.documents
+    r, c = docs.shape[0], rows.chunk_len
+    same = bool((docs == docs[:1]).all())
+    groups = [(slice(None), docs[0])] if same else [(slice(i, i + 1), docs[i]) for i in range(r)]
+    plan = []
+    for row_slice, row_docs in groups:
+        starts = torch.nonzero(torch.diff(row_docs, prepend=row_docs[:1] - 1)).flatten().tolist()
+        for i, chunk in enumerate(rows.chunks):
+            lo, hi = chunk * c, (chunk + 1) * c
+            begins = [s for s in starts if lo < s < hi]
+            doc_start = max(s for s in starts if s <= lo)
+            for a, b in zip([lo, *begins], [*begins, hi], strict=True):
+                q0, q1 = i * c + a - lo, i * c + b - lo
+                blocks = [Block(row_slice, q0, q1, a, b, True)]
+                if a == lo and doc_start < lo:
+                    blocks.insert(0, Block(row_slice, q0, q1, doc_start, lo, False))
+                plan.append(blocks)
+    return plan
+
+
+def _lse_kernel(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether attention with its log-sum-exp runs here (CPU: the flash kernel, any float)."""
+    return device.type == "cpu"
+
+
+def _flash(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None):
+    """(out [B, H, l, D], logsumexp [B, H, l]); K/V may have fewer heads (GQA)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, causal, scale=scale
+    )
+
+
+def _flash_backward(g, q, k, v, out, lse, causal: bool, scale: float | None):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        g, q, k, v, out, lse, 0.0, causal, scale=scale
+    )
+
+
+class _BlockAttention(torch.autograd.Function):
+    """Exact attention of the local queries over the whole row's K/V by blocks, merged with
+    log-sum-exp (ring/flash attention's merge). Saves the queries, the gathered K/V (unrepeated:
+    the kernel takes GQA's fewer K/V heads), the output and its log-sum-exp; backward runs each
+    block's flash backward against the merged output and log-sum-exp, which is the exact
+    gradient of the merged softmax."""
+
+    @staticmethod
+    def forward(ctx: Any, query, key, value, plan, scale):  # type: ignore[override]
+        b, h, n, d = query.shape
+        out = torch.empty((b, n, h, d), dtype=query.dtype, device=query.device).transpose(1, 2)
+        lse = torch.empty((b, h, n), dtype=torch.float32, device=query.device)
+        for blocks in plan:
+            first = blocks[0]
+            q = query[first.rows, :, first.q0 : first.q1]
+            parts = [
+                _flash(
+                    q, key[x.rows, :, x.k0 : x.k1], value[x.rows, :, x.k0 : x.k1], x.causal, scale
+                )
+                for x in blocks
+            ]
+            o, s = parts[0]
+            if len(parts) > 1:
+                (o1, s1), (o2, s2) = parts
+                s = torch.logaddexp(s1, s2)
+                o = o1 * (s1 - s).exp()[..., None].to(o1.dtype) + o2 * (s2 - s).exp()[..., None].to(
+                    o2.dtype
+                )
+            out[first.rows, :, first.q0 : first.q1] = o
+            lse[first.rows, :, first.q0 : first.q1] = s
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.plan, ctx.scale = plan, scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor):  # type: ignore[override]
+        query, key, value, out, lse = ctx.saved_tensors
+        dq, dk, dv = torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
+        for blocks in ctx.plan:
+            for x in blocks:
+                seg = (x.rows, slice(None), slice(x.q0, x.q1))
+                keys = (x.rows, slice(None), slice(x.k0, x.k1))
+                gq, gk, gv = _flash_backward(
+                    grad[seg].contiguous(),
+                    query[seg],
+                    key[keys],
+                    value[keys],
+                    out[seg],
+                    lse[seg],
+                    x.causal,
+                    ctx.scale,
+                )
+                dq[seg] += gq
+                dk[keys] += gk
+                dv[keys] += gv
+        return dq, dk, dv, None, None
+
+
 def attention(
     module: nn.Module,
     query: Tensor,
@@ -276,6 +406,17 @@ def attention(
         raise UsageError("trainer.context_parallel > 1 does not support sliding-window attention")
     if rows.group is not None:
         key, value = gather_row(key, rows.group), gather_row(value, rows.group)
+    if dropout == 0.0 and _lse_kernel(query.device, query.dtype):
+        out = _BlockAttention.apply(query, key, value, rows.plan(), scaling)
+        return out.transpose(1, 2), None
+    return _masked_attention(query, key, value, rows, dropout, scaling), None
+
+
+def _masked_attention(
+    query: Tensor, key: Tensor, value: Tensor, rows: RowAttention, dropout: float, scale
+) -> Tensor:
+    """Devices without an LSE kernel here (GPU, see the module): sdpa per local chunk over keys
+    [0, (chunk+1) c) with the chunk's additive mask and K/V repeated for GQA."""
     repeat = query.shape[1] // key.shape[1]
     if repeat > 1:
         key = key.repeat_interleave(repeat, dim=1)
@@ -294,11 +435,11 @@ def attention(
                 attn_mask=mask,
                 dropout_p=dropout,
                 is_causal=mask is None,
-                scale=scaling,
+                scale=scale,
             )
         )
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-    return out.transpose(1, 2).contiguous(), None
+    return out.transpose(1, 2).contiguous()
 
 
 def register_attention() -> None:

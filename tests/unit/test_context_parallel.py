@@ -123,6 +123,60 @@ def test_each_rank_attends_like_the_whole_row(
         torch.testing.assert_close(out.transpose(1, 2), reference[:, :, columns[rank]])
 
 
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_block_attention_gradients_match_the_whole_row(size: int):
+    """Each rank's block attention (flash blocks merged by log-sum-exp, no mask) has the dense
+    masked attention's gradients for its queries and all keys: packed rows whose documents start
+    inside a chunk, exactly at a chunk boundary and span several chunks, one row per layout,
+    and rows sharing one layout (padded), GQA (8 query / 2 key-value heads)."""
+    length = 24 * size
+    c = length // (2 * size)
+    g = torch.Generator().manual_seed(10 + size)
+    cuts = [0, 5, c, c + 3, length - 2, length]  # a document begins at chunk 1's first token
+    pos = torch.cat([torch.arange(b - a) for a, b in zip(cuts, cuts[1:], strict=False)])
+    other = torch.cat([torch.arange(7), torch.arange(length - 7)])
+    layouts = {
+        "packed": torch.stack([pos, torch.arange(length), other]),
+        "padded": torch.arange(length).repeat(3, 1),
+    }
+    for name, position_ids in layouts.items():
+        q = torch.randn(3, 8, length, 16, generator=g, requires_grad=True)
+        k = torch.randn(3, 2, length, 16, generator=g, requires_grad=True)
+        v = torch.randn(3, 2, length, 16, generator=g, requires_grad=True)
+        weight = torch.randn(3, 8, length, 16, generator=g)
+        reference = _dense_reference(q, k, v, position_ids)
+        docs = cp.document_ids(position_ids)
+        for rank in range(size):
+            cols = cp.local_columns(length, rank, size)
+            loss = (reference[:, :, cols] * weight[:, :, cols]).sum()
+            want, want_k, want_v = torch.autograd.grad(loss, (q, k, v), retain_graph=True)
+            local_q = q.detach()[:, :, cols].requires_grad_()
+            kk, vv = k.detach().requires_grad_(), v.detach().requires_grad_()
+            # group None: no exchange, the whole row's K/V given; the rank's query chunks
+            rows = cp.RowAttention(None, docs, cp.chunks_of(rank, size), c)
+            out, _ = cp.attention(_Module(), local_q, kk, vv, None, rows=rows)
+            torch.testing.assert_close(out.transpose(1, 2), reference[:, :, cols], msg=name)
+            (out.transpose(1, 2) * weight[:, :, cols]).sum().backward()
+            torch.testing.assert_close(local_q.grad, want[:, :, cols], msg=name)
+            torch.testing.assert_close(kk.grad, want_k, msg=name)
+            torch.testing.assert_close(vv.grad, want_v, msg=name)
+
+
+def test_the_plan_masks_nothing_and_blocks_cross_no_document():
+    """Blocks are causal squares or unmasked rectangles inside one document."""
+    position_ids = torch.cat([torch.arange(10), torch.arange(14)])[None]
+    rows = cp.RowAttention(None, cp.document_ids(position_ids), (0, 3), 6)
+    plan = rows.plan()
+    docs = rows.documents[0]
+    for blocks in plan:
+        for x in blocks:
+            assert len(set(docs[x.k0 : x.k1].tolist())) == 1  # inside one document
+            assert not x.causal or x.k1 - x.k0 == x.q1 - x.q0  # a square
+    # chunk 3 (positions 18-23) lies in the second document (10-23): its keys 10-17 unmasked
+    assert [(x.k0, x.k1, x.causal) for x in plan[-1]] == [(10, 18, False), (18, 24, True)]
+    assert rows._masks == {}
+
+
 def test_unsplit_rows_run_one_chunk_causally():
     q, k, v = (torch.randn(1, 2, 10, 4) for _ in range(3))
     pos = torch.arange(10)[None]
