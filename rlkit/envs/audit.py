@@ -10,9 +10,11 @@ An exploit fails the audit when, over all its variants, it
 - reaches the maximum reward on any row, or
 - averages more than the empty reply's mean plus `margin` x (max - min reward).
 A two-way exploit (its two variants are the options of a two-way question) is reported apart:
-a blind guess earns about half, so it fails only when one option beats the other's average by
-more than `two_way_margin` (a lopsided split a constant answer can farm). A rollout that errors
-scores the minimum, as in training, and is counted.
+a blind guess earns about half, so it fails only on a lopsided split a constant answer can farm:
+when the first option's share of the two options' reward (the balance) is further from 1/2 than
+`two_way_margin` plus the 95% interval of a fair coin over that many wins (a handful of rows
+cannot show a lopsided split). A rollout that errors scores the minimum, as in training, and is
+counted.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -33,6 +36,7 @@ from rlkit.hub.records import MAX_AUDIT_EXPLOITS, AuditRecord, AuditRow, clip_te
 
 DEFAULT_MARGIN = 0.05
 DEFAULT_TWO_WAY_MARGIN = 0.1
+Z95 = 1.96
 
 
 class VariantResult(BaseModel):
@@ -147,12 +151,16 @@ def judge(result: ExploitResult, report: AuditReport) -> str | None:
     if not any(v.rewards for v in result.variants):
         return None
     if result.two_way:
-        means = [v.mean for v in result.variants if v.rewards]
-        chance = sum(means) / len(means)
-        if max(means) - chance > report.two_way_margin * (report.max_reward - report.min_reward):
+        balance = result.balance
+        if balance is None:
+            return None
+        span = report.max_reward - report.min_reward
+        wins = sum(sum(v.rewards) - report.min_reward * len(v.rewards) for v in result.variants)
+        allowed = report.two_way_margin + Z95 * 0.5 / math.sqrt(max(wins / span, 1.0))
+        if abs(balance - 0.5) > allowed:
             return (
-                f"lopsided two-way split: one option averages {max(means):.3f} against a blind "
-                f"guess's {chance:.3f}"
+                f"lopsided two-way split: the first option takes {balance:.3f} of the wins "
+                f"(a fair split is 0.5 +- {allowed:.3f} over {wins / span:.0f} wins)"
             )
         return None
     if result.full_reward_rows:

@@ -86,8 +86,7 @@ def test_a_constant_equal_to_the_answer_is_not_an_exploit() -> None:
     assert report.ok
 
 
-def two_way_env(yes_share: float) -> SingleTurnEnv:
-    n = 10
+def two_way_env(yes_share: float, n: int = 10) -> SingleTurnEnv:
     answers = ["yes" if i < round(n * yes_share) else "no" for i in range(n)]
     data = Dataset.from_dict(
         {"question": [f"Is {i} special?" for i in range(n)], "answer": answers}
@@ -115,7 +114,11 @@ def test_two_way_guesses_are_reported_apart_and_fail_only_when_lopsided() -> Non
     assert balanced.ok, report_lines(balanced)
     assert any("two-way" in line for line in report_lines(balanced))
 
-    lopsided = audit_environment(two_way_env(0.8), num_rows=10)
+    few = audit_environment(two_way_env(0.8), num_rows=10)  # 8 of 10: within a coin's luck
+    guess = next(e for e in few.exploits if e.name == "guess")
+    assert guess.balance == pytest.approx(0.8) and guess.problem is None
+
+    lopsided = audit_environment(two_way_env(0.8, n=50), num_rows=50)
     guess = next(e for e in lopsided.exploits if e.name == "guess")
     assert guess.balance == pytest.approx(0.8)
     assert guess.problem is not None and "lopsided" in guess.problem
