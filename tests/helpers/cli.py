@@ -76,8 +76,17 @@ TEST_ENGINE_ARGS = json.dumps(
 )
 
 
+# reverse-text's rows under a reward an untrained model earns something from (the plumbing tests
+# start from one): tests/helpers/envs/reverse-text-lcs, found through RLKIT_ENV_PATH
+# (tests/integration/conftest.py puts it there)
+SIGNAL_ENV = "reverse-text-lcs"
+TEST_ENVS = ROOT / "tests/helpers/envs"
+
+
 def tiny_train_cmd(model: Path, run_dir: Path, *overrides: str) -> list[str]:
-    """`rlkit train` on the CPU demo config with `model` and `run_dir`; later overrides win."""
+    """`rlkit train` on the CPU demo config with `model` and `run_dir`, training on
+    `SIGNAL_ENV` (`--env.0.id=reverse-text` puts the demo's environment back); later overrides
+    win."""
     return [
         RLKIT,
         "train",
@@ -85,6 +94,7 @@ def tiny_train_cmd(model: Path, run_dir: Path, *overrides: str) -> list[str]:
         f"--model.path={model}",
         f"--log.run_dir={run_dir}",
         f"--inference.extra_args={TEST_ENGINE_ARGS}",
+        f"--env.0.id={SIGNAL_ENV}",
         *overrides,
     ]
 

@@ -53,6 +53,16 @@ def custom_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return "word-flip"
 
 
+@pytest.fixture(autouse=True)
+def signal_env_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tiny_train_cmd`'s environment (tests/helpers/envs) is found by every integration test
+    and the `rlkit` processes it starts."""
+    from tests.helpers.cli import TEST_ENVS
+
+    paths = [p for p in (os.environ.get("RLKIT_ENV_PATH"), str(TEST_ENVS)) if p]
+    monkeypatch.setenv("RLKIT_ENV_PATH", os.pathsep.join(paths))
+
+
 @pytest.fixture(scope="session")
 def lora_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     """One `rlkit infer --lora-rank 8 --max-loras 2` server (eager) on `tiny_model_dir`, shared

@@ -108,7 +108,7 @@ def test_rlkit_train_steps_with_a_scheduler_from_a_user_module(
     for step, uids in enumerate(taken, start=1):  # what the trainer got is what it returned
         batch = read_batch(run_dir / "batches" / f"step_{step:06d}.pt")
         assert batch.meta["group_uids"] == uids
-        assert {s.env_id for s in batch.samples} == {"reverse-text"}
+        assert {s.env_id for s in batch.samples} == {"reverse-text-lcs"}
 
 
 @pytest.mark.slow

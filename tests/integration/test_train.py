@@ -68,6 +68,7 @@ def train_cmd(model: Path, run_dir: Path, *extra: str) -> list[str]:
     return tiny_train_cmd(
         model,
         run_dir,
+        "--env.0.id=reverse-text",  # the demo's own environment: the model is warm-started
         "--log.plot=true",
         "--orchestrator.eval.examples=16",
         "--trainer.optim.lr=5e-4",

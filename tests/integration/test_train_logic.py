@@ -58,7 +58,7 @@ def test_train_on_logic_and_reverse_text(vllm_server, tiny_model_dir: Path, tmp_
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert sum(r["rollouts_errored"] for r in records) == 0, log.read_text()[-4000:]
     keys = set().union(*records)
-    assert {"reward_mean/logic", "reward_mean/reverse-text"} <= keys
+    assert {"reward_mean/logic", "reward_mean/reverse-text-lcs"} <= keys
     assert {f"reward_mean/logic/{task}" for task in LOGIC_TASKS} & keys
     evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     logic_eval = next(e for e in evals if e["env_id"] == "logic")

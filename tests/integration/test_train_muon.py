@@ -58,6 +58,6 @@ def test_train_with_muon_raises_the_reward(
     assert [r["step"] for r in trainer] == list(range(1, STEPS + 1))
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in trainer)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rewards = [r["reward_mean/reverse-text"] for r in records]
+    rewards = [r["reward_mean/reverse-text-lcs"] for r in records]
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last > first + MARGIN, f"reward did not rise: {first:.3f} -> {last:.3f}: {rewards}"
