@@ -31,6 +31,10 @@ console = make_console()
 HUB_HELP = "Hub: 'local' (a directory under $RLKIT_HOME), a directory, or an http(s) URL."
 HubOption = typer.Option(None, "--hub", help=HUB_HELP + " Default: $RLKIT_HUB, config, local.")
 TokenOption = typer.Option(None, "--token", help="API token (default: $RLKIT_HUB_TOKEN).")
+EnvIdArgument = typer.Argument(..., help="Environment id (reverse-text, owner/name).")
+EnvArgsOption = typer.Option(
+    None, "--env-args", "-a", help="Environment loader arguments as a JSON object."
+)
 
 
 def _print_check(report: CheckReport) -> None:
@@ -42,10 +46,8 @@ def _print_check(report: CheckReport) -> None:
 
 @app.command("check")
 def check_cmd(
-    env_id: str = typer.Argument(..., help="Environment id (reverse-text, owner/name)."),
-    env_args: str | None = typer.Option(
-        None, "--env-args", "-a", help="Environment loader arguments as a JSON object."
-    ),
+    env_id: str = EnvIdArgument,
+    env_args: str | None = EnvArgsOption,
     num_rows: int = typer.Option(10, "--num-rows", "-n", min=1, help="Rows to check."),
     gold: bool = typer.Option(
         False, "--gold", help="Also play each row's gold completion (expects the maximum reward)."
@@ -131,10 +133,8 @@ def _run_audit(
 
 @app.command("audit")
 def audit_cmd(
-    env_id: str = typer.Argument(..., help="Environment id (reverse-text, owner/name)."),
-    env_args: str | None = typer.Option(
-        None, "--env-args", "-a", help="Environment loader arguments as a JSON object."
-    ),
+    env_id: str = EnvIdArgument,
+    env_args: str | None = EnvArgsOption,
     num_rows: int = typer.Option(10, "--num-rows", "-n", min=1, help="Rows to play on."),
     split: Split = typer.Option(Split.EVAL, "--split", help="Which rows to play on."),
     only: str | None = typer.Option(
