@@ -77,10 +77,10 @@ TEST_ENGINE_ARGS = json.dumps(
 
 
 # reverse-text's rows under a reward an untrained model earns something from (the plumbing tests
-# start from one): tests/helpers/envs/reverse-text-lcs, found through RLKIT_ENV_PATH
-# (tests/integration/conftest.py puts it there)
+# start from one): tests/integration/envs/reverse-text-lcs, found through RLKIT_ENV_PATH
+# (tests/integration/conftest.py and tests/helpers/train_runs.py put that folder there)
 SIGNAL_ENV = "reverse-text-lcs"
-TEST_ENVS = ROOT / "tests/helpers/envs"
+TEST_ENVS = ROOT / "tests/integration/envs"
 
 
 def tiny_train_cmd(model: Path, run_dir: Path, *overrides: str) -> list[str]:

@@ -55,8 +55,8 @@ def custom_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 @pytest.fixture(autouse=True)
 def signal_env_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`tiny_train_cmd`'s environment (tests/helpers/envs) is found by every integration test
-    and the `rlkit` processes it starts."""
+    """`tiny_train_cmd`'s environment (tests/integration/envs) is found by every integration
+    test and the `rlkit` processes it starts."""
     from tests.helpers.cli import TEST_ENVS
 
     paths = [p for p in (os.environ.get("RLKIT_ENV_PATH"), str(TEST_ENVS)) if p]
