@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from rlkit.errors import UsageError
 from rlkit.protocol.batch import read_batch_header
 from rlkit.protocol.layout import RunLayout, step_of
