@@ -10,10 +10,11 @@ AdamW, full weights) and takes one SFT step on every token: its peak resident se
 to the resident set once the trainer is built, through /proc/self/clear_refs; it includes AdamW's
 state, created in the step, the same in both variants) and its time. A rank whose resident set
 passes `--cap-gib` ends the run of that length: it "does not fit", and longer lengths of that
-variant are not tried (the machine is shared).
+variant are not tried (the machine is shared). The ranks run with the trainer's allocator
+(`--allocator`, default `auto`: tcmalloc where installed, as `rlkit train` starts them).
 
     python tests/benchmarks/bench_context_parallel.py [--size small] [--lengths 2048,4096,8192]
-        [--cap-gib 6] [--activation-checkpointing]
+        [--cap-gib 6] [--activation-checkpointing] [--allocator auto]
 
 Prints one JSON line: per variant and length the per-rank peak (GiB, the larger rank) and the
 step time; the longest length each variant fits under the cap; per length both fit, the
@@ -86,12 +87,14 @@ def child(model_dir: str, length: int, cp: int, cap_gib: float, checkpointing: b
 
 
 def run_variant(model_dir: Path, length: int, cp: int, args: argparse.Namespace) -> dict:
+    from rlkit.trainer.allocator import with_allocator
     from rlkit.trainer.main import TrainerRanks
 
     cmd = [sys.executable, *TrainerRanks(nproc=2).torchrun_args(), __file__, "--child"]
     cmd += [str(model_dir), str(length), str(cp), str(args.cap_gib)]
     cmd += ["1" if args.activation_checkpointing else "0"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env = with_allocator(env, args.allocator, cuda=False)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if not lines:
@@ -108,6 +111,12 @@ def main() -> None:
     parser.add_argument("--lengths", default="2048,4096,8192")
     parser.add_argument("--cap-gib", type=float, default=6.0, help="per-rank resident cap")
     parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument(
+        "--allocator",
+        default="auto",
+        help="the ranks' malloc, as trainer.allocator (auto: tcmalloc where installed, as "
+        "`rlkit train` starts its trainer; system: glibc)",
+    )
     args = parser.parse_args()
     from rlkit.models import init_tiny
 
@@ -138,6 +147,7 @@ def main() -> None:
         "size": args.size,
         "cap_gib": args.cap_gib,
         "activation_checkpointing": args.activation_checkpointing,
+        "allocator": args.allocator,
         "results": results,
         "longest_fitting": longest,
         "ratios": ratios,
