@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import hmac
 import json
+import resource
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -273,7 +274,21 @@ def confine(path: str | Path, roots: list[Path], refusal: str = PATH_REFUSED) ->
 # may be, and how many connections may be open at once (`guarded_http`).
 HEADER_TIMEOUT_S = 10.0
 MAX_HEADER_BYTES = 16 * 1024
-MAX_CONNECTIONS = 512
+
+
+def max_connections() -> int:
+    """Connections open at once at most: half the descriptors this process may open (the
+    other half for its own work: a sandbox service's pipes), at least 256."""
+    return max(256, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2)
+
+
+def raise_descriptor_limit() -> None:
+    """Raise this process's descriptor limit to its hard limit (a service's connections)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 @functools.cache
@@ -283,12 +298,15 @@ def guarded_http() -> type:
 
     A connection waiting for a request's headers (just opened, or a request begun after the
     previous answer) gets `HEADER_TIMEOUT_S` and `MAX_HEADER_BYTES` for them, then is answered
-    408 / 431 and closed; a connection beyond `MAX_CONNECTIONS` is answered 503 and closed. An
-    idle kept connection is closed by uvicorn's own keep-alive timeout."""
+    408 / 431 and closed; a connection beyond `max_connections()` is answered 429 (Retry-After:
+    1, which rlkit's clients honour) and closed. An idle kept connection is closed by uvicorn's
+    own keep-alive timeout."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
     except ImportError:  # httptools not installed
         from uvicorn.protocols.http.h11_impl import H11Protocol as Base
+
+    cap = max_connections()
 
     class GuardedHttp(Base):  # type: ignore[misc, valid-type]
         _deadline: Any = None
@@ -297,8 +315,8 @@ def guarded_http() -> type:
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            if len(self.connections) > MAX_CONNECTIONS:
-                self._refuse(503, "Service Unavailable")
+            if len(self.connections) > cap:
+                self._refuse(429, "Too Many Requests", b"retry-after: 1\r\n")
                 return
             self._await_headers()
 
@@ -332,13 +350,13 @@ def guarded_http() -> type:
             if self.cycle is self._awaiting:
                 self._refuse(408, "Request Timeout")
 
-        def _refuse(self, status: int, reason: str) -> None:
+        def _refuse(self, status: int, reason: str, extra: bytes = b"") -> None:
             if self._deadline is not None:
                 self._deadline.cancel()
                 self._deadline = None
             if not self.transport.is_closing():
-                head = f"HTTP/1.1 {status} {reason}\r\nconnection: close\r\n"
-                self.transport.write(head.encode() + b"content-length: 0\r\n\r\n")
+                head = f"HTTP/1.1 {status} {reason}\r\nconnection: close\r\n".encode()
+                self.transport.write(head + extra + b"content-length: 0\r\n\r\n")
                 self.transport.close()
 
         def send_400_response(self, msg: str) -> None:

@@ -70,6 +70,11 @@ def serve_cmd(
         32, min=1, help="Open sessions at most for one caller (token)."
     ),
     backend: str | None = typer.Option(None, help="Sandbox backend [bwrap]."),
+    fork_server: bool = typer.Option(
+        True,
+        help="Fork each warm sandbox from a fork server (fresh namespaces, tmpfs and process "
+        "per request; bwrap only) instead of starting bubblewrap and an interpreter for each.",
+    ),
     max_session_cpu_s: float = typer.Option(
         600.0, min=1, help="CPU seconds a session may use over its whole life, at most."
     ),
@@ -112,6 +117,7 @@ def serve_cmd(
         max_sessions_per_caller=max_sessions_per_caller,
         session_idle_s=session_idle_s,
         max_session_cpu_s=max_session_cpu_s,
+        fork_server=fork_server,
     )
     typer.echo(f"sandbox service on http://{host}:{port}")
     typer.echo(f"token file: {creds.token_file}")

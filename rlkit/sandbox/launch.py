@@ -225,11 +225,16 @@ def prepare_bwrap(
     files: dict[str, str | bytes],
     limits: Limits,
     mounts: Mounts | None = None,
+    *,
+    caps: tuple[str, ...] = (),
+    keep_fds: tuple[int, ...] = (),
 ) -> Iterator[Launch]:
     """A bubblewrap launch: every namespace unshared (no network), a fresh size-capped tmpfs as
     the working directory (or `mounts.workdir`) holding `files`, the program read-only at
     /program, no host env; /dev read-only but for a size-capped /dev/shm; its options in an
-    in-memory file, as a uid of its own when rlkit runs as root."""
+    in-memory file, as a uid of its own when rlkit runs as root. `caps`: capabilities the
+    program keeps inside its own user namespace (the fork server's); `keep_fds`: descriptors
+    it inherits."""
     mounts = mounts or Mounts()
     command = interpreter(language)
     program = f"/program/{PROGRAM_NAMES[language]}"
@@ -313,6 +318,7 @@ def prepare_bwrap(
             ],
             "--json-status-fd",
             str(status_write),
+            *[arg for cap in caps for arg in ("--cap-add", cap)],
         ]
         options_fd = _memfd(b"".join(arg.encode() + b"\x00" for arg in options))
         launch.child_fds.append(options_fd)
@@ -326,7 +332,7 @@ def prepare_bwrap(
             *command,
             program,
         ]
-        launch.pass_fds = tuple(launch.child_fds)
+        launch.pass_fds = (*launch.child_fds, *keep_fds)
         yield launch
     finally:
         launch.close_child_fds()

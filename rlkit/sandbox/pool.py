@@ -61,6 +61,8 @@ class WarmSandbox:
         self, proc: asyncio.subprocess.Process, launch: Launch, stack: contextlib.ExitStack
     ):
         self.proc, self.launch, self.stack = proc, launch, stack
+        # processes of the sandbox's uid that are not the request's (a fork server's own)
+        self.extra_processes = 0
 
     @property
     def alive(self) -> bool:
@@ -89,7 +91,7 @@ class WarmSandbox:
                     },
                     "memory_mb": request.memory_mb,
                     "cpu_seconds": request.cpu_seconds,
-                    "nproc": request.nproc,
+                    "nproc": request.nproc + self.extra_processes,
                     "end": end,
                 },
                 MARSHAL_VERSION,

@@ -14,7 +14,10 @@ Backpressure: at most `concurrency` programs or cells run at once and at most `q
 wait for a slot; beyond that, or after a request's `max_queue_s` of waiting, the answer is 429
 with `Retry-After`. A request over the service's limits (timeout, memory, body size) is a 400 or
 413 that names the limit. Programs run in warm sandboxes (`rlkit.sandbox.pool`), one per request;
-the pools are refilled after each request (scheduled as its answer goes out).
+the pools are refilled after each request (scheduled as its answer goes out). Under bubblewrap
+each warm sandbox is forked by a fork server (`rlkit.sandbox.forkserver`: fresh namespaces,
+tmpfs and process per request, as a sandbox of its own), so a refill costs a fork, not a
+bubblewrap and interpreter start (`--no-fork-server` starts one per request).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from rlkit.sandbox.backends import Bwrap
+from rlkit.sandbox.forkserver import ForkPool
 from rlkit.sandbox.launch import check_names
 from rlkit.sandbox.pool import Profile, WarmPool
 from rlkit.sandbox.runner import active_backend, limits, settings
@@ -46,6 +51,7 @@ from rlkit.serving import (
     caller,
     error_response,
     guarded_uvicorn_options,
+    raise_descriptor_limit,
 )
 
 # How long an idle client connection is kept open: longer than the client keeps it
@@ -69,6 +75,9 @@ class ServiceSettings:
     max_sessions_per_caller: int = 32  # one caller (token) cannot take every session
     session_idle_s: float = 300.0
     max_session_cpu_s: float = 600.0  # a session's CPU time over its whole life, at most
+    # warm sandboxes forked by fork servers (`rlkit.sandbox.forkserver`; bubblewrap only)
+    # instead of a bubblewrap and interpreter start each
+    fork_server: bool = True
 
 
 class Busy(ServiceError):
@@ -156,7 +165,8 @@ class SandboxService:
     def __init__(self, config: ServiceSettings) -> None:
         self.config = config
         backend = active_backend()  # fails closed here, before the port opens
-        self.pools = [WarmPool(p, config.pool_size, backend) for p in config.profiles]
+        pool_class = ForkPool if config.fork_server and type(backend) is Bwrap else WarmPool
+        self.pools = [pool_class(p, config.pool_size, backend) for p in config.profiles]
         self.admission = Admission(config.concurrency, config.queue)
         self.sessions: dict[str, Hosted] = {}
         self.counts = {"runs": 0, "cells": 0, "sandbox_errors": 0, "sessions_expired": 0}
@@ -461,6 +471,7 @@ def serve(host: str, port: int, credentials: Credentials, config: ServiceSetting
     with vfork()."""
     import uvicorn
 
+    raise_descriptor_limit()  # connections and sandbox pipes (a sandbox sets its own limit)
     service = SandboxService(config)
     uvicorn.run(
         build_app(service, credentials),

@@ -97,8 +97,10 @@ def test_a_refused_request_frees_its_sandbox(service: Service) -> None:
         body = {"code": "print(1)", "files": {name: base64.b64encode(b"x").decode()}}
         answer = httpx.post(f"{service.url}/run", headers=_auth(service), json=body, timeout=30)
         assert answer.status_code == 400, answer.text
-    time.sleep(1.0)
-    assert len(service.descendants()) <= before
+    assert _wait_for(lambda: len(service.descendants()) <= before, timeout=5), (
+        before,
+        service.descendants(),
+    )
 
 
 def test_sessions_refuse_bad_names_and_cpu_over_the_cap(service: Service) -> None:
