@@ -93,9 +93,14 @@ class _Module(torch.nn.Module):
 
 @pytest.mark.parametrize("size", [1, 2, 3])
 @pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("kernel", ["lse", "masked"])
 def test_each_rank_attends_like_the_whole_row(
-    size: int, packed: bool, monkeypatch: pytest.MonkeyPatch
+    size: int, packed: bool, kernel: str, monkeypatch: pytest.MonkeyPatch
 ):
+    """Both paths: CPU's flash blocks merged by log-sum-exp, and the masked sdpa that devices
+    without that kernel (GPU) take."""
+    if kernel == "masked":
+        monkeypatch.setattr(cp, "_lse_kernel", lambda device, dtype: False)
     length = 24 * size
     g = torch.Generator().manual_seed(size)
     q = torch.randn(2, 4, length, 8, generator=g)
