@@ -19,6 +19,7 @@ parent in the server. bubblewrap only: another backend keeps `WarmPool`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import marshal
 import os
@@ -261,18 +262,21 @@ class ForkPool(WarmPool):
         )
         self.zygotes: list[Zygote] = []
         self._starting_zygotes = 0
-        self._event: asyncio.Event | None = None
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closing = False
 
-    def _changed(self) -> asyncio.Event:
-        """Set when a sandbox became ready or a server idle (what a waiting `take` needs)."""
-        if self._event is None:
-            self._event = asyncio.Event()
-        return self._event
+    def _wake_one(self) -> None:
+        """A sandbox became ready or a server idle: the longest waiting `take` looks again
+        (one, not all: each woken waiter would scan the pool)."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     def _server_idle(self) -> None:
         """A server's child has ended: a waiting `take` may use it, and the pool refills."""
-        self._changed().set()
+        self._wake_one()
         if not self._closing:
             self.fill()
 
@@ -314,7 +318,7 @@ class ForkPool(WarmPool):
 
     async def _start_into_pool(self) -> None:
         await super()._start_into_pool()
-        self._changed().set()
+        self._wake_one()
 
     async def take(self) -> WarmSandbox | None:
         """A ready sandbox (warm), else one forked now by a free server (cold), else the next
@@ -332,8 +336,8 @@ class ForkPool(WarmPool):
                 self.stats.start_failures += 1
                 sandbox.discard()
             cold = True
-            self._changed().clear()
-            if any(z.idle.is_set() for z in self.zygotes) or len(self.zygotes) < self.size:
+            servers = len(self.zygotes) + self._starting_zygotes
+            if any(z.idle.is_set() for z in self.zygotes) or servers < max(1, self.size):
                 sandbox = await self._start()
                 if sandbox is not None:
                     self.stats.cold_starts += 1
@@ -341,7 +345,14 @@ class ForkPool(WarmPool):
                 if not self.zygotes and not self._starting_zygotes:
                     return None  # no server would start
             if not self.ready:
-                await self._changed().wait()
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                try:
+                    await waiter
+                except BaseException:
+                    if waiter.done() and not waiter.cancelled():
+                        self._wake_one()  # woken, then cancelled: pass the turn on
+                    raise
 
     async def close(self) -> None:
         self._closing = True

@@ -5,9 +5,10 @@ One run, side by side, the same small program (sum of 1,000 numbers from stdin):
   with no warm pool (`--pool-size 0`: every request a cold start) and with one (warm: requests
   spaced so the pool refills), and the program itself run in an already started interpreter
   (what a warm sandbox cannot avoid);
-- where a warm request's time goes: the warm pool alone (a ready sandbox taken and run in this
-  process, no HTTP) and a bare authenticated HTTP round trip through rlkit's client
-  (`GET /metrics`), both spaced like the warm requests;
+- where a warm request's time goes: the warm pool alone (the service's `ForkPool`: a ready
+  sandbox taken and run in this process, no HTTP) and a bare authenticated HTTP round trip
+  through rlkit's client (`GET /metrics`), both spaced like the warm requests: their sum is
+  the floor a warm request is compared with (`warm_over_floor_ms`);
 - executions/s at concurrency 1, 8 and 64 (in-process with its concurrency set to the same);
 - a burst of 1,000 concurrent requests at a service with 8 slots and a 256-request queue:
   every one answered (result or 429), the service's memory before and after.
@@ -34,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from rlkit import sandbox  # noqa: E402
 from rlkit.sandbox import runner  # noqa: E402
 from rlkit.sandbox.client import SandboxClient  # noqa: E402
-from rlkit.sandbox.pool import Profile, WarmPool  # noqa: E402
+from rlkit.sandbox.forkserver import ForkPool  # noqa: E402
+from rlkit.sandbox.pool import Profile  # noqa: E402
 from tests.helpers.sandbox_service import Service, sandbox_service  # noqa: E402
 
 PROGRAM = "import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))"
@@ -73,7 +75,7 @@ async def throughput(requests: int, concurrency: int) -> float:
 async def pool_warm(runs: int, gap: float) -> float:
     """p50 seconds of a ready sandbox of a warm pool taken and run here: the service's work for
     a warm request without HTTP."""
-    pool = WarmPool(Profile(timeout=30.0, memory_mb=1024), 1, runner.active_backend())
+    pool = ForkPool(Profile(timeout=30.0, memory_mb=1024), 1, runner.active_backend())
     pool.fill()
     times = []
     try:
@@ -188,6 +190,9 @@ async def main(folder: Path, runs: int, requests: int) -> dict:
     out["p50_ms"] = {k: round(v * 1000, 2) for k, v in p50.items()}
     out["warm_added_ms_over_code"] = round((p50["service_warm"] - p50["code_itself"]) * 1000, 2)
     out["pool_warm_added_ms_over_code"] = round((p50["pool_warm"] - p50["code_itself"]) * 1000, 2)
+    # the floor: a bare authenticated round trip and the pool alone (the service's own pool)
+    floor = p50["http_round_trip"] + p50["pool_warm"]
+    out["warm_over_floor_ms"] = round((p50["service_warm"] - floor) * 1000, 2)
     out["cold_over_warm"] = round(p50["service_cold"] / p50["service_warm"], 2)
     out["in_process_over_warm"] = round(p50["in_process"] / p50["service_warm"], 2)
     out["executions_per_s"] = {

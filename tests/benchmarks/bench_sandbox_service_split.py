@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from rlkit.sandbox import runner  # noqa: E402
 from rlkit.sandbox.client import SandboxClient  # noqa: E402
-from rlkit.sandbox.pool import Profile, WarmPool  # noqa: E402
+from rlkit.sandbox.forkserver import ForkPool  # noqa: E402
+from rlkit.sandbox.pool import Profile  # noqa: E402
 from tests.helpers.sandbox_service import Service, sandbox_service  # noqa: E402
 
 PROGRAM = "import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))"
@@ -77,7 +78,7 @@ async def pipe_round_trip(runs: int, gap: float) -> float:
 
 
 async def pool_hops(runs: int, gap: float) -> dict[str, float]:
-    pool = WarmPool(Profile(timeout=30.0, memory_mb=1024), 1, runner.active_backend())
+    pool = ForkPool(Profile(timeout=30.0, memory_mb=1024), 1, runner.active_backend())
     pool.fill()
 
     async def run(code: str, stdin: str) -> None:

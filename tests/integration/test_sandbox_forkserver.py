@@ -71,3 +71,17 @@ async def test_each_request_is_a_fresh_sandbox() -> None:
         assert len(pool.zygotes) == 1  # both from one server
     finally:
         await pool.close()
+
+
+async def test_a_pool_of_size_zero_forks_on_demand() -> None:
+    """`--pool-size 0`: no sandbox waits ready, each request is forked when it comes."""
+    require_system("bubblewrap", backends.Bwrap().problem() is None, "bwrap")
+    pool = ForkPool(Profile(timeout=30, memory_mb=512), 0, active_backend())
+    try:
+        for n in range(3):
+            sandbox = await asyncio.wait_for(pool.take(), 30)
+            result = await sandbox.run(f"print({n})", "python", "", {}, limits(10, 256), 4096)
+            assert result.stdout == f"{n}\n"
+        assert pool.stats.cold_starts == 3 and len(pool.zygotes) == 1
+    finally:
+        await pool.close()
