@@ -56,7 +56,8 @@ def test_eval_code_with_garbage_and_failures_counts_errors(tmp_path, monkeypatch
             monkeypatch, capsys, "eval", "code", "-m", "fake-model", "-b", server.url,
             "-n", "6", "-r", "2", "--max-retries", "0", "-o", str(tmp_path / "out"),
         )  # fmt: skip
-    assert code == 0, output
+    assert code == 1, output  # rollouts errored: rlkit eval says so in its exit status
+    assert "errored rollouts" in output
     run = load_run(only_run_dir(tmp_path / "out"))
     assert len(run.results) == 12
     errored = [r for r in run.results if r.rollout.error]
