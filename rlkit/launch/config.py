@@ -25,7 +25,7 @@ from rlkit.launch.roles import Role
 from rlkit.launch.slurm_config import SlurmConfig
 from rlkit.orchestrator.config import RolloutJobConfig, check_gpu_list, run_token_file
 from rlkit.orchestrator.loggers import check_sinks
-from rlkit.orchestrator.schedulers.base import check_scheduler
+from rlkit.orchestrator.scheduler import check_scheduler
 from rlkit.orchestrator.source import close_environments, load_environments, max_rollout_tokens
 from rlkit.progress import make_console, phase, print_line
 from rlkit.protocol.credentials import read_token

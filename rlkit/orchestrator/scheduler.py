@@ -5,6 +5,8 @@ in `schedulers/base.py`. `scheduler_class(name)` is how the orchestrator finds o
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlkit.orchestrator.schedulers.base import (
     SCHEDULERS,
     Counters,
@@ -54,3 +56,11 @@ PROTOCOL_METHODS = (
 def scheduler_class(name: str) -> type[Scheduler]:
     """The scheduler class `name` names; ValueError when it is unknown or not a `Scheduler`."""
     return SCHEDULERS.get_class(name, PROTOCOL_METHODS, "rlkit.orchestrator.scheduler.Scheduler")
+
+
+def check_scheduler(o: Any, max_tokens: int | None, where: str) -> None:
+    """The chosen scheduler's own checks of the config (its optional `check_config` hook): the
+    config's load checks `orchestrator.sampling.max_tokens`, the environments' load each one's."""
+    check = getattr(scheduler_class(o.scheduler), "check_config", None)
+    if check is not None:
+        check(o, max_tokens, where)

@@ -17,7 +17,7 @@ from rlkit.errors import UsageError
 from rlkit.inference.pool import ClientPool, ServersLost
 from rlkit.orchestrator.config import EnvSpec, OrchestratorConfig
 from rlkit.orchestrator.prompts import Prompt
-from rlkit.orchestrator.schedulers.base import check_scheduler
+from rlkit.orchestrator.scheduler import check_scheduler
 
 __all__ = ["EnvRolloutSource", "ServersLost", "load_environments", "max_rollout_tokens"]
 

@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -188,11 +189,28 @@ class SandboxUid:
         self._fd = self._path = None
 
 
+def base_dir() -> Path:
+    """The checked base directory for bindable host directories (created on first use)."""
+    base = Path(os.environ.get("RLKIT_SANDBOX_DIR") or f"/tmp/rlkit-sandbox-{os.geteuid()}")
+    with contextlib.suppress(FileExistsError):
+        base.mkdir(mode=0o711, parents=True)
+    info = base.lstat()
+    if (
+        not stat.S_ISDIR(info.st_mode)
+        or info.st_uid != os.geteuid()
+        or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    ):
+        raise RuntimeError(
+            f"sandbox base directory {base} must be a directory owned by uid {os.geteuid()} "
+            "and writable by nobody else"
+        )
+    base.chmod(0o711)
+    return base
+
+
 @functools.cache
 def uid_dir() -> Path:
     """Where the uid locks live (private to root)."""
-    from rlkit.sandbox.workspace import base_dir
-
     folder = base_dir() / "uids"
     folder.mkdir(mode=0o700, exist_ok=True)
     return folder

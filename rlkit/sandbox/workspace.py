@@ -13,31 +13,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from rlkit.sandbox.launch import SandboxUid
-
-
-def base_dir() -> Path:
-    """The checked base directory for bindable host directories (created on first use)."""
-    base = Path(os.environ.get("RLKIT_SANDBOX_DIR") or f"/tmp/rlkit-sandbox-{os.geteuid()}")
-    with contextlib.suppress(FileExistsError):
-        base.mkdir(mode=0o711, parents=True)
-    info = base.lstat()
-    if (
-        not stat.S_ISDIR(info.st_mode)
-        or info.st_uid != os.geteuid()
-        or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    ):
-        raise RuntimeError(
-            f"sandbox base directory {base} must be a directory owned by uid {os.geteuid()} "
-            "and writable by nobody else"
-        )
-    base.chmod(0o711)
-    return base
+from rlkit.sandbox.launch import SandboxUid, base_dir
 
 
 def _give_to_sandbox_user(root: Path, uid: int | None) -> None:

@@ -53,14 +53,19 @@ def custom_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return "word-flip"
 
 
-@pytest.fixture(autouse=True)
-def signal_env_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="session", autouse=True)
+def signal_env_on_path() -> Iterator[None]:
     """`tiny_train_cmd`'s environment (tests/integration/envs) is found by every integration
-    test and the `rlkit` processes it starts."""
+    test and the `rlkit` processes it starts, module-scoped fixtures' runs included."""
     from tests.helpers.cli import TEST_ENVS
 
-    paths = [p for p in (os.environ.get("RLKIT_ENV_PATH"), str(TEST_ENVS)) if p]
-    monkeypatch.setenv("RLKIT_ENV_PATH", os.pathsep.join(paths))
+    before = os.environ.get("RLKIT_ENV_PATH")
+    os.environ["RLKIT_ENV_PATH"] = os.pathsep.join(p for p in (before, str(TEST_ENVS)) if p)
+    yield
+    if before is None:
+        os.environ.pop("RLKIT_ENV_PATH", None)
+    else:
+        os.environ["RLKIT_ENV_PATH"] = before
 
 
 @pytest.fixture(scope="session")

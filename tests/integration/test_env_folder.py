@@ -54,7 +54,7 @@ def test_a_scaffolded_folder_is_its_id_everywhere(
         capture_output=True,
         text=True,
     )
-    assert tests.returncode == 0 and "3 passed" in tests.stdout, tests.stdout + tests.stderr
+    assert tests.returncode == 0 and "4 passed" in tests.stdout, tests.stdout + tests.stderr
 
     out = rlkit(
         work, "eval", "./my-env", "-m", str(tiny_model_dir), "-b", f"{vllm_server.url}/v1",

@@ -45,5 +45,5 @@ def test_the_readme_first_environment_walkthrough_runs_as_written(
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "next: rlkit env check ./my-env --gold" in out
-    assert "gold: 10/10 as expected" in out and "3 passed" in out
+    assert "gold: 10/10 as expected" in out and "4 passed" in out
     clean_rollouts(tmp_path / "evals", expected=8)

@@ -50,7 +50,7 @@ def test_custom_loss_from_a_user_module_trains(
 @pytest.mark.parametrize(
     ("mode", "why"),
     [
-        ("zero", ["no-signal: all rewards equal within each group (rewards 0 x64)"]),
+        ("zero", ["no-signal: all rewards equal within each group (rewards 0 x128)"]),
         ("raise", ["no-signal: every rollout errored (", "no-signal reward function failed"]),
     ],
 )

@@ -15,7 +15,7 @@ from rlkit.inference.pool import ClientPool
 from rlkit.orchestrator.loop import require_routing
 from rlkit.protocol.batch import read_batch
 from rlkit.protocol.layout import RunLayout
-from tests.helpers.cli import RLKIT, ROOT, run_train
+from tests.helpers.cli import RLKIT, ROOT, SIGNAL_ENV, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +33,7 @@ def test_rlkit_train_tiny_moe_with_r3(tiny_moe_model_dir: Path, tmp_path: Path) 
         "--orchestrator.eval.at_start=false",
         "--orchestrator.eval.at_end=false",
         "--ckpt.interval=0",
+        f"--env.0.id={SIGNAL_ENV}",  # an untrained model: reverse-text would pay it nothing
     ]
     records = run_train(cmd, run_dir, tmp_path / "train.log")
     assert [r["step"] for r in records] == [1, 2, 3]

@@ -148,16 +148,6 @@ class Scheduler(Protocol):
     async def close(self) -> None: ...
 
 
-def check_scheduler(o: Any, max_tokens: int | None, where: str) -> None:
-    """The chosen scheduler's own checks of the config (its optional `check_config` hook): the
-    config's load checks `orchestrator.sampling.max_tokens`, the environments' load each one's."""
-    from rlkit.orchestrator.scheduler import scheduler_class
-
-    check = getattr(scheduler_class(o.scheduler), "check_config", None)
-    if check is not None:
-        check(o, max_tokens, where)
-
-
 def scheduler_table(name: str) -> str:
     """The dotted path of scheduler `name`'s table: ``orchestrator.schedulers.c3po``, its name
     quoted as TOML quotes a key when it is not a bare one (``"my_pkg.mod:MyScheduler"``)."""

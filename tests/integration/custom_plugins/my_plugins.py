@@ -100,7 +100,9 @@ class TaggedBwrap(Bwrap):
     @contextlib.contextmanager
     def prepare(self, *args: Any, **kwargs: Any) -> Iterator[Launch]:
         with super().prepare(*args, **kwargs) as launch:
-            at = launch.argv.index("--clearenv") + 1  # bwrap applies its options in order
+            # bwrap applies its options in order: after the option file (`--args FD`, which
+            # clears the environment), before the command
+            at = launch.argv.index("--args") + 2
             launch.argv[at:at] = ["--setenv", "SANDBOX_BACKEND", self.name]
             yield launch
 
