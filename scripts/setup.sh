@@ -17,8 +17,8 @@ missing_system_packages() {
   [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch >/dev/null \
     || echo slurm-wlm
   [ -x /usr/sbin/munged ] || echo munge
-  /sbin/ldconfig -p | grep -q 'libtcmalloc_minimal\.so\.4' || echo libtcmalloc-minimal4
-  /sbin/ldconfig -p | grep -q 'libjemalloc\.so\.2' || echo libjemalloc2
+  /sbin/ldconfig -p | grep 'libtcmalloc_minimal\.so\.4' >/dev/null || echo libtcmalloc-minimal4
+  /sbin/ldconfig -p | grep 'libjemalloc\.so\.2' >/dev/null || echo libjemalloc2
 }
 need_apt=($(missing_system_packages))
 if [ ${#need_apt[@]} -gt 0 ]; then
