@@ -111,44 +111,28 @@ class Trainer:
         `mb.routing` is replayed unless routing_replay is "none"; `with_aux` leaves the
         load-balancing loss in `policy.aux_loss`. With context parallelism each rank computes
         its own targets and every rank of the group gets the whole [S, T] tensors."""
-        if self.context.size > 1:
-            return self._split_logprobs(mb, with_aux, model)
         d = self.device
+        split = self.context.size > 1
+        src: MicroBatch | cp.Shard = mb
+        if split:
+            src = self._shard = cp.shard_micro_batch(mb, self.context)
         lp, ent = (model or self.policy)(
-            mb.input_ids.to(d),
-            mb.position_ids.to(d),
-            mb.flat_index.to(d),
-            mb.targets.to(d),
-            mb.temperatures.to(d),
-            routing=None if mb.routing is None else mb.routing.to(d),
+            src.input_ids.to(d),
+            src.position_ids.to(d),
+            src.flat_index.to(d),
+            src.targets.to(d),
+            src.temperatures.to(d),
+            routing=None if src.routing is None else src.routing.to(d),
             replay=self.replay != RoutingReplay.NONE,
-            token_mask=mb.token_mask.to(d) if with_aux else None,
+            token_mask=src.token_mask.to(d) if with_aux else None,
+            rows=src.rows if split else None,
         )
-        slot = (mb.target_slot[0].to(d), mb.target_slot[1].to(d))
+        slot = (src.target_slot[0].to(d), src.target_slot[1].to(d))
         zeros = torch.zeros(mb.shape, device=d, dtype=lp.dtype)
-        return zeros.index_put(slot, lp), zeros.index_put(slot, ent.detach())
-
-    def _split_logprobs(
-        self, mb: MicroBatch, with_aux: bool, model: PolicyModel | None
-    ) -> tuple[Tensor, Tensor]:
-        """`logprobs` with the rows split across the context group."""
-        d = self.device
-        shard = self._shard = cp.shard_micro_batch(mb, self.context)
-        lp, ent = (model or self.policy)(
-            shard.input_ids.to(d),
-            shard.position_ids.to(d),
-            shard.flat_index.to(d),
-            shard.targets.to(d),
-            shard.temperatures.to(d),
-            routing=None if shard.routing is None else shard.routing.to(d),
-            replay=self.replay != RoutingReplay.NONE,
-            token_mask=shard.token_mask.to(d) if with_aux else None,
-            rows=shard.rows,
-        )
-        slot = (shard.target_slot[0].to(d), shard.target_slot[1].to(d))
-        zeros = torch.zeros(mb.shape, device=d, dtype=lp.dtype)
-        whole = cp.sum_copies(zeros.index_put(slot, lp), self.context)
-        return whole, cp.sum_copies(zeros.index_put(slot, ent.detach()), self.context)
+        lp, ent = zeros.index_put(slot, lp), zeros.index_put(slot, ent.detach())
+        if split:  # every rank of the group gets the whole [S, T] tensors
+            lp, ent = cp.sum_copies(lp, self.context), cp.sum_copies(ent, self.context)
+        return lp, ent
 
     def _local(self, mbs: list[MicroBatch]) -> list[tuple[MicroBatch, float]]:
         """This rank's micro-batches with a loss weight (0 for padding repeats): those of its
