@@ -112,14 +112,8 @@ class RemoteHub:
 
     def set_audit(self, ref: EnvRef, version: str, audit: AuditRecord) -> AuditRecord:
         """Attach `audit` to a published version (the owner's token; once per version)."""
-        if not self.token:
-            raise HubError("no API token: set RLKIT_HUB_TOKEN or pass --token", 401)
-        response = self._request(
-            "POST",
-            f"/api/v1/envs/{ref.owner}/{ref.name}/{version}/audit",
-            json=audit.model_dump(mode="json"),
-        )
-        return AuditRecord.model_validate(response.json())
+        path = f"/api/v1/envs/{ref.owner}/{ref.name}/{version}/audit"
+        return AuditRecord.model_validate(self._post(path, audit.model_dump(mode="json")))
 
     def _missing(self, ref: EnvRef, files: list[Path], infos: list[ArtifactInfo]) -> list[Path]:
         """Files not yet on the hub, so an interrupted push can be completed; what the
@@ -167,28 +161,22 @@ class RemoteHub:
         return dest
 
     def add_eval(self, ref: EnvRef, version: str, record: EvalRecord) -> EvalRecord:
-        if not self.token:
-            raise HubError("no API token: set RLKIT_HUB_TOKEN or pass --token", 401)
-        response = self._request(
-            "POST",
-            f"/api/v1/envs/{ref.owner}/{ref.name}/{version}/evals",
-            json=record.model_dump(mode="json"),
-        )
-        return EvalRecord.model_validate(response.json())
+        path = f"/api/v1/envs/{ref.owner}/{ref.name}/{version}/evals"
+        return EvalRecord.model_validate(self._post(path, record.model_dump(mode="json")))
 
     def add_reproduction(
         self, ref: EnvRef, version: str, eval_id: int, record: ReproductionRecord
     ) -> EvalRecord:
+        path = f"/api/v1/envs/{ref.owner}/{ref.name}/{version}/evals/{eval_id}/reproductions"
+        fields = {"model", "mean_reward", "n", "date", "metadata"}
+        body = record.model_dump(mode="json", include=fields)
+        return EvalRecord.model_validate(self._post(path, body))
+
+    def _post(self, path: str, body: dict) -> object:
+        """POST a JSON record as the token's owner; the hub's JSON answer."""
         if not self.token:
             raise HubError("no API token: set RLKIT_HUB_TOKEN or pass --token", 401)
-        response = self._request(
-            "POST",
-            f"/api/v1/envs/{ref.owner}/{ref.name}/{version}/evals/{eval_id}/reproductions",
-            json=record.model_dump(
-                mode="json", include={"model", "mean_reward", "n", "date", "metadata"}
-            ),
-        )
-        return EvalRecord.model_validate(response.json())
+        return self._request("POST", path, json=body).json()
 
     def index_hashes(self, name: str) -> dict[str, str] | None:
         try:
