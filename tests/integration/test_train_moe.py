@@ -41,8 +41,10 @@ def test_rlkit_train_tiny_moe_with_r3(tiny_moe_model_dir: Path, tmp_path: Path) 
         assert r["mismatch_kl"] >= 0 and 0 <= r["mismatch_extreme_frac"] <= 1
         assert r["router_known_pairs"] > 0
         # engine (bf16) and trainer (fp32) mostly agree: the captured routing is aligned with
-        # the tokens (random expert pairs out of 4 choose 2 would disagree 5 times in 6)
-        assert 0 <= r["router_disagreement"] < 0.3
+        # the tokens (random expert pairs out of 4 choose 2 would disagree 5 times in 6). A tiny
+        # random router's logits are close, so bf16 flips many near-ties: 0.33 seen on an AVX2
+        # CPU, ~0.2 on AVX-512; misaligned routing would sit near 0.83.
+        assert 0 <= r["router_disagreement"] < 0.5
     batch = read_batch(RunLayout(run_dir).batch(1))
     for sample in batch.samples:
         assert sample.routing is not None and sample.routing_dims == (2, 2)
