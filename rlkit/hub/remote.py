@@ -47,7 +47,7 @@ class RemoteHub:
             raise HubError(f"cannot reach hub {self.url}: {exc}", 503) from exc
         if response.status_code >= 400:
             try:
-                detail = response.json().get("detail", response.text)
+                detail = response.json().get("error", response.text)
             except ValueError:
                 detail = response.text
             raise HubError(f"hub {self.url}: {response.status_code} {detail}", response.status_code)

@@ -71,10 +71,10 @@ def check_leaderboard(hub: Hub) -> None:
     assert _rerun(hub, None, eval_id, 0.9).status_code == 401
     for outsider in (hub.bob, hub.carol):  # the submitter cannot verify their own claim
         refused = _rerun(hub, outsider, eval_id, 0.9)
-        assert refused.status_code == 403 and "trusted runner" in refused.json()["detail"]
+        assert refused.status_code == 403 and "trusted runner" in refused.json()["error"]
     assert _rerun(hub, hub.runner, eval_id + 1000, 0.9).status_code == 404
     wrong_model = _rerun(hub, hub.runner, eval_id, 0.9, model="other")
-    assert wrong_model.status_code == 400 and "m-7b" in wrong_model.json()["detail"]
+    assert wrong_model.status_code == 400 and "m-7b" in wrong_model.json()["error"]
 
     off = _rerun(hub, hub.runner, eval_id, 0.6)  # a trusted re-run far from the claim
     assert off.status_code == 201 and off.json()["status"] == "disputed"

@@ -55,17 +55,17 @@ def test_revoked_and_expired_tokens_get_a_401_that_says_why(hub: Hub, monkeypatc
     time.sleep(2)
     for token, why in ((dave, "API token revoked on"), (erin, "API token expired on")):
         refused = _whoami(hub, token)
-        assert refused.status_code == 401 and why in refused.json()["detail"]
+        assert refused.status_code == 401 and why in refused.json()["error"]
         assert refused.headers["www-authenticate"].startswith("Basic")
         # a dead token is never silently treated as anonymous, on reads or writes
         index = httpx.get(f"{hub.url}/simple/", auth=("__token__", token), timeout=30)
-        assert index.status_code == 401 and why in index.json()["detail"]
+        assert index.status_code == 401 and why in index.json()["error"]
         filename, wheel = make_wheel("dead-token-env", "0.1.0")
         assert upload(hub, token, filename, wheel).status_code == 401
         code, out = run_cli(monkeypatch, capsys, "env", "list", "--hub", hub.url, "--token", token)
         assert code == 2 and why in out  # what a user of the CLI sees
     unknown = _whoami(hub, "rlkit_not-a-token")
-    assert unknown.status_code == 401 and unknown.json()["detail"] == "invalid API token"
+    assert unknown.status_code == 401 and unknown.json()["error"] == "invalid API token"
 
     code, out = run_cli(monkeypatch, capsys, "hub", "token", "list", *data)
     assert code in (0, None), out

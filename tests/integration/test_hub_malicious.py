@@ -83,7 +83,7 @@ def evil_hub(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                 body = wheel if self.path.startswith("/files/") else None
             self.send_response(200 if body is not None else 404)
             self.end_headers()
-            self.wfile.write(body or b'{"detail": "not found"}')
+            self.wfile.write(body or b'{"error": "not found"}')
 
         def log_message(self, *args: object) -> None:
             pass

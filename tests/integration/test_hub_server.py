@@ -71,7 +71,7 @@ def test_published_versions_are_immutable(hub: RunningHub, tmp_path: Path) -> No
     wheel = make_wheel("immut-env", "1.0")
     assert upload(hub, hub.alice, *wheel).status_code == 200
     again = upload(hub, hub.alice, *wheel)
-    assert again.status_code == 409 and "immutable" in again.json()["detail"]
+    assert again.status_code == 409 and "immutable" in again.json()["error"]
     changed = make_wheel("immut-env", "1.0", readme="# changed")
     assert upload(hub, hub.alice, *changed).status_code == 409
     # twine (through `rlkit env push`'s client) for a new version, then a refused re-push
@@ -305,3 +305,18 @@ def test_plain_twine_cli_uploads(hub: RunningHub, tmp_path: Path) -> None:
     assert len(card.versions[0].files) == 2
     again = subprocess.run(cmd, capture_output=True, text=True)
     assert again.returncode != 0 and "409" in again.stdout + again.stderr
+
+
+def test_every_refusal_has_the_one_error_body(hub: RunningHub) -> None:
+    """The hub answers its own refusals, FastAPI's (unknown route, body validation) and the
+    routes' HTTP errors in rlkit's one error body, `{"error": message}`."""
+    auth = ("__token__", hub.alice)
+    unknown = httpx.get(f"{hub.url}/api/v1/no-such-route")
+    bad_body = httpx.put(
+        f"{hub.url}/api/v1/envs/alice/auth-env", json={"visibility": "secret"}, auth=auth
+    )
+    missing = httpx.get(f"{hub.url}/api/v1/envs/alice/never-pushed")
+    for response, status in [(unknown, 404), (bad_body, 422), (missing, 404)]:
+        assert response.status_code == status, response.text
+        assert list(response.json()) == ["error"] and response.json()["error"], response.text
+    assert "visibility" in bad_body.json()["error"]

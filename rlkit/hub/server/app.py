@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlkit.hub.artifacts import ArtifactError, inspect_artifact
 from rlkit.hub.base import HubError
@@ -51,7 +55,7 @@ from rlkit.hub.simple import (
     project_page_json,
 )
 from rlkit.ports import HUB_PORT
-from rlkit.serving import bearer_token
+from rlkit.serving import bearer_token, error_body
 
 HERE = Path(__file__).parent
 ALIASES = {
@@ -125,16 +129,39 @@ def create_app(
     app.state.max_upload_mb = max_upload_mb
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.add_exception_handler(HubError, hub_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
     app.include_router(router)
     return app
 
 
 async def hub_error(_request: Request, exc: Exception) -> JSONResponse:
-    """A refusal of the hub's: `{"detail": message}` (what pip, twine and `rlkit.hub.remote`
-    read: FastAPI's own errors say `detail` too), with a Basic challenge on 401."""
+    """A refusal of the hub's, in the one error body of rlkit's services (`{"error": message}`,
+    `rlkit.serving.error_body`), with a Basic challenge on 401 (what pip and twine answer)."""
     assert isinstance(exc, HubError)
     headers = {"WWW-Authenticate": 'Basic realm="rlkit hub"'} if exc.status == 401 else None
-    return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
+    return JSONResponse(error_body(str(exc)), status_code=exc.status, headers=headers)
+
+
+async def http_error(_request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's and the routes' own HTTP errors (404 of an unknown route, 413, 406) in the
+    same body."""
+    assert isinstance(exc, StarletteHTTPException)
+    message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+    return JSONResponse(error_body(message), status_code=exc.status_code, headers=exc.headers)
+
+
+async def validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    """A request body or parameter that does not validate: 422 naming each field's problem."""
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse(error_body(validation_message(exc.errors())), status_code=422)
+
+
+def validation_message(errors: Sequence[Any]) -> str:
+    """`loc.path: msg; ...` of pydantic's error list."""
+    return "; ".join(
+        ".".join(str(part) for part in e.get("loc", ())) + f": {e.get('msg', '')}" for e in errors
+    )
 
 
 def store_of(request: Request) -> HubStore:
@@ -271,8 +298,7 @@ async def set_audit(owner: str, name: str, version: str, request: Request) -> Au
     try:
         record = AuditRecord.model_validate_json(bytes(body))
     except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_input=False, include_context=False)
-        raise HTTPException(422, errors) from None
+        raise HTTPException(422, validation_message(exc.errors())) from None
     store = store_of(request)
     return await run_in_threadpool(store.set_audit, owner, normalize(name), version, record, by)
 
