@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -96,11 +97,12 @@ def serve_cmd(
         return
     from rlkit.protocol.credentials import read_token
     from rlkit.sandbox.pool import Profile
-    from rlkit.sandbox.runner import configure
+    from rlkit.sandbox.runner import SandboxSettings
     from rlkit.sandbox.service import ServiceSettings, serve
     from rlkit.serving import Credentials, load_tenants, token_files
 
-    configure(backend=backend, url="")  # the service runs its sandboxes itself
+    here = SandboxSettings.from_env()  # the service runs its sandboxes itself: no url
+    sandbox = replace(here, backend=backend or here.backend, url=None, token_file=None)
     if token_file is None:
         home = Path(os.environ.get("RLKIT_HOME") or "~/.rlkit").expanduser()
         token_file = home / "sandbox" / str(port) / "token"
@@ -118,6 +120,7 @@ def serve_cmd(
         session_idle_s=session_idle_s,
         max_session_cpu_s=max_session_cpu_s,
         fork_server=fork_server,
+        sandbox=sandbox,
     )
     typer.echo(f"sandbox service on http://{host}:{port}")
     typer.echo(f"token file: {creds.token_file}")

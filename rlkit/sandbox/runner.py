@@ -6,8 +6,9 @@ says how to fix it. A backend without isolation (`local`: rlimits, a temp dir an
 runs only when the user chooses it explicitly (`RLKIT_SANDBOX_BACKEND=local`, a run config's
 `[sandbox] backend = "local"`, or `configure`), and every run start that resolves it logs a
 warning. `RLKIT_SANDBOX_CONCURRENCY` and `RLKIT_SANDBOX_TOTAL_MEMORY_MB` override the other
-defaults. The settings are one frozen `SandboxSettings`, replaced whole (`use`, `configure`),
-never edited in place.
+defaults. The settings are one frozen `SandboxSettings`: the process's are replaced whole
+(`use`, `configure`), never edited in place; a sandbox service and its sessions take their own,
+passed in (`ServiceSettings.sandbox`, `PythonSession(sandbox=...)`).
 
 With a sandbox service configured (`configure(url=..., token_file=...)`, `[sandbox] url`, or
 `RLKIT_SANDBOX_URL` + `RLKIT_SANDBOX_TOKEN_FILE`), `run` and `PythonSession` send their work to
@@ -99,8 +100,6 @@ def use(new: SandboxSettings) -> SandboxSettings:
     global _current, _service
     backend_class(new.backend)  # ValueError: unknown, unimportable, or not a Backend
     old, _current = _current, new
-    if new.backend != old.backend:
-        active_backend.cache_clear()
     if new.concurrency != old.concurrency:
         _semaphores.clear()
     if (new.url, new.token_file) != (old.url, old.token_file):
@@ -157,11 +156,16 @@ def limits(timeout: float, memory_mb: int) -> Limits:
     return _current.limits(timeout, memory_mb)
 
 
-@functools.cache
 def active_backend() -> Backend:
-    """Resolve the configured backend once; raise when it cannot run programs here."""
+    """This process's backend, resolved once; raise when it cannot run programs here."""
+    return checked_backend(_current.backend)
+
+
+@functools.cache
+def checked_backend(name: str) -> Backend:
+    """The backend `name`, resolved once and checked to run programs here (or raise)."""
     try:
-        backend = backend_class(_current.backend)()
+        backend = backend_class(name)()
     except ValueError as exc:
         raise SandboxUnavailable(f"RLKIT_SANDBOX_BACKEND / [sandbox] backend: {exc}") from None
     if not backend.isolated:
@@ -197,7 +201,7 @@ def require_here() -> Backend:
     """For work that runs on this host even when a sandbox service is configured (an MCP stdio
     server, whose pipes this process holds): the configured backend, checked now, so that a
     host where it cannot run refuses at load rather than on every use."""
-    active_backend.cache_clear()
+    checked_backend.cache_clear()
     return active_backend()
 
 

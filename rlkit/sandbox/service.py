@@ -41,7 +41,7 @@ from rlkit.sandbox.backends import Bwrap
 from rlkit.sandbox.forkserver import ForkPool
 from rlkit.sandbox.launch import check_names
 from rlkit.sandbox.pool import Profile, WarmPool
-from rlkit.sandbox.runner import active_backend, limits, settings
+from rlkit.sandbox.runner import SandboxSettings, checked_backend
 from rlkit.sandbox.session import PythonSession
 from rlkit.sandbox.wire import CellRequest, RunRequest, SessionRequest, decode_files
 from rlkit.serving import (
@@ -78,6 +78,9 @@ class ServiceSettings:
     # warm sandboxes forked by fork servers (`rlkit.sandbox.forkserver`; bubblewrap only)
     # instead of a bubblewrap and interpreter start each
     fork_server: bool = True
+    # the backend, total memory cap and output cap of the service's own sandboxes (its url is
+    # unused: the service runs them here)
+    sandbox: SandboxSettings = field(default_factory=SandboxSettings.from_env)
 
 
 class Busy(ServiceError):
@@ -164,7 +167,7 @@ class SandboxService:
 
     def __init__(self, config: ServiceSettings) -> None:
         self.config = config
-        backend = active_backend()  # fails closed here, before the port opens
+        backend = checked_backend(config.sandbox.backend)  # fails closed before the port opens
         pool_class = ForkPool if config.fork_server and type(backend) is Bwrap else WarmPool
         self.pools = [pool_class(p, config.pool_size, backend) for p in config.profiles]
         self.admission = Admission(config.concurrency, config.queue)
@@ -207,7 +210,7 @@ class SandboxService:
         try:
             files = decode_files(request.files)
             check_names(files)  # before a sandbox is taken: a refusal costs none
-            run_limits = limits(request.timeout, request.memory_mb)
+            run_limits = self.config.sandbox.limits(request.timeout, request.memory_mb)
         except ValueError as exc:
             raise Refused(400, str(exc)) from None
         async with self.admission.slot(request.max_queue_s):
@@ -223,7 +226,7 @@ class SandboxService:
                     request.stdin,
                     files,
                     run_limits,
-                    settings().output_limit,
+                    self.config.sandbox.output_limit,
                 )
             except ValueError as exc:  # refused after all: the sandbox is discarded
                 self.refill()
@@ -234,7 +237,7 @@ class SandboxService:
 
     def open_session(self, request: SessionRequest, owner: str) -> dict[str, Any]:
         self._pool_for(request.timeout, request.memory_mb)  # the same limits as programs
-        cap = settings().output_limit  # a cell's output is held here: the caller's cap
+        cap = self.config.sandbox.output_limit  # a cell's output is held here: the caller's cap
         if request.output_limit > cap:  # alone would let it fill the service's memory
             raise Refused(
                 400, f"output_limit {request.output_limit} over the service's limit of {cap} bytes"
@@ -264,7 +267,7 @@ class SandboxService:
                 output_limit=request.output_limit,
                 lifetime_cpu_s=request.lifetime_cpu_s,
                 files=files,
-                local=True,
+                sandbox=self.config.sandbox,
             )
         except ValueError as exc:
             raise Refused(400, str(exc)) from None

@@ -24,7 +24,13 @@ from rlkit.sandbox.client import ServiceError
 from rlkit.sandbox.launch import Launch
 from rlkit.sandbox.process import classify, kill_tree, spawn
 from rlkit.sandbox.result import Status
-from rlkit.sandbox.runner import active_backend, limits, service
+from rlkit.sandbox.runner import (
+    SandboxSettings,
+    active_backend,
+    checked_backend,
+    service,
+    settings,
+)
 from rlkit.sandbox.wire import DEFAULT_MAX_QUEUE_S, encode_files
 
 logger = logging.getLogger(__name__)
@@ -60,13 +66,15 @@ class PythonSession:
         output_limit: int = 16384,
         lifetime_cpu_s: float = 600.0,
         files: dict[str, str | bytes] | None = None,
-        local: bool = False,
+        sandbox: SandboxSettings | None = None,
     ) -> None:
-        """`local`: run here even when a service is configured (the service's own sessions)."""
+        """`sandbox`: settings to run under here, on their backend, even when the process has a
+        service configured (a service's own sessions); None: the process's settings."""
         self.timeout = timeout
         self.output_limit = output_limit
         # rlimits cover the whole interpreter lifetime, so CPU is a session budget.
-        self.limits = limits(lifetime_cpu_s, memory_mb)
+        self.limits = (sandbox or settings()).limits(lifetime_cpu_s, memory_mb)
+        self.backend_name = None if sandbox is None else sandbox.backend
         self.files = files or {}
         self._proc: asyncio.subprocess.Process | None = None
         self._stack: contextlib.ExitStack | None = None
@@ -74,7 +82,7 @@ class PythonSession:
         self._stderr = bytearray()  # the interpreter's stderr, its last STDERR_TAIL bytes
         self._stderr_reader: asyncio.Task | None = None
         self._lock = asyncio.Lock()
-        self._remote = None if local else RemoteSession.configured(self)
+        self._remote = None if sandbox is not None else RemoteSession.configured(self)
 
     async def __aenter__(self) -> PythonSession:
         return self
@@ -94,7 +102,9 @@ class PythonSession:
 
     async def _start(self) -> asyncio.subprocess.Process | None:
         """Start the interpreter and wait until it is ready; None when it failed to start."""
-        backend = active_backend()
+        backend = (
+            active_backend() if self.backend_name is None else checked_backend(self.backend_name)
+        )
         self._stack = contextlib.ExitStack()
         launch = self._stack.enter_context(
             backend.prepare(REPL_SOURCE, "python", self.files, self.limits)

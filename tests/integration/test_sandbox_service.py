@@ -305,3 +305,35 @@ def test_rlkit_train_starts_one_sandbox_service_for_the_run(
     pid = json.loads((run_dir / "pids.json").read_text())["sandbox"][0]
     assert not Path(f"/proc/{pid}").exists()  # stopped and reaped with the run
     assert stat.S_IMODE((run_dir / "sandbox.token").stat().st_mode) == 0o600
+
+
+async def test_the_service_runs_under_the_settings_it_was_given(tmp_path: Path) -> None:
+    """Issue 62: a service's sandbox settings are passed in, not read from the process: with
+    the process pointed at a dead service and its default output cap, the service's own runs
+    and sessions still run here, under the output cap it was given."""
+    from dataclasses import replace
+
+    from rlkit.sandbox.service import SandboxService, ServiceSettings
+    from rlkit.sandbox.wire import CellRequest, RunRequest, SessionRequest
+
+    token_file = tmp_path / "token"
+    token_file.write_text("t" * 32)
+    token_file.chmod(0o600)
+    before = runner.use(
+        replace(runner.settings(), url="http://127.0.0.1:9", token_file=str(token_file))
+    )
+    given = replace(runner.SandboxSettings(), output_limit=100)
+    service = SandboxService(ServiceSettings(pool_size=1, fork_server=False, sandbox=given))
+    try:
+        await service.start()
+        ran = await service.run(RunRequest(code="print('x' * 1000)"))
+        assert ran["status"] == "output_limit" and len(ran["stdout"]) <= 100
+        refused = SessionRequest(output_limit=200)
+        with pytest.raises(Exception, match="over the service's limit of 100 bytes"):
+            service.open_session(refused, "owner")
+        opened = service.open_session(SessionRequest(output_limit=50), "owner")
+        cell = await service.execute(opened["id"], CellRequest(code="print(6 * 7)"), "owner")
+        assert cell["status"] == "ok" and "42" in cell["output"], cell
+    finally:
+        await service.stop()
+        runner.use(before)

@@ -182,7 +182,7 @@ async def test_python_session_reports_a_broken_sandbox(monkeypatch: pytest.Monke
 
 async def test_unusable_bwrap_fails_closed_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(backends, "bwrap_self_test", lambda: "bwrap is not installed")
-    runner.active_backend.cache_clear()
+    runner.checked_backend.cache_clear()
     try:
         with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
             await sandbox.run("print('never runs unisolated')")
@@ -190,7 +190,7 @@ async def test_unusable_bwrap_fails_closed_with_the_fix(monkeypatch: pytest.Monk
             sandbox.require()
     finally:
         monkeypatch.undo()
-        runner.active_backend.cache_clear()
+        runner.checked_backend.cache_clear()
     assert sandbox.active_backend().name == "bwrap"
 
 
