@@ -30,6 +30,9 @@ def train(
     Any config field can be overridden after the config path, e.g.
     `rlkit train cfg.toml --orchestrator.max_steps 20 --loss.name grpo`.
     """
+    from rlkit.extras import require_train_extra
+
+    require_train_extra("rlkit train")
     from rlkit.config import load_config
     from rlkit.launch.config import RLJobConfig, check_role
     from rlkit.launch.resume import interrupted_line, resumed_config
@@ -59,7 +62,7 @@ def train(
     try:
         result = run_train(cfg, role=role, resume=resume)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the launcher turns it into one)
-        if role != Role.INFERENCE:  # a role that trains: say how to continue
+        if role not in (Role.INFERENCE, Role.SANDBOX):  # a role that trains: say how to continue
             err.print(interrupted_line(cfg.log.run_dir), markup=False, soft_wrap=True)
         raise typer.Exit(130) from None
     evals = result.get("eval") or {}

@@ -15,14 +15,16 @@ Other roles run one part for multi-machine setups: `inference` serves until inte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -244,9 +246,13 @@ class TrainerProcess(ChildProcess):
 
 @dataclass(kw_only=True)
 class SandboxServiceProcess(ChildProcess):
-    """`[sandbox] serve`: one `rlkit sandbox serve` for the whole run, as a child process group
-    on a free loopback port, its token in the run directory. While it runs, this process's
-    sandbox calls (the environments' rollouts and rewards) go to it (`rlkit.sandbox.configure`)."""
+    """`[sandbox] serve`: this node's `rlkit sandbox serve` for the run, as a child process group
+    on `sandbox.serve_host`:`serve_port` (loopback and a free port by default), its token the
+    run's (RUN_DIR/sandbox.token: every node's service takes the same one). In the process that
+    runs the rollouts, the sandbox calls (the environments' rollouts and rewards) go to it and to
+    the other nodes' services in `sandbox.service_urls` while it runs (`use_for_rollouts`). It
+    dies with the process that started it (its own process group, a parent-death signal), and
+    its sandboxes with it."""
 
     url: str
     token_file: Path
@@ -254,29 +260,41 @@ class SandboxServiceProcess(ChildProcess):
     START_TIMEOUT_S = 60.0
 
     @classmethod
-    def start(cls, cfg: RLJobConfig, layout: RunLayout) -> SandboxServiceProcess:
-        port = free_port()
+    def start(
+        cls, cfg: RLJobConfig, layout: RunLayout, name: str = "sandbox"
+    ) -> SandboxServiceProcess:
+        """Started (not yet ready); `name`: its log's (logs/NAME.log) and pids.json's key."""
+        host, port = cfg.sandbox.serve_host, cfg.sandbox.serve_port or free_port()
         backend = ["--backend", cfg.sandbox.backend] if cfg.sandbox.backend else []
-        serve = ["sandbox", "serve", "--port", str(port), "--token-file", str(layout.sandbox_token)]
+        serve = ["sandbox", "serve", "--host", host, "--port", str(port)]
+        serve += ["--token-file", str(layout.sandbox_token)]
         argv = [sys.executable, "-m", "rlkit_cli.main", *serve, *backend, *cfg.sandbox.serve_args]
         env = {**os.environ, "RLKIT_SANDBOX_URL": ""}  # the service runs its own sandboxes
-        log_path = layout.process_log("sandbox")
+        log_path = layout.process_log(name)
         process, log_file = cls.launch(argv, log_path, env)
-        write_pids(layout.root, "sandbox", [process.pid])
+        write_pids(layout.root, name, [process.pid])
+        here = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104
         return cls(
             process=process,
             log_path=log_path,
             _log_file=log_file,
-            url=f"http://127.0.0.1:{port}",
+            url=f"http://{here}:{port}",
             token_file=layout.sandbox_token,
         )
 
     def wait_ready(self, console: Console) -> None:
-        """Until /health answers; then this process's sandbox calls go to the service."""
+        """Until /health answers."""
         with phase(console, f"starting the run's sandbox service (log {self.log_path})"):
             self.wait_healthy(f"{self.url}/health", self.START_TIMEOUT_S, poll_s=0.2)
-        sandbox_runner.configure(url=self.url, token_file=str(self.token_file))
         print_line(console, f"sandbox service at {self.url}")
+
+    def use_for_rollouts(self, others: list[str], console: Console) -> None:
+        """This process's sandbox calls go to this service and to `others` (other nodes'
+        services of the run): each program to the least loaded, moved when its service dies."""
+        urls = [self.url, *others]
+        sandbox_runner.configure(url=",".join(urls), token_file=str(self.token_file))
+        if others:
+            print_line(console, f"sandbox services of the run: {', '.join(urls)}")
 
     def summary(self) -> str | None:
         """What it ran, from its /metrics (None once it no longer answers)."""
@@ -299,6 +317,25 @@ class SandboxServiceProcess(ChildProcess):
             print_line(console, line)
         sandbox_runner.configure(url="")
         self.stop(timeout=10.0)
+
+
+@contextlib.contextmanager
+def node_sandbox_service(run: RoleRun, rollouts: bool) -> Iterator[SandboxServiceProcess | None]:
+    """`[sandbox] serve`: this node's sandbox service while the block runs (None without it);
+    `rollouts`: this process runs the rollouts, whose sandbox calls go to the run's services."""
+    if not (run.cfg.sandbox.serve and run.role.starts_sandbox_service):
+        yield None
+        return
+    # the orchestrating process's is `sandbox`; another node's is named by its host and port
+    name = "sandbox" if rollouts else f"sandbox-{socket.gethostname()}-{run.cfg.sandbox.serve_port}"
+    service = SandboxServiceProcess.start(run.cfg, run.layout, name)
+    try:
+        service.wait_ready(run.console)
+        if rollouts:
+            service.use_for_rollouts(list(run.cfg.sandbox.service_urls), run.console)
+        yield service
+    finally:
+        service.close(run.console)
 
 
 def prepare_run_dir(
@@ -330,9 +367,11 @@ def run_train(
         return {}
     if role is Role.ORCHESTRATOR and not cfg.inference.urls:
         raise UsageError("inference.urls: --role orchestrator needs the servers' URLs")
+    if role is Role.SANDBOX and not cfg.sandbox.serve:
+        raise UsageError("sandbox.serve: --role sandbox starts this node's sandbox service; set it")
     # the roles that load the model check it first: one line, nothing written (an orchestrator
-    # alone may name a model that only its servers hold)
-    if role is not Role.ORCHESTRATOR:
+    # alone may name a model that only its servers hold; a sandbox node never loads it)
+    if role not in (Role.ORCHESTRATOR, Role.SANDBOX):
         check_model_dir(cfg.model.path)
     envs = check_role(cfg, role)  # an unknown env id fails here, before anything starts
     try:
@@ -352,6 +391,7 @@ class RoleRun:
     envs: dict[str, Any]
     console: Console
     devices: gpus.GpuPlan
+    role: Role = Role.ALL
 
 
 def _run_role(
@@ -367,7 +407,7 @@ def _run_role(
     layout = RunLayout(cfg.log.run_dir)
     layout.create()
     run_token(cfg)  # the run's credential (rlkit.protocol.credentials), created by the first role
-    return ROLES[role](RoleRun(cfg, layout, resume, envs, console, devices))
+    return ROLES[role](RoleRun(cfg, layout, resume, envs, console, devices, role))
 
 
 def _serve_inference(run: RoleRun) -> dict[str, Any]:
@@ -375,12 +415,26 @@ def _serve_inference(run: RoleRun) -> dict[str, Any]:
     fleet = ServerFleet(run.cfg, run.layout.root, run.console, run.devices.servers)
     try:
         fleet.start()
-        fleet.wait_ready()
-        run.console.print(f"serving {run.cfg.model.path} at {fleet.urls}; Ctrl-C to stop")
-        threading.Event().wait()
+        with node_sandbox_service(run, rollouts=False):
+            fleet.wait_ready()
+            run.console.print(f"serving {run.cfg.model.path} at {fleet.urls}; Ctrl-C to stop")
+            threading.Event().wait()
     finally:
         fleet.stop()
     return {}
+
+
+def _serve_sandbox(run: RoleRun) -> dict[str, Any]:
+    """`--role sandbox`: this node's sandbox service for the run (`[sandbox] serve`) until
+    interrupted; the orchestrator names it in `sandbox.service_urls`."""
+    with node_sandbox_service(run, rollouts=False) as service:
+        assert service is not None
+        run.console.print(f"sandbox service for {run.layout.root} at {service.url}; Ctrl-C to stop")
+        while service.exit_code() is None:
+            threading.Event().wait(1.0)
+        raise RuntimeError(
+            f"the sandbox service exited with code {service.exit_code()}:\n{service.log_tail()}"
+        )
 
 
 Rollouts = Callable[[RoleRun, int, dict[str, Any] | None], dict[str, Any]]
@@ -391,14 +445,8 @@ def _with_rollouts(run: RoleRun, body: Rollouts) -> dict[str, Any]:
     back, the run's sandbox service (`[sandbox] serve`) around `body(run, start_step, state)`,
     the run marked complete after its last step."""
     start_step, state = prepare_run_dir(run.cfg, run.layout, run.resume, run.console)
-    sandbox = SandboxServiceProcess.start(run.cfg, run.layout) if run.cfg.sandbox.serve else None
-    try:
-        if sandbox is not None:
-            sandbox.wait_ready(run.console)
+    with node_sandbox_service(run, rollouts=True):
         result = body(run, start_step, state)
-    finally:
-        if sandbox is not None:
-            sandbox.close(run.console)
     if run.cfg.orchestrator.max_steps:
         mark_complete(run.layout.root, run.cfg.orchestrator.max_steps)
     return result
@@ -448,6 +496,7 @@ ROLES: dict[Role, Callable[[RoleRun], dict[str, Any]]] = {
     Role.INFERENCE: _serve_inference,
     Role.ORCHESTRATOR: _orchestrate,
     Role.TRAINER: _run_trainer_node,
+    Role.SANDBOX: _serve_sandbox,
 }
 
 

@@ -11,6 +11,13 @@ class Role(StrEnum):
     INFERENCE = "inference"
     ORCHESTRATOR = "orchestrator"
     TRAINER = "trainer"
+    SANDBOX = "sandbox"  # this node's sandbox service alone (`[sandbox] serve`), for other nodes
+
+    @property
+    def starts_sandbox_service(self) -> bool:
+        """Whether this role starts its node's sandbox service when `[sandbox] serve` is set
+        (a trainer node does not: its CPUs feed the trainer)."""
+        return self is not Role.TRAINER
 
     @property
     def runs_orchestrator(self) -> bool:

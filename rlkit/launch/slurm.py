@@ -33,6 +33,7 @@ from rlkit.protocol.credentials import ensure_token_file, read_token
 from rlkit.protocol.layout import RunLayout
 
 DEFAULT_INFERENCE_PORT = 8000
+DEFAULT_SANDBOX_PORT = 8790  # each inference node's sandbox service with `[sandbox] serve`
 
 
 def _q(value: str | Path) -> str:
@@ -112,6 +113,15 @@ def render_sbatch(
     orchestrator_cmd = (
         f'{rlkit_cmd} --role orchestrator{resume_flag} --inference.urls="$RLKIT_INFERENCE_URLS"'
     )
+    # `[sandbox] serve`: each inference node's role starts that node's sandbox service too (on
+    # every interface, the run's sandbox token), and the orchestrator's programs go to its own
+    # and to those
+    sandbox_port = cfg.sandbox.serve_port or DEFAULT_SANDBOX_PORT
+    sandbox_urls = ""
+    if cfg.sandbox.serve:
+        inference_cmd += f" --sandbox.serve_host=0.0.0.0 --sandbox.serve_port={sandbox_port}"
+        orchestrator_cmd += ' --sandbox.service_urls="$RLKIT_SANDBOX_URLS"'
+        sandbox_urls = f'  sandbox_urls+=("\\"http://$address:{sandbox_port}\\"")\n'
     trainer_srun = srun_prefix(slurm, "$TRAINER_NODES", slurm.trainer_nodes, gpus=True)
     inference_srun = srun_prefix(slurm, "$INFERENCE_NODES", slurm.inference_nodes, gpus=True)
     head_srun = srun_prefix(slurm, "$HEAD_NODE", 1, gpus=False)
@@ -134,13 +144,15 @@ node_address() {{  # the node's first IP address (node names need not resolve ev
 }}
 export RLKIT_RDZV_ENDPOINT="$(node_address "$HEAD_NODE"):{slurm.rdzv_port}"
 urls=()
+sandbox_urls=()
 for node in "${{NODES[@]:{slurm.trainer_nodes}:{slurm.inference_nodes}}}"; do
   address=$(node_address "$node")
   for ((i = 0; i < {inf.num_servers}; i++)); do
     urls+=("\\"http://$address:$(({port} + i))\\"")
   done
-done
+{sandbox_urls}done
 export RLKIT_INFERENCE_URLS="[$(IFS=,; echo "${{urls[*]}}")]"
+export RLKIT_SANDBOX_URLS="[$(IFS=,; echo "${{sandbox_urls[*]}}")]"
 echo "trainer nodes: $TRAINER_NODES (rendezvous $RLKIT_RDZV_ENDPOINT)"
 echo "inference nodes: $INFERENCE_NODES ($RLKIT_INFERENCE_URLS)"
 

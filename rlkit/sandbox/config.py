@@ -11,6 +11,8 @@ from rlkit.config import Config
 from rlkit.sandbox.backends import backend_class
 from rlkit.sandbox.runner import SandboxSettings, settings, use
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
 
 class SandboxConfig(Config):
     """Overrides of the process-wide sandbox settings (unset fields keep the environment
@@ -43,14 +45,28 @@ class SandboxConfig(Config):
     )
     serve: bool = Field(
         False,
-        description="`rlkit train` only: start one sandbox service for the whole run (its "
-        "environments share its warm pools and one concurrency limit; loopback, a free port, "
-        "its token in the run directory) and stop it with the run.",
+        description="`rlkit train` only: every rlkit train process of the run (the orchestrating "
+        "one, each --role inference node, each --role sandbox node) starts one sandbox service on "
+        "its node, its token the run's (RUN_DIR/sandbox.token), stopped with that process; the "
+        "rollouts go to the orchestrator's own service and to the service_urls of the others.",
     )
     serve_args: list[str] = Field(
         default_factory=list,
         description="Extra `rlkit sandbox serve` flags for that service, e.g. "
         '["--concurrency", "8", "--pool-size", "8"].',
+    )
+    serve_host: str = Field(
+        "127.0.0.1",
+        description="Address each node's service listens on: loopback (one node), or the "
+        "node's address / 0.0.0.0 for services other nodes' orchestrator uses (every request "
+        "still needs the run's sandbox token).",
+    )
+    serve_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Port of each node's service; 0: a free one (loopback only: another node "
+        "must know the port to name it in service_urls).",
     )
 
     @model_validator(mode="after")
@@ -59,10 +75,24 @@ class SandboxConfig(Config):
             raise ValueError("set sandbox.url or sandbox.service_urls, not both")
         if self.url and not self.token_file:
             raise ValueError("sandbox.token_file is required with sandbox.url")
-        if self.service_urls and not self.token_file:
+        if self.serve:
+            if self.url:
+                raise ValueError(
+                    "sandbox.serve starts the run's own service: leave sandbox.url unset (other "
+                    "nodes' services of the run go in sandbox.service_urls)"
+                )
+            if self.token_file:
+                raise ValueError(
+                    "sandbox.token_file: the services sandbox.serve starts use the run's token "
+                    "(RUN_DIR/sandbox.token); leave it unset"
+                )
+            if self.serve_port == 0 and self.serve_host not in LOOPBACK:
+                raise ValueError(
+                    f"sandbox.serve_port: a service on {self.serve_host} is for other nodes, "
+                    "which must know its port; set one"
+                )
+        elif self.service_urls and not self.token_file:
             raise ValueError("sandbox.token_file is required with sandbox.service_urls")
-        if self.serve and (self.url or self.service_urls):
-            raise ValueError("sandbox.serve starts the run's own service: leave sandbox.url unset")
         return self
 
     @property
@@ -82,8 +112,9 @@ class SandboxConfig(Config):
         changes = {
             "backend": self.backend,
             "total_memory_mb": self.total_memory_mb,
-            "url": self.service_url,
-            "token_file": self.token_file if self.service_url else None,
+            # with `serve` the launcher points the client at the run's services once they are up
+            "url": None if self.serve else self.service_url,
+            "token_file": self.token_file if self.service_url and not self.serve else None,
         }
         return replace(base, **{k: v for k, v in changes.items() if v is not None})
 

@@ -14,12 +14,12 @@ running as one shared uid, may signal, trace or read its processes.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import json
 import os
 import secrets
 import shutil
+import socket
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
@@ -35,8 +35,9 @@ PYTHONPATH_ROOT = "/opt/pythonpath"
 # Host uid/gid the sandbox runs as when rlkit itself runs as root: an escape lands as `nobody`,
 # not root, and the kernel applies RLIMIT_NPROC (it exempts root).
 NOBODY = 65534
-# The host uids sandboxes run as when rlkit runs as root: one per live sandbox, held with a lock
-# file so that processes of several rlkit programs on one host never share one (`SandboxUid`).
+# The host uids sandboxes run as when rlkit runs as root: one per live sandbox, held with an
+# abstract socket so that processes of several rlkit programs on one host never share one
+# (`SandboxUid`).
 UID_BASE = 1_500_000_000
 UID_COUNT = 1_000_000
 PROGRAM_NAMES = {"python": "main.py", "bash": "main.sh"}
@@ -157,36 +158,36 @@ def _memfd(content: bytes) -> int:
 
 class SandboxUid:
     """A host uid no other live sandbox on this host holds (rlkit runs as root): a random one of
-    `UID_COUNT` from `UID_BASE`, held by an exclusive lock on its file in `uid_dir()` until
-    `release()`. Not root: None (every sandbox runs as this user; see the README)."""
+    `UID_COUNT` from `UID_BASE`, held by binding an abstract unix socket named after it
+    (`uid_lock_name`) until `release()`. The kernel frees the name when its holder dies, SIGKILL
+    included, so nothing of it outlives a killed service (lock files did: one per sandbox it
+    held). Another local user binding names can only make uids be passed over, never shared.
+    Not root: None (every sandbox runs as this user; see the README)."""
 
     def __init__(self) -> None:
         self.uid: int | None = None
-        self._fd: int | None = None
-        self._path: Path | None = None
+        self._lock: socket.socket | None = None
         if os.geteuid() != 0:
             return
-        folder = uid_dir()
         while self.uid is None:
             n = secrets.randbelow(UID_COUNT)
-            path = folder / str(n)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                same = os.fstat(fd).st_ino == os.stat(path).st_ino  # not unlinked meanwhile
-            except OSError:  # held by a live sandbox, or removed by its releaser
-                same = False
-            if not same:
-                os.close(fd)
+                lock.bind(uid_lock_name(UID_BASE + n))
+            except OSError:  # held by a live sandbox
+                lock.close()
                 continue
-            self.uid, self._fd, self._path = UID_BASE + n, fd, path
+            self.uid, self._lock = UID_BASE + n, lock
 
     def release(self) -> None:
-        if self._fd is not None and self._path is not None:
-            with contextlib.suppress(OSError):
-                self._path.unlink()
-            os.close(self._fd)
-        self._fd = self._path = None
+        if self._lock is not None:
+            self._lock.close()
+        self._lock = None
+
+
+def uid_lock_name(uid: int) -> bytes:
+    """The abstract socket name (no file) whose holder holds sandbox uid `uid`."""
+    return b"\0rlkit-sandbox-uid-%d" % uid
 
 
 def base_dir() -> Path:
@@ -206,14 +207,6 @@ def base_dir() -> Path:
         )
     base.chmod(0o711)
     return base
-
-
-@functools.cache
-def uid_dir() -> Path:
-    """Where the uid locks live (private to root)."""
-    folder = base_dir() / "uids"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    return folder
 
 
 def _drop_root(uid: int | None) -> list[str]:

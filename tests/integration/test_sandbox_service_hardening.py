@@ -184,6 +184,38 @@ def test_each_sandbox_runs_as_a_uid_of_its_own(service: Service) -> None:
     assert len(uids) >= 2 and len(set(uids)) == len(uids) and min(uids) >= UID_BASE
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a uid per sandbox needs root (README)")
+def test_a_sandboxs_uid_cannot_read_another_sandboxs_memory(service: Service) -> None:
+    """The barrier between tenants: whatever runs as one sandbox's host uid (an escape from it)
+    is refused another sandbox's /proc/PID/environ and /proc/PID/mem; the same uid reads its
+    own (what one uid shared by every sandbox, as before, exposed to all)."""
+    assert _wait_for(lambda: sum(p["ready"] for p in service.metrics()["pools"]) == 2)
+    deepest: dict[int, tuple[int, int]] = {}  # uid -> (pid namespace depth, pid)
+    for pid in service.descendants():
+        try:
+            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except OSError:
+            continue
+        uid = int(next(x for x in lines if x.startswith("Uid:")).split()[1])
+        depth = len(next(x for x in lines if x.startswith("NSpid:")).split())
+        if uid >= UID_BASE and depth >= deepest.get(uid, (0, 0))[0]:
+            deepest[uid] = (depth, pid)  # a warm sandbox's loader, in its own pid namespace
+    assert len(deepest) >= 2, deepest
+    (uid_a, (_, pid_a)), (uid_b, (_, pid_b)) = list(deepest.items())[:2]
+
+    def read_as(uid: int, path: str) -> subprocess.CompletedProcess:
+        as_uid = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+        return subprocess.run([*as_uid, "cat", path], capture_output=True, timeout=10)
+
+    for path in (f"/proc/{pid_b}/environ", f"/proc/{pid_b}/mem"):
+        other = read_as(uid_a, path)
+        assert other.returncode != 0 and b"Permission denied" in other.stderr, other
+        assert not other.stdout
+    own = read_as(uid_b, f"/proc/{pid_b}/environ")
+    assert own.returncode == 0 and b"PATH=" in own.stdout, own
+    assert read_as(uid_b, f"/proc/{pid_a}/environ").returncode != 0
+
+
 def _parent(pid: int) -> int | None:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])

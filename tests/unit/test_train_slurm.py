@@ -228,6 +228,41 @@ def test_eight_node_example_script(
     )
 
 
+def test_sandbox_serve_starts_a_service_on_every_inference_node(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    """`[sandbox] serve`: each inference node's role serves its sandbox service on every
+    interface, and the orchestrator sends programs to those (besides its own)."""
+    nodes = [f"n{i}" for i in range(1, 9)]
+    env, log = fake_cluster(tmp_path, nodes, servers=4)
+    script = render(
+        monkeypatch,
+        capsys,
+        EIGHT_NODE,
+        f"--log.run_dir={tmp_path / 'run'}",
+        f"--slurm.workdir={tmp_path}",
+        "--sandbox.serve=true",
+    )
+    for option in (
+        "--container-image=/shared/images/rlkit.sqsh",
+        "--container-mounts=/shared:/shared",
+    ):
+        script = script.replace(option, "")
+    script = script.replace('--container-workdir="$RLKIT_WORKDIR"', "")
+    env["PATH"] = f"{tmp_path / 'venv' / 'bin'}:{env['PATH']}"
+    run_script(script, tmp_path, env)
+    roles = by_role(calls(log)[1])
+    for call in roles["inference"]:
+        assert "--sandbox.serve_host=0.0.0.0" in call["rlkit"]
+        assert "--sandbox.serve_port=8790" in call["rlkit"]
+    (orchestrator,) = roles["orchestrator"]
+    urls = [f"http://10.0.0.{i}:8790" for i in range(5, 9)]
+    assert (
+        f"--sandbox.service_urls={json.dumps(urls, separators=(',', ':'))}" in orchestrator["rlkit"]
+    )
+    assert not any("--sandbox.serve_host" in arg for arg in orchestrator["rlkit"])
+
+
 def test_submit_writes_the_job_and_calls_sbatch(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
 ) -> None:
