@@ -30,17 +30,28 @@ string, about 0.9 on a 10-character one); each further right character adds to i
 `exact_match` (weight 0) is recorded beside the reward in every eval and training metric. The
 family's exploits (`rlkit env audit`) are registered on the environment: echo, sorted, rotated,
 constant character, another row's reversal.
+
+Long context (`haystack_records = R > 0`): each prompt is a document of R records
+(`record 4821: fcbhad`, distinct 4-digit keys, texts drawn as above) followed by the question
+"Reverse the text of record K."; the answer is that one record's text reversed, scored by the
+same reward (the cheap answers are the needle's own: echo, sorted, ...), so the model must find
+the needle among R - 1 distractors. About 15 tokens a record with rlkit's tiny test tokenizer:
+R = 200 gives prompts of ~3,200 tokens, R = 300 of ~4,700. Its own
+exploits: a distractor record's reversal (the records just before and after the needle, the
+first and the last), every record's reversal listed, the needle's key.
 """
 
 from __future__ import annotations
 
 import functools
 import random
+import re
 import zlib
 from collections import Counter
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
 from datasets import Dataset
 
 from rlkit.envs import SingleTurnEnv, ThinkParser
@@ -138,6 +149,39 @@ def _rows(texts: list[str]) -> Dataset:
     return Dataset.from_dict({"question": texts, "answer": [t[::-1] for t in texts]})
 
 
+HAYSTACK_PROMPT = (
+    "The document lists records, one a line. Reverse the text of the record the question "
+    "names, character by character. Reply with the reversed text only."
+)
+
+
+def haystack_rows(
+    needles: list[str], records: int, seed: int, min_len: int, max_len: int, alphabet: str
+) -> Dataset:
+    """One row per needle: a document of `records` records (distinct 4-digit keys; the needle
+    at a random line among `records - 1` distractor texts), the question naming the needle's
+    key; the answer is the needle reversed; `info` keeps the needle, its key and its line.
+    Deterministic for a seed."""
+    if records < 1 or records > 9000:
+        raise ValueError(f"haystack_records must be 1..9000, got {records}")
+    rng = np.random.default_rng(zlib.crc32(f"haystack/{seed}".encode()))
+    # distractors drawn from a pool of random texts (drawing each anew costs seconds a run)
+    pool = generate_texts(max(4 * records, 1000), seed, min_len, max_len, alphabet)
+    questions, infos = [], []
+    for needle in needles:
+        keys = (rng.choice(9000, records, replace=False) + 1000).tolist()
+        picks = rng.integers(0, len(pool), records - 1).tolist()
+        texts = [pool[i] if pool[i] != needle else pool[i - 1] for i in picks]
+        at = int(rng.integers(records))
+        texts.insert(at, needle)
+        lines = "\n".join(f"record {k}: {t}" for k, t in zip(keys, texts, strict=True))
+        questions.append(f"{lines}\n\nReverse the text of record {keys[at]}.")
+        infos.append({"text": needle, "key": keys[at], "line": at})
+    return Dataset.from_dict(
+        {"question": questions, "answer": [t[::-1] for t in needles], "info": infos}
+    )
+
+
 def sft_examples(
     n: int,
     seed: int = 0,
@@ -171,13 +215,19 @@ def _wrong_only(row: dict[str, Any], texts: dict[str, str]) -> Variants:
     return {name: reply(text) for name, text in texts.items() if text.strip() != answer}
 
 
+def _text(row: dict[str, Any]) -> str:
+    """The text to reverse: the needle of a haystack row, else the question itself."""
+    info = row.get("info") or {}
+    return str(info["text"]) if info.get("text") else last_user_text(row)
+
+
 def _echo_text(env: Any, row: dict[str, Any]) -> Variants:
-    text = last_user_text(row)
+    text = _text(row)
     return _wrong_only(row, {"echo": text}) if text else {}
 
 
 def _sorted_text(env: Any, row: dict[str, Any]) -> Variants:
-    text = last_user_text(row)
+    text = _text(row)
     return _wrong_only(
         row,
         {"ascending": "".join(sorted(text)), "descending": "".join(sorted(text, reverse=True))},
@@ -185,14 +235,14 @@ def _sorted_text(env: Any, row: dict[str, Any]) -> Variants:
 
 
 def _rotated(env: Any, row: dict[str, Any]) -> Variants:
-    text = last_user_text(row)
+    text = _text(row)
     ks = sorted({k for k in (1, 2, 3, len(text) // 2, len(text) - 1) if 0 < k < len(text)})
     return _wrong_only(row, {f"by {k}": text[k:] + text[:k] for k in ks})
 
 
 def _constant_characters(alphabet: str) -> Any:
     def variants(env: Any, row: dict[str, Any]) -> Variants:
-        text = last_user_text(row)
+        text = _text(row)
         if not text:
             return {}
         texts = {f"{ch} repeated": ch * len(text) for ch in dict.fromkeys(alphabet)}
@@ -204,7 +254,7 @@ def _constant_characters(alphabet: str) -> Any:
 
 def _another_row(texts: list[str]) -> Any:
     def variants(env: Any, row: dict[str, Any]) -> Variants:
-        text = last_user_text(row)
+        text = _text(row)
         if not texts:
             return {}
         start = zlib.crc32(text.encode()) % len(texts)  # a stable pick, not the row's answer
@@ -214,6 +264,45 @@ def _another_row(texts: list[str]) -> Any:
         return {}
 
     return variants
+
+
+def _records(row: dict[str, Any]) -> list[str]:
+    """A haystack row's record texts, in document order, read from its question."""
+    found = re.findall(r"^record \d+: (\S+)$", last_user_text(row), flags=re.MULTILINE)
+    return found if (row.get("info") or {}).get("key") else []
+
+
+def _distractor(env: Any, row: dict[str, Any]) -> Variants:
+    """Haystack rows: another record's reversal (the lines around the needle, first, last)."""
+    records, at = _records(row), (row.get("info") or {}).get("line", 0)
+    picks = {"before": at - 1, "after": at + 1, "first": 0, "last": len(records) - 1}
+    texts = {
+        f"{name} record reversed": records[i][::-1]
+        for name, i in picks.items()
+        if 0 <= i < len(records) and i != at
+    }
+    return _wrong_only(row, texts)
+
+
+def _every_record(env: Any, row: dict[str, Any]) -> Variants:
+    """Haystack rows: every record's reversal, one a line (a list of every option)."""
+    records = _records(row)
+    return _wrong_only(row, {"listed": "\n".join(t[::-1] for t in records)}) if records else {}
+
+
+def _needle_key(env: Any, row: dict[str, Any]) -> Variants:
+    """Haystack rows: the key the question names, echoed."""
+    key = (row.get("info") or {}).get("key")
+    return _wrong_only(row, {"key": str(key), "line": f"record {key}"}) if key else {}
+
+
+def haystack_exploits() -> list[Exploit]:
+    """The long-context variant's own cheap answers."""
+    return [
+        Exploit("distractor reversed", _distractor, "another record's reversal", FAMILY),
+        Exploit("every record reversed", _every_record, "all records' reversals listed", FAMILY),
+        Exploit("needle key", _needle_key, "the record's key echoed", FAMILY),
+    ]
 
 
 def exploits(alphabet: str, texts: list[str]) -> list[Exploit]:
@@ -249,9 +338,11 @@ def load_environment(
     dataset_name: str | None = None,
     dataset_split: str = "train",
     text_column: str = "text",
-    system_prompt: str = SYSTEM_PROMPT,
+    system_prompt: str | None = None,
+    haystack_records: int = 0,
 ) -> ReverseTextEnv:
-    """Build the environment; eval strings never appear in the generated training set."""
+    """Build the environment; eval strings never appear in the generated training set.
+    `haystack_records > 0`: the long-context variant (see the module)."""
     if dataset_name is not None:
         source = load_dataset_any(dataset_name, split=dataset_split)
         if text_column not in source.column_names:
@@ -277,9 +368,23 @@ def load_environment(
     def exact_match(completion: list[dict[str, Any]], answer: str) -> float:
         return float((parser.parse_answer(completion) or "") == answer)
 
+    if haystack_records:
+
+        def rows(texts: list[str], part: int) -> Dataset:
+            return haystack_rows(
+                texts, haystack_records, seed * 2 + part, min_len, max_len, alphabet
+            )
+
+    else:
+
+        def rows(texts: list[str], part: int) -> Dataset:
+            return _rows(texts)
+
+    if system_prompt is None:
+        system_prompt = HAYSTACK_PROMPT if haystack_records else SYSTEM_PROMPT
     env = ReverseTextEnv(
-        dataset=_rows(train_texts) if train_texts else None,
-        eval_dataset=_rows(eval_texts) if eval_texts else None,
+        dataset=rows(train_texts, 0) if train_texts else None,
+        eval_dataset=rows(eval_texts, 1) if eval_texts else None,
         system_prompt=system_prompt,
         parser=parser,
         rubric=Rubric([reversal_reward, exact_match], [1.0, 0.0], parser=parser),
@@ -287,4 +392,6 @@ def load_environment(
         env_id="reverse-text",
     )
     env.exploits.extend(exploits(alphabet, eval_texts + train_texts))
+    if haystack_records:
+        env.exploits.extend(haystack_exploits())
     return env
