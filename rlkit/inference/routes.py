@@ -30,7 +30,7 @@ from rlkit.inference.tenancy import (
     visible_adapters,
 )
 from rlkit.inference.weights import check_adapter_dir, check_signature
-from rlkit.protocol.credentials import rendezvous_secret
+from rlkit.protocol.credentials import digest_key, rendezvous_secret
 from rlkit.protocol.weights import VERSION_FILE, PublishedVersion
 from rlkit.serving import Endpoint, ServiceError, caller, owner_paths
 from rlkit.weights.transport import Reception
@@ -233,6 +233,7 @@ async def update_weights(body: UpdateWeightsRequest, request: Request) -> JSONRe
         rank=body.rank,
         timeout_s=security(request).max_update_s,
         secret=rendezvous_secret(token),
+        digest_key=digest_key(token).hex(),
     )
     args = (
         record.model_dump_json(),

@@ -67,8 +67,9 @@ class WeightSyncExtension:
     def rlkit_update(self, record_json: str, directory: str, reception_json: str) -> dict:
         """Receive the version `record_json` describes through its transport (`rlkit.weights`;
         `reception_json`: the server's `Reception`, where this worker's rank in a broadcast
-        group is its rank + this worker's own), check every tensor against the record's table
-        before any reaches the model, then load them in place.
+        group is its rank + this worker's own, and the key of the table's digests), check every
+        tensor against the record's table before any reaches the model, then load them in
+        place.
 
         The record comes from the API server, which verified its signature: the worker does not
         re-read it from `directory`, where it could have changed since. Returns
@@ -88,7 +89,10 @@ class WeightSyncExtension:
         except (RuntimeError, OSError, ValueError) as exc:
             return {"error": str(exc)}
         t1 = time.perf_counter()
-        if problems := mismatches(tensors, record.tensors):
+        key = bytes.fromhex(reception.digest_key)
+        if len(key) != 32:
+            return {"error": "no key for the tensor table's digests (32 bytes expected)"}
+        if problems := mismatches(tensors, record.tensors, key):
             return {"error": "; ".join(problems)}
         t2 = time.perf_counter()
         self.reload_weights(weights_iterator=iter(tensors))  # type: ignore[attr-defined]

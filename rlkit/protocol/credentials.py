@@ -7,7 +7,8 @@ other users can read is refused: they would hold the credential.
 
 The token also signs what a run publishes (a weights version): `sign` / `verify` use a key
 derived from the token (`signing_key`), so the bearer token itself is never an HMAC key and a
-signature never helps anyone guess the token.
+signature never helps anyone guess the token. The tensor digests in a version's table are keyed
+with another key derived from it (`digest_key`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from rlkit.errors import UsageError
 TOKEN_FILE_ENV = "RLKIT_TOKEN_FILE"  # path of the token file a run's processes read
 TOKEN_BYTES = 32
 _SIGNING_CONTEXT = b"rlkit signing key v1"
+_DIGEST_CONTEXT = b"rlkit tensor digest key v1"
+UNKEYED = bytes(32)  # the digest key of a run without a token (its records are unsigned)
 
 
 def new_token() -> str:
@@ -101,6 +104,15 @@ def token_from_env() -> str | None:
 def signing_key(token: str) -> bytes:
     """The HMAC key for what a token's holder signs, derived from the token."""
     return hmac.new(token.encode(), _SIGNING_CONTEXT, hashlib.sha256).digest()
+
+
+def digest_key(token: str | None) -> bytes:
+    """The 32-byte BLAKE3 key of the tensor digests in what a token's holder publishes
+    (`rlkit.protocol.weights`), derived from the token apart from the signing key. Without a
+    token, `UNKEYED`: such a run's records go unsigned, and every server refuses them."""
+    if token is None:
+        return UNKEYED
+    return hmac.new(token.encode(), _DIGEST_CONTEXT, hashlib.sha256).digest()
 
 
 def sign(payload: bytes, token: str) -> str:

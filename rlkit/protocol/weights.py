@@ -3,23 +3,31 @@ tensors, that the trainer publishes, the orchestrator delivers and every engine 
 
 `PublishedVersion` (``rlkit_version.json`` in ``weights/step_N``) holds the version, the
 transport that moves its tensors (`rlkit.weights`), the tensor table in send order (name,
-dtype, shape and an exact checksum: the fingerprint), the trainer's logprobs of the canary
-sequence (`rlkit.inference.canary`), the transport's own delivery fields (a broadcast's store
-address and buckets, an ipc buffer's handle) and an HMAC signature over all of it with the run's
-key (`rlkit.protocol.credentials`). The orchestrator learns everything about a version from it;
-a server verifies the signature before it acts on any field, and each worker checks what it
+dtype, shape and a keyed digest of the bytes: the fingerprint), the trainer's logprobs of the
+canary sequence (`rlkit.inference.canary`), the transport's own delivery fields (a broadcast's
+store address and buckets, an ipc buffer's handle) and an HMAC signature over all of it with the
+run's key (`rlkit.protocol.credentials`). The orchestrator learns everything about a version from
+it; a server verifies the signature before it acts on any field, and each worker checks what it
 received against the tensor table before any tensor reaches the model.
 
-Checksums: two integer sums over a tensor's bytes read as int16 (uint8 for an odd byte count),
-the plain sum and a position-weighted one (`tensor_checksum`). Integer sums do not depend on the
-order of addition (thread count, device), so trainer and worker agree exactly; the weighted sum
-also tells apart tensors whose elements moved (a swapped block, a transposed copy). Stale
-weights, a partial file, a tensor corrupted in flight or sent under the wrong name all fail.
+Digests: BLAKE3 in keyed mode over a tensor's raw bytes (its contiguous CPU view as uint8, so
+any dtype and device; `tensor_digest`) under a 32-byte key derived from the run's token
+(`credentials.digest_key`), hex in the table. A cryptographic hash has no order of addition to
+disagree on, so trainer and worker agree exactly on every device and thread count; and unlike a
+sum it cannot be satisfied by adjusting other bytes: whoever alters a tensor on its way (a
+process in a broadcast's path, anything that can write the shared buffer or the files) would
+have to find a BLAKE3 collision, under a key they do not hold, to keep its entry. The signature
+stops them from rewriting the table instead. Stale weights, a partial file, a tensor changed in
+flight, by accident or on purpose, or sent under the wrong name all fail. Tensors are digested
+in parallel (`digests`: a thread pool over tensors, and BLAKE3's own threads inside a large
+one), so the check runs at about the speed of a copy of the bytes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +39,7 @@ if TYPE_CHECKING:  # torch is imported where tensors are handled: the record sid
     import torch
 
 VERSION_FILE = "rlkit_version.json"
-WEIGHT_MOD = 65521  # positions are weighted 1..65521, repeating
-CHUNK = WEIGHT_MOD * 64  # elements per step (~4 M): bounds temporary memory, keeps sums exact
+THREADED_BYTES = 4 << 20  # a tensor at least this big is hashed on BLAKE3's own threads too
 ALIGN = 64  # byte offset of every tensor packed in a buffer: any dtype may view it in place
 Named = tuple[str, "torch.Tensor"]
 
@@ -45,7 +52,7 @@ class TensorEntry(BaseModel):
     name: str
     dtype: str
     shape: tuple[int, ...]
-    checksum: tuple[int, int]
+    digest: str  # hex keyed BLAKE3 of the tensor's bytes (module doc)
 
     @property
     def nbytes(self) -> int:
@@ -126,70 +133,65 @@ def packed_offsets(entries: Iterable[TensorEntry]) -> tuple[list[int], int]:
     return offsets, size
 
 
-def _weights(device: torch.device) -> torch.Tensor:
-    """Position weights of one chunk (every chunk starts at a multiple of WEIGHT_MOD)."""
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes in memory order: a view of a contiguous CPU tensor (no copy); one on
+    another device is copied to the CPU first, a strided one made contiguous."""
     import torch
 
-    key = str(device)
-    if key not in _WEIGHTS:
-        _WEIGHTS[key] = (torch.arange(CHUNK, device=device) % WEIGHT_MOD + 1).double()
-    return _WEIGHTS[key]
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    return memoryview(flat.numpy())
 
 
-_WEIGHTS: dict[str, torch.Tensor] = {}
+def tensor_digest(tensor: torch.Tensor, key: bytes) -> str:
+    """Hex keyed BLAKE3 of the tensor's bytes under `key` (32 bytes: `credentials.digest_key`).
+    BLAKE3 releases the GIL, so `digests` runs these on several threads."""
+    from blake3 import blake3
+
+    raw = tensor_bytes(tensor)
+    threads = blake3.AUTO if raw.nbytes >= THREADED_BYTES else 1
+    return blake3(raw, key=key, max_threads=threads).hexdigest()
 
 
-def tensor_checksum(tensor: torch.Tensor) -> tuple[int, int]:
-    """(sum, position-weighted sum) of the tensor's bytes as int16 (or uint8), exact.
-
-    Computed in float64, where every partial sum is an integer below 2**53 (int16 values times
-    weights <= 65521, at most CHUNK of them) and therefore exact in any order; BLAS's dot
-    product makes it one fast pass.
-    """
-    import torch
-
-    flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-    if flat.numel() % 2 == 0:
-        flat = flat.view(torch.int16)
-    weights = _weights(flat.device)
-    total = weighted = 0
-    for start in range(0, flat.numel(), CHUNK):
-        values = flat[start : start + CHUNK].double()
-        total += int(values.sum())
-        weighted += int(torch.dot(values, weights[: values.numel()]))
-    return total, weighted
+def digests(tensors: Sequence[torch.Tensor], key: bytes) -> list[str]:
+    """`tensor_digest` of each tensor, in order, computed on a thread per core."""
+    if len(tensors) <= 1:
+        return [tensor_digest(t, key) for t in tensors]
+    with ThreadPoolExecutor(min(len(tensors), os.cpu_count() or 1)) as pool:
+        return list(pool.map(lambda t: tensor_digest(t, key), tensors))
 
 
-def tensor_entry(name: str, tensor: torch.Tensor) -> TensorEntry:
+def tensor_entry(name: str, tensor: torch.Tensor, digest: str) -> TensorEntry:
     return TensorEntry(
         name=name,
         dtype=str(tensor.dtype).removeprefix("torch."),
         shape=tuple(tensor.shape),
-        checksum=tensor_checksum(tensor),
+        digest=digest,
     )
 
 
-def tensor_table(tensors: Iterable[Named]) -> list[TensorEntry]:
-    """The fingerprint of (name, tensor) pairs, in their order."""
-    return [tensor_entry(name, tensor) for name, tensor in tensors]
+def tensor_table(tensors: Iterable[Named], key: bytes) -> list[TensorEntry]:
+    """The fingerprint of (name, tensor) pairs, in their order, digested under `key`."""
+    pairs = list(tensors)
+    found = digests([tensor for _, tensor in pairs], key)
+    return [tensor_entry(n, t, d) for (n, t), d in zip(pairs, found, strict=True)]
 
 
-def mismatches(received: Iterable[Named], expected: list[TensorEntry], limit: int = 5) -> list[str]:
-    """What differs between the tensors a worker received and the published table (at most
-    `limit` lines; empty when they match)."""
+def mismatches(
+    received: Iterable[Named], expected: list[TensorEntry], key: bytes, limit: int = 5
+) -> list[str]:
+    """What differs between the tensors a worker received and the published table, whose
+    digests were made under `key` (at most `limit` lines; empty when they match)."""
     want = {e.name: e for e in expected}
     problems: list[str] = []
-    seen: set[str] = set()
-    for name, tensor in received:
-        seen.add(name)
-        entry = want.get(name)
+    pairs = list(received)
+    seen = {name for name, _ in pairs}
+    for got in tensor_table(pairs, key):
+        entry = want.get(got.name)
         if entry is None:
-            problems.append(f"tensor {name!r} was not published")
-        elif (got := tensor_entry(name, tensor)) != entry:
-            what = [
-                k for k in ("dtype", "shape", "checksum") if getattr(got, k) != getattr(entry, k)
-            ]
-            problems.append(f"tensor {name!r}: {'/'.join(what)} differs from the published one")
+            problems.append(f"tensor {got.name!r} was not published")
+        elif got != entry:
+            what = [k for k in ("dtype", "shape", "digest") if getattr(got, k) != getattr(entry, k)]
+            problems.append(f"tensor {got.name!r}: {'/'.join(what)} differs from the published one")
     problems += [f"tensor {name!r} published but not received" for name in want.keys() - seen]
     return problems[:limit]
 

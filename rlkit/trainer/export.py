@@ -23,6 +23,7 @@ import torch
 
 from rlkit.atomic import atomic_dir
 from rlkit.protocol import handoff
+from rlkit.protocol.credentials import digest_key
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.model import LoraConfig
 from rlkit.protocol.weights import Canary, Named, PublishedVersion, tensor_table
@@ -56,7 +57,10 @@ def export_version(
         state = on_disk(lm, hf_state(lm, full))
         tensors = [(name, tensor.contiguous()) for name, tensor in state.items()]
         record = PublishedVersion(
-            version=version, transport=transport.name, tensors=tensor_table(tensors), canary=canary
+            version=version,
+            transport=transport.name,
+            tensors=tensor_table(tensors, digest_key(token)),
+            canary=canary,
         )
         record = transport.publish(tmp, record, tensors).signed(token)
         record.write(tmp)

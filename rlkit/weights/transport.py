@@ -66,6 +66,7 @@ class Reception:
     rank: int = 0  # this worker's rank in a broadcast group
     timeout_s: float = 300.0  # the longest it may wait: the server's cap on any update
     secret: str = ""  # the run's rendezvous secret, derived from the caller's token
+    digest_key: str = ""  # hex key of the tensor table's digests, derived from the caller's token
 
 
 @dataclass

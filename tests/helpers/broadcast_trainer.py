@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rlkit.protocol.credentials import token_from_env
+from rlkit.protocol.credentials import digest_key, token_from_env
 from rlkit.protocol.weights import Named, PublishedVersion, tensor_table
 from rlkit.weights import broadcast
 from rlkit.weights.broadcast import Sender
@@ -20,7 +20,7 @@ def broadcast_record(
     return PublishedVersion(
         version=version,
         transport=broadcast.Broadcast.name,
-        tensors=tensor_table(tensors),
+        tensors=tensor_table(tensors, digest_key(token_from_env())),
         delivery=sender.delivery(tensors, bucket_bytes).model_dump(mode="json"),
     ).signed(token_from_env())
 

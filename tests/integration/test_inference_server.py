@@ -366,7 +366,7 @@ async def test_tensor_corrupted_in_flight_is_refused_and_old_weights_kept(
         with pytest.raises(InferenceError) as info:
             await client.request("POST", "/rlkit/update_weights", json=body)
         assert info.value.status == 422
-        assert f"tensor {name!r}: checksum differs" in str(info.value)
+        assert f"tensor {name!r}: digest differs" in str(info.value)
         assert f"keeps policy version {version}" in str(info.value)
         assert (await admin.status())["policy_version"] == version
         assert await greedy(client, str(served)) == before
@@ -486,7 +486,7 @@ async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
         assert record.transport == CORRUPTING_BROADCAST
         assert len(BroadcastDelivery.of(record).buckets) > 1
         assert info.value.status == 422
-        assert f"tensor {name!r}: checksum differs" in str(info.value)
+        assert f"tensor {name!r}: digest differs" in str(info.value)
         assert f"keeps policy version {version}" in str(info.value)
         assert await greedy(client, str(served)) == before
 

@@ -171,6 +171,7 @@ def test_export_publishes_the_record_with_tensor_table_and_canary(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlkit.inference.canary import canary_token_ids
+    from rlkit.protocol.credentials import digest_key, token_from_env
     from rlkit.protocol.weights import PublishedVersion, iter_safetensors, mismatches
 
     trainer = Trainer(config(tiny_model_dir, tmp_path / "run"), total_steps=1)
@@ -180,7 +181,8 @@ def test_export_publishes_the_record_with_tensor_table_and_canary(
         trainer.close()
     record = PublishedVersion.read(out)
     assert record is not None and (record.version, record.transport) == (1, "filesystem")
-    assert mismatches(iter_safetensors(out), record.tensors) == []
+    key = digest_key(token_from_env())  # the run's token's key, as the servers check
+    assert mismatches(iter_safetensors(out), record.tensors, key) == []
     canary = record.canary
     assert canary is not None
     assert canary.token_ids == canary_token_ids(AutoTokenizer.from_pretrained(out))

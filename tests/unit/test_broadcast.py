@@ -39,6 +39,8 @@ from tests.helpers.broadcast_trainer import (
     sender_trickling,
 )
 
+KEY = bytes(range(32))  # the tensor digests' key (a run derives it from its token)
+
 TIMEOUT_S = 5.0
 BUCKET = 4096
 
@@ -96,7 +98,7 @@ def test_buckets_are_bounded_and_a_big_tensor_goes_alone() -> None:
     delivery = BroadcastDelivery(
         address=("127.0.0.1", 1), backend="gloo", timeout_s=TIMEOUT_S, buckets=buckets
     )
-    table = tensor_table(tensors)
+    table = tensor_table(tensors, KEY)
     assert [delivery.bucket_size(table, b) <= BUCKET for b in buckets] == [True, False, True]
 
 
@@ -174,7 +176,7 @@ def publish(transport: Broadcast, out: Path, version: int) -> PublishedVersion:
     sending."""
     tensors = model_tensors()
     record = PublishedVersion(
-        version=version, transport=Broadcast.name, tensors=tensor_table(tensors)
+        version=version, transport=Broadcast.name, tensors=tensor_table(tensors, KEY)
     )
     out.mkdir(parents=True)
     record = transport.publish(out, record, tensors)
@@ -217,7 +219,7 @@ def test_a_server_restarting_between_updates_gets_the_last_version_as_files(
     files = PublishedVersion.read(path)  # the same version, published as files
     assert files is not None and (files.transport, files.delivery) == ("filesystem", {})
     assert (files.version, files.tensors) == (first.version, first.tensors)
-    assert mismatches(iter_safetensors(path), files.tensors) == []
+    assert mismatches(iter_safetensors(path), files.tensors, KEY) == []
 
     second = broadcast_to_one_receiver(transport, tmp_path / "step_2", 2)
     transport.settle()  # the trainer's next update (or its end) closes version 2

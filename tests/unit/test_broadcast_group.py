@@ -10,10 +10,13 @@ from typing import Any
 import pytest
 import torch
 
+from rlkit.protocol.credentials import digest_key, token_from_env
 from rlkit.protocol.weights import PublishedVersion, mismatches
 from rlkit.weights import Reception, broadcast
 from rlkit.weights.broadcast import Sender, announce_peers, receive
 from tests.helpers.broadcast_trainer import broadcast_record
+
+KEY = digest_key(token_from_env())  # the tests' run token's, as broadcast_record digests
 
 pytestmark = pytest.mark.slow  # spawns receiver processes that import torch
 TIMEOUT_S = 10.0
@@ -34,7 +37,7 @@ def long_lived_receiver(rank: int, inbox: Any, out: Any) -> None:
             (n, t.clone()) for bucket in receive(record, Reception(rank=rank)) for n, t in bucket
         ]
         held = broadcast.Broadcast.receiver.held(tuple(record.delivery["address"]))
-        out.put((rank, mismatches(got, record.tensors), held))
+        out.put((rank, mismatches(got, record.tensors, KEY), held))
 
 
 class Receivers:

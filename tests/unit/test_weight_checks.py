@@ -15,15 +15,20 @@ from rlkit.config import load_config
 from rlkit.errors import UsageError
 from rlkit.inference.canary import canary_kl
 from rlkit.orchestrator.config import InferenceConfig
+from rlkit.protocol.credentials import UNKEYED, digest_key, new_token
 from rlkit.protocol.weights import (
     Canary,
     PublishedVersion,
+    digests,
     iter_safetensors,
     mismatches,
     published_bytes,
-    tensor_checksum,
+    tensor_digest,
     tensor_table,
 )
+from tests.helpers.forgery import forge, linear_sums
+
+KEY = digest_key(new_token())
 
 
 def tensors() -> dict[str, torch.Tensor]:
@@ -35,35 +40,50 @@ def tensors() -> dict[str, torch.Tensor]:
     }
 
 
-def test_checksum_is_exact_across_thread_counts_and_sees_one_element() -> None:
-    big = torch.randn(3000, 1500).bfloat16()  # more than one chunk of the weighted sum
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = tensor_checksum(big)
-    finally:
-        torch.set_num_threads(threads)
-    assert tensor_checksum(big.clone()) == one
+def test_digest_is_exact_across_threads_layouts_and_sees_one_element() -> None:
+    big = torch.randn(3000, 1500).bfloat16()  # big enough for BLAKE3's own threads
+    one = tensor_digest(big, KEY)
+    assert len(one) == 64 and tensor_digest(big.clone(), KEY) == one
+    assert digests([big, big.t().contiguous().t()], KEY) == [one, one]  # strided: same bytes
     changed = big.clone()
     changed[2999, 1499] += 1
-    assert tensor_checksum(changed) != one
+    assert tensor_digest(changed, KEY) != one
     rows = big.clone()
-    rows[[0, 1]] = rows[[1, 0]]  # same values, moved: the plain sum cannot tell, the weighted can
-    assert tensor_checksum(rows)[0] == one[0] and tensor_checksum(rows) != one
+    rows[[0, 1]] = rows[[1, 0]]  # same values, moved
+    assert tensor_digest(rows, KEY) != one
+    assert tensor_digest(big, digest_key(new_token())) != one  # another run's key
+    assert tensor_digest(big, UNKEYED) != one and digest_key(None) == UNKEYED
+
+
+def test_a_forgery_that_keeps_the_old_linear_sums_changes_the_digest() -> None:
+    """The old table's two int16 sums are kept by a tensor changed at several places (the
+    forger in tests/helpers/forgery.py); its keyed digest is not, under any key."""
+    weight = (torch.randn(256, 96) * 0.02).bfloat16()
+    forged = forge(weight, places=5)
+    assert linear_sums(forged) == linear_sums(weight)
+    assert int((forged != weight).sum()) >= 10
+    other = digest_key(new_token())
+    assert tensor_digest(forged, KEY) != tensor_digest(weight, KEY)
+    assert tensor_digest(forged, other) != tensor_digest(weight, other)
+    assert mismatches([("w", forged)], tensor_table([("w", weight)], KEY), KEY) == [
+        "tensor 'w': digest differs from the published one"
+    ]
 
 
 def test_mismatches_name_every_kind_of_difference() -> None:
     sent = tensors()
-    published = tensor_table(sent.items())
-    assert mismatches(sent.items(), published) == []
+    published = tensor_table(sent.items(), KEY)
+    assert mismatches(sent.items(), published, KEY) == []
     corrupt = {**sent, "a.weight": sent["a.weight"].clone()}
     corrupt["a.weight"][5, 5] += 1
-    assert mismatches(corrupt.items(), published) == [
-        "tensor 'a.weight': checksum differs from the published one"
+    assert mismatches(corrupt.items(), published, KEY) == [
+        "tensor 'a.weight': digest differs from the published one"
     ]
+    # the right bytes checked under another key than the table's: refused, not passed
+    assert len(mismatches(sent.items(), published, digest_key(new_token()))) == 3
     swapped = {"a.weight": sent["a.weight"], "b.bias": sent["b.bias"].half(), "x": sent["c.flag"]}
-    assert mismatches(swapped.items(), published) == [
-        "tensor 'b.bias': dtype/checksum differs from the published one",
+    assert mismatches(swapped.items(), published, KEY) == [
+        "tensor 'b.bias': dtype/digest differs from the published one",
         "tensor 'x' was not published",
         "tensor 'c.flag' published but not received",
     ]
@@ -76,13 +96,13 @@ def test_record_round_trips_and_its_table_matches_the_files(tmp_path: Path) -> N
     record = PublishedVersion(
         version=4,
         transport="filesystem",
-        tensors=tensor_table(iter_safetensors(tmp_path)),
+        tensors=tensor_table(iter_safetensors(tmp_path), KEY),
         canary=canary,
     )
     record.write(tmp_path)
     read = PublishedVersion.read(tmp_path)
     assert read == record and read.canary == canary
-    assert mismatches(iter_safetensors(tmp_path), read.tensors) == []
+    assert mismatches(iter_safetensors(tmp_path), read.tensors, KEY) == []
     assert (
         read.nbytes
         == published_bytes(tmp_path)
@@ -93,7 +113,7 @@ def test_record_round_trips_and_its_table_matches_the_files(tmp_path: Path) -> N
 
 def test_a_tampered_record_is_refused(tmp_path: Path) -> None:
     """Fields a record does not define, or a negative version, are errors, not ignored."""
-    record = PublishedVersion(version=1, transport="filesystem", tensors=tensor_table([]))
+    record = PublishedVersion(version=1, transport="filesystem", tensors=tensor_table([], KEY))
     record.write(tmp_path)
     path = tmp_path / "rlkit_version.json"
     path.write_text(path.read_text().replace('"version":1', '"version":-1'))
