@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlkit.errors import UsageError
@@ -26,15 +27,25 @@ from rlkit.inference.pool import ClientPool
 from rlkit.inference.temp_dirs import remove_stale_rpc_dirs
 from rlkit.machine import has_cuda
 from rlkit.models import init_tiny
-from rlkit.protocol.credentials import new_token, rendezvous_secret, token_from_env
-from rlkit.protocol.weights import VERSION_FILE, Canary, PublishedVersion, iter_safetensors
+from rlkit.protocol.credentials import digest_key, new_token, rendezvous_secret, token_from_env
+from rlkit.protocol.weights import (
+    VERSION_FILE,
+    Canary,
+    PublishedVersion,
+    iter_safetensors,
+    tensor_table,
+)
+from rlkit.weights import TransportSettings
 from rlkit.weights.broadcast import BroadcastDelivery, Sender, announce_peers
+from rlkit.weights.ipc import Ipc, IpcDelivery
+from rlkit.weights.transport import TimeoutParams
 from tests.helpers.broadcast_trainer import (
     STALLED,
     broadcast_record,
     sender_stalled_after_first_bucket,
 )
 from tests.helpers.cli import TEST_SERVER_ARGS
+from tests.helpers.forgery import forge, linear_sums
 from tests.helpers.published import publish_files
 from tests.helpers.roles import descendants, process_environ
 
@@ -520,6 +531,95 @@ async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
         assert kl is not None and kl < 1e-3, kl
     finally:
         await pool.aclose()
+
+
+FORGED = (CORRUPTED, "model.embed_tokens.weight")  # the tensors the forger changes
+
+
+async def test_tensors_forged_to_keep_the_old_checksums_are_refused_by_every_transport(
+    own_server: ServerProcess, tied_models: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """Issue 63: tensors changed at several places and patched so that the old table's linear
+    checksums still match (`tests/helpers/forgery.py`), under the run's own signed record, are
+    refused by every transport before any reaches the model: files rewritten on disk, a shared
+    buffer written over after the trainer filled it, a broadcast whose sender (a process in its
+    path) sends other bytes than the table describes. Each time 422 naming every forged tensor,
+    the old version and its outputs kept; the honest files then load."""
+    served, new, _ = tied_models
+    honest_dir = publish_like_the_trainer(new, tmp_path / "honest")
+    good = PublishedVersion.read(honest_dir)
+    honest = [(n, t.clone()) for n, t in iter_safetensors(honest_dir)]
+    forged = [(n, forge(t) if n in FORGED else t) for n, t in honest]
+    for (name, a), (_, b) in zip(honest, forged, strict=True):
+        assert linear_sums(a) == linear_sums(b)  # what the old table checked still matches
+        assert torch.equal(a, b) == (name not in FORGED)
+    token = token_from_env()
+
+    files = tmp_path / "files"  # the honest record, forged files
+    files.mkdir()
+    save_file(dict(forged), str(files / "model.safetensors"), metadata={"format": "pt"})
+    good.write(files)
+
+    ipc_dir = tmp_path / "ipc"  # the honest record, its buffer written over
+    ipc_dir.mkdir()
+    ipc = Ipc(TransportSettings(TimeoutParams(timeout_s=30.0), token=token))
+    honest_record = PublishedVersion(
+        version=201, transport=Ipc.name, tensors=tensor_table(honest, digest_key(token))
+    )
+    record = ipc.publish(ipc_dir, honest_record.model_copy(update={"canary": good.canary}), honest)
+    assert ipc.current is not None
+    ipc.current[1].fill(forged, IpcDelivery.of(record).offsets)
+    record.signed(token).write(ipc_dir)
+
+    sender = Sender("127.0.0.1", timeout_s=8.0, secret=run_secret())
+    broadcast_dir = tmp_path / "broadcast"  # the honest record, forged bytes on the wire
+    broadcast_dir.mkdir()
+
+    async def refused(client: InferenceClient, path: Path, version: int, send: bool = False):
+        body = {"path": str(path), "rank": 1, "version": version}
+        sending = None
+        if send:
+            workers = (await AdminClient(client).status())["workers"]
+            announce_peers(
+                PublishedVersion.read(path),
+                [f"{client.base_url} worker {w}" for w in range(workers)],
+                run_secret(),
+            )
+            sending = asyncio.create_task(
+                asyncio.to_thread(sender.send, PublishedVersion.read(path), forged)
+            )
+        try:
+            with pytest.raises(InferenceError) as info:
+                await client.request("POST", "/rlkit/update_weights", retries=0, json=body)
+        finally:
+            if sending is not None:
+                await sending
+        return info.value
+
+    try:
+        async with own_server.client(max_retries=0) as client:
+            admin = AdminClient(client)
+            await admin.update_weights(str(served))
+            before = await greedy(client, str(served))
+            version = (await admin.status())["policy_version"]
+            broadcast = broadcast_record(sender, 202, honest, 64 * 1024)
+            broadcast = broadcast.model_copy(update={"canary": good.canary}).signed(token)
+            broadcast.write(broadcast_dir)
+            cases = [(files, 200, False), (ipc_dir, 201, False), (broadcast_dir, 202, True)]
+            for path, number, send in cases:
+                error = await refused(client, path, number, send)
+                assert error.status == 422, str(error)
+                for name in FORGED:
+                    assert f"tensor {name!r}: digest differs" in str(error), str(error)
+                assert f"keeps policy version {version}" in str(error)
+                assert (await admin.status())["policy_version"] == version
+                assert await greedy(client, str(served)) == before, path.name
+            assert await admin.update_weights(str(honest_dir), version=203) == 203
+            assert await greedy(client, str(served)) != before
+    finally:
+        ipc.settle()
+        if ipc.spare is not None:
+            ipc.spare.close()
 
 
 async def test_only_versions_signed_with_the_servers_credential_load(

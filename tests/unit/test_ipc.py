@@ -82,7 +82,7 @@ def test_another_process_maps_exactly_the_published_tensors(tmp_path: Path) -> N
     ipc, record = publish(tmp_path)
     delivery = IpcDelivery.of(PublishedVersion.model_validate_json(record.model_dump_json()))
     assert delivery.pid == os.getpid() and delivery.size >= record.nbytes
-    assert in_worker(record) == []  # every tensor arrived, checksums equal
+    assert in_worker(record) == []  # every tensor arrived, digests equal
     assert shm_entries() == before  # a memfd has no name in /dev/shm
     handoff.mark_delivered(tmp_path)
     ipc.settle()  # delivered: the buffer waits for the next version
