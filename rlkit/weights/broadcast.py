@@ -22,7 +22,10 @@ on request (`Rejoin`) for a server that restarts in between: with one server, wa
 next update would never end, since no rollout, hence no next batch, can be made without a
 server. After its next update starts, the trainer marks the version `Closed` and such a server
 joins that update. Tensors travel packed into byte buckets of at most `bucket_mb` MiB (a larger
-tensor goes alone), one broadcast per bucket.
+tensor goes alone, sent from its own storage without a copy), one broadcast per bucket, two in
+flight on each side: the sender packs bucket n+1 into the second of two staging buffers while
+bucket n is on the wire, and a worker posts the receive of bucket n+1 before it hands bucket n
+on, so the wire never waits for a copy (the same async collectives on gloo and NCCL).
 
 No hang, ever: every store wait and every collective has the timeout. While it receives, each
 worker adds to a heartbeat counter; when a collective fails the sender names the peers whose
@@ -98,7 +101,10 @@ class BroadcastParams(TimeoutParams):
     """`[inference.transfer_params]` of the ``broadcast`` transport."""
 
     bucket_mb: int = Field(
-        1024, ge=1, description="Most MiB sent per collective (a bigger tensor goes alone)."
+        64,
+        ge=1,
+        description="Most MiB sent per collective (a bigger tensor goes alone); two are in "
+        "flight, so the sender's staging costs twice this.",
     )
 
 
@@ -276,7 +282,10 @@ class BroadcastDelivery(BaseModel):
         return cls.model_validate(record.delivery)
 
     def bucket_size(self, tensors: list[TensorEntry], bucket: tuple[int, int]) -> int:
-        return sum(aligned(e.nbytes) for e in tensors[bucket[0] : bucket[1]])
+        """Bytes on the wire: every tensor at an aligned offset, the last one unpadded (a
+        bucket of one tensor is exactly its bytes, sent from its own storage)."""
+        entries = tensors[bucket[0] : bucket[1]]
+        return sum(aligned(e.nbytes) for e in entries[:-1]) + entries[-1].nbytes
 
     def trainer(self) -> str:
         return f"the trainer (store {self.address[0]}:{self.address[1]})"
@@ -526,6 +535,7 @@ class Sender:
         self.group_id = 0
         self.setup_s = 0.0  # the last update's group set-up (0 when its group was kept)
         self.transfer_s = 0.0  # ... and its buckets, up to every peer's confirmation
+        self.staging: list[torch.Tensor] = []  # two packing buffers, kept across updates
 
     def delivery(self, tensors: list[Named], bucket_bytes: int) -> BroadcastDelivery:
         return BroadcastDelivery(
@@ -604,19 +614,36 @@ class Sender:
         record: PublishedVersion,
         tensors: list[Named],
     ) -> None:
-        """One broadcast per bucket; BroadcastError naming the peers whose heartbeat stopped."""
+        """One broadcast per bucket, pipelined: bucket n+1 is packed (into the staging buffer
+        bucket n-1 used, whose broadcast has completed) while bucket n is on the wire, then
+        posted before bucket n is waited for. BroadcastError naming the peers whose heartbeat
+        stopped."""
         delivery = BroadcastDelivery.of(record)
-        for b, bucket in enumerate(delivery.buckets):
+        n = len(delivery.buckets)
+        # (bucket index, its pending work, its buffer: alive until sent), oldest first
+        in_flight: list[tuple[int, object, torch.Tensor]] = []
 
-            def failed(b: int = b) -> str:
+        def failed(b: int) -> Callable[[], str]:
+            def what() -> str:
                 dead = self._silent_peers(channel, peers)
                 return (
-                    f"update {channel.version}: bucket {b + 1} of {len(delivery.buckets)} "
-                    f"failed; peer(s) not responding: {', '.join(dead) or 'none found'}"
+                    f"update {channel.version}: bucket {b + 1} of {n} failed; peer(s) not "
+                    f"responding: {', '.join(dead) or 'none found'}"
                 )
 
-            with failing_as(failed):
-                _broadcast(group, self._pack(record, delivery, tensors, bucket), self.timeout)
+            return what
+
+        for b, bucket in enumerate(delivery.buckets):
+            buffer = self._pack(record, delivery, tensors, bucket, b % 2)
+            with failing_as(failed(b)):
+                in_flight.append((b, _start_broadcast(group, buffer, self.timeout), buffer))
+            if len(in_flight) == 2:  # the older one's staging buffer is packed next
+                done, work, _ = in_flight.pop(0)
+                with failing_as(failed(done)):
+                    _wait(work, self.timeout)
+        for done, work, _ in in_flight:
+            with failing_as(failed(done)):
+                _wait(work, self.timeout)
 
     def _confirm(self, channel: Channel, peers: list[str]) -> None:
         """Wait for every peer to confirm the last bucket (a send can complete into a dead
@@ -639,13 +666,23 @@ class Sender:
         delivery: BroadcastDelivery,
         tensors: list[Named],
         bucket: tuple[int, int],
+        slot: int,
     ) -> torch.Tensor:
+        """The bucket's bytes as sent: a lone tensor's own storage (no copy) when it lives on
+        the sending device, else packed into staging buffer `slot` (0 or 1)."""
+        chunk = tensors[bucket[0] : bucket[1]]
+        if len(chunk) == 1 and chunk[0][1].device == torch.device(self.device):
+            return chunk[0][1].detach().contiguous().reshape(-1).view(torch.uint8)
         size = delivery.bucket_size(record.tensors, bucket)
-        buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
+        while len(self.staging) <= slot:
+            self.staging.append(torch.empty(0, dtype=torch.uint8, device=self.device))
+        if self.staging[slot].numel() < size:
+            self.staging[slot] = torch.empty(size, dtype=torch.uint8, device=self.device)
+        buffer = self.staging[slot][:size]
         offset = 0
-        for _, tensor in tensors[bucket[0] : bucket[1]]:
+        for _, tensor in chunk:
             raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-            buffer[offset : offset + raw.numel()].copy_(raw)
+            buffer[offset : offset + raw.numel()].copy_(raw, non_blocking=True)
             offset += aligned(raw.numel())
         return buffer
 
@@ -709,20 +746,49 @@ class Receiver:
         try:
             with failing_as(f"update {record.version}: joining the group with {trainer}"):
                 group = self._group(channel, address, reception.rank, deadline, delivery.backend)
-                for b in range(len(delivery.buckets)):
-                    with failing_as(
-                        f"update {record.version}: bucket {b + 1} of {len(delivery.buckets)} "
-                        f"never arrived from {trainer} within {delivery.timeout_s:.0f}s"
-                    ):
-                        buffer = self._bucket(group, record, delivery, b, deadline)
-                    if b == len(delivery.buckets) - 1:
-                        channel.put(Done(), reception.rank)
-                    yield unpack(buffer, record.tensors, delivery.buckets[b])
+            n = len(delivery.buckets)
+            posted = self._post(group, record, delivery, 0, deadline, trainer)
+            for b in range(n):
+                buffer, work = posted
+                with failing_as(self._missing(record, b, n, delivery, trainer)):
+                    _wait(work, deadline.left())
+                if b + 1 < n:  # on the wire while this one is handed on
+                    posted = self._post(group, record, delivery, b + 1, deadline, trainer)
+                else:
+                    channel.put(Done(), reception.rank)
+                yield unpack(buffer, record.tensors, delivery.buckets[b])
         except BroadcastError:
             self.groups.pop(address, None)  # broken: the next update opens a new one
             raise
         finally:
             heartbeat.close()
+
+    @staticmethod
+    def _missing(
+        record: PublishedVersion, b: int, n: int, delivery: BroadcastDelivery, trainer: str
+    ) -> str:
+        return (
+            f"update {record.version}: bucket {b + 1} of {n} never arrived from {trainer} "
+            f"within {delivery.timeout_s:.0f}s"
+        )
+
+    def _post(
+        self,
+        group: dist.ProcessGroup,
+        record: PublishedVersion,
+        delivery: BroadcastDelivery,
+        b: int,
+        deadline: Deadline,
+        trainer: str,
+    ) -> tuple[torch.Tensor, object]:
+        """Bucket `b`'s receive posted into a new buffer (kept: every bucket is held until the
+        last arrived); (buffer, pending work)."""
+        n = len(delivery.buckets)
+        with failing_as(self._missing(record, b, n, delivery, trainer)):
+            device = f"cuda:{torch.cuda.current_device()}" if delivery.backend == "nccl" else "cpu"
+            size = delivery.bucket_size(record.tensors, delivery.buckets[b])
+            buffer = torch.empty(size, dtype=torch.uint8, device=device)
+            return buffer, _start_broadcast(group, buffer, deadline.left())
 
     def _group(
         self, channel: Channel, address: tuple, rank: int, deadline: Deadline, backend: str
@@ -736,21 +802,6 @@ class Receiver:
             )
             self.groups[address] = (info.id, group)
         return self.groups[address][1]
-
-    @staticmethod
-    def _bucket(
-        group: dist.ProcessGroup,
-        record: PublishedVersion,
-        delivery: BroadcastDelivery,
-        b: int,
-        deadline: Deadline,
-    ) -> torch.Tensor:
-        """Bucket `b`'s bytes, received into a new buffer."""
-        device = f"cuda:{torch.cuda.current_device()}" if delivery.backend == "nccl" else "cpu"
-        size = delivery.bucket_size(record.tensors, delivery.buckets[b])
-        buffer = torch.empty(size, dtype=torch.uint8, device=device)
-        _broadcast(group, buffer, deadline.left())
-        return buffer
 
 
 def unpack(buffer: torch.Tensor, table: list[TensorEntry], bucket: tuple[int, int]) -> list[Named]:
@@ -815,5 +866,12 @@ def new_group(
     return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
 
 
-def _broadcast(group: dist.ProcessGroup, buffer: torch.Tensor, timeout: timedelta) -> None:
-    group.broadcast(buffer, 0, timeout).wait(timeout)
+def _start_broadcast(group: dist.ProcessGroup, buffer: torch.Tensor, timeout: timedelta) -> object:
+    """Post the broadcast of `buffer` from rank 0 (async: gloo runs it on its own threads,
+    NCCL on its stream); its pending work, for `_wait`."""
+    return group.broadcast(buffer, 0, timeout)
+
+
+def _wait(work: object, timeout: timedelta) -> None:
+    """Wait for a posted broadcast, at most `timeout`; RuntimeError when it failed."""
+    work.wait(timeout)  # type: ignore[attr-defined]

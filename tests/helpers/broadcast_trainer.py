@@ -38,17 +38,18 @@ def sender_stalled_after_first_bucket(
     `version` on `out`, waits for `go`, sends the first bucket, then puts `STALLED` on `out`
     and waits for the test to SIGKILL it mid-broadcast (store and group die with it)."""
     sender = Sender("127.0.0.1", timeout_s, secret=secret)
-    real = broadcast._broadcast
-    sent: list[int] = []
+    real = broadcast._start_broadcast
+    sent: list[Any] = []  # the first bucket's pending work
 
-    def first_bucket_only(*args: Any) -> None:
-        if sent:
+    def first_bucket_only(group: Any, buffer: Any, timeout: Any) -> Any:
+        if sent:  # the first bucket is through; the second is never posted
+            broadcast._wait(sent[0], timeout)
             out.put(STALLED)
             time.sleep(600)  # killed long before: the test's timeouts are seconds
-        real(*args)
-        sent.append(1)
+        sent.append(real(group, buffer, timeout))
+        return sent[-1]
 
-    broadcast._broadcast = first_bucket_only
+    broadcast._start_broadcast = first_bucket_only
     record = broadcast_record(sender, version, tensors, bucket_bytes)
     out.put(record)
     go.wait()
@@ -61,13 +62,13 @@ def sender_trickling(
     """A spawn target playing a (signed, willing) trainer that sends every bucket `delay_s` late,
     asking receivers to wait an hour: it puts the record on `out`, waits for `go`, then sends."""
     sender = Sender("127.0.0.1", 3600.0)
-    real = broadcast._broadcast
+    real = broadcast._start_broadcast
 
-    def late(*args: Any) -> None:
+    def late(*args: Any) -> Any:
         time.sleep(delay_s)
-        real(*args)
+        return real(*args)
 
-    broadcast._broadcast = late
+    broadcast._start_broadcast = late
     record = broadcast_record(sender, version, tensors, bucket_bytes)
     out.put(record)
     go.wait()
