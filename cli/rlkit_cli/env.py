@@ -252,12 +252,18 @@ def init_cmd(
     name: str = typer.Argument(..., help="Package name, e.g. my-env (module my_env)."),
     path: Path = typer.Option(Path("."), "--path", "-p", help="Parent directory."),
     description: str = typer.Option("", help="One-line description."),
+    template: str = typer.Option(
+        "single-turn",
+        "--template",
+        help="single-turn (one question, one answer) or tool (a ToolEnv: the model calls a "
+        "Python function over several turns).",
+    ),
 ) -> None:
-    """Scaffold a working single-turn environment package."""
+    """Scaffold a working environment package (data, rubric, gold completion, tests)."""
     from rlkit.hub import init_env
     from rlkit.hub.scaffold import next_steps
 
-    dest = init_env(name, path, description)
+    dest = init_env(name, path, description, template)
     console.print(f"created {dest}", markup=False)
     console.print(next_steps(dest), markup=False, soft_wrap=True)
 

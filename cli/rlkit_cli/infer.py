@@ -47,6 +47,9 @@ def infer(
     (`--tenant NAME`, one file each: give a run its file as `inference.token_file`). Weights
     load only from `--allowed-weights-root` directories.
     """
+    from rlkit.extras import require_train_extra
+
+    require_train_extra("rlkit infer")
     from rlkit.inference.engine_args import (
         check_model_dir,
         lora_server_args,

@@ -12,6 +12,14 @@ from rlkit.progress import make_console
 app = typer.Typer(help="Build and inspect models.", no_args_is_help=True)
 
 
+@app.callback()
+def needs_trainer() -> None:
+    """Build and inspect models."""
+    from rlkit.extras import require_train_extra
+
+    require_train_extra("rlkit model")
+
+
 class Arch(StrEnum):
     QWEN3 = "qwen3"
     QWEN3_MOE = "qwen3-moe"

@@ -24,6 +24,9 @@ def sft(
     Any config field can be overridden after the config path, e.g.
     `rlkit sft sft.toml --optim.lr 1e-4 --data.epochs 2 --nproc 2`.
     """
+    from rlkit.extras import require_train_extra
+
+    require_train_extra("rlkit sft")
     from rlkit.atomic import atomic_write
     from rlkit.config import dump_toml, load_config
     from rlkit.machine import has_cuda

@@ -39,6 +39,9 @@ def simulate(
     Config fields can be overridden after the path, as for `rlkit train`
     (e.g. `--simulate.at_cap 0.1 --orchestrator.schedulers.c3po.token_budget 65536`).
     """
+    from rlkit.extras import require_train_extra
+
+    require_train_extra("rlkit simulate")  # a training config loads the weight transports
     from rlkit.config import load_config
     from rlkit.errors import UsageError
     from rlkit.launch.config import RLJobConfig

@@ -30,6 +30,9 @@ def train(
     Any config field can be overridden after the config path, e.g.
     `rlkit train cfg.toml --orchestrator.max_steps 20 --loss.name grpo`.
     """
+    from rlkit.extras import require_train_extra
+
+    require_train_extra("rlkit train")
     from rlkit.config import load_config
     from rlkit.launch.config import RLJobConfig, check_role
     from rlkit.launch.resume import interrupted_line, resumed_config

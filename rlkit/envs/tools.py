@@ -1,11 +1,12 @@
 """ToolEnv: OpenAI-style tool calling with Python functions as tools.
 
-Schemas come from each function's signature and Google-style docstring (transformers'
-`get_json_schema`, the same code chat templates use). Tool calls are read from the server's
-parsed `tool_calls` and, for engines without a tool parser (tiny models), from
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` text. Tools run sync (in a thread)
-or async, with their arguments validated and coerced against the type hints (pydantic); their
-results, or their errors as text, go back to the model as `tool` messages.
+Schemas come from each function's signature and Google-style docstring
+(rlkit.envs.tool_schema: transformers' `get_json_schema` rules, without importing transformers).
+Tool calls are read from the server's parsed `tool_calls` and, for engines without a tool
+parser (tiny models), from `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` text.
+Tools run sync (in a thread) or async, with their arguments validated and coerced against the
+type hints (pydantic); their results, or their errors as text, go back to the model as `tool`
+messages.
 The conversation ends when the model answers without calling a tool.
 """
 
@@ -23,14 +24,13 @@ from pydantic import ValidationError, validate_call
 
 from rlkit.envs.environment import Messages
 from rlkit.envs.multiturn import MultiTurnEnv
+from rlkit.envs.tool_schema import get_json_schema
 
 TOOL_CALL_TEXT = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 def tool_schema(func: Callable[..., Any]) -> dict[str, Any]:
     """The OpenAI tool schema of a function (every argument must be documented)."""
-    from transformers.utils import get_json_schema  # transformers only where tools are
-
     schema = get_json_schema(func)
     schema["function"].pop("return", None)
     return schema

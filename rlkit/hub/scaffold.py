@@ -11,7 +11,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from jinja2 import Environment, PackageLoader, StrictUndefined
+from jinja2 import ChoiceLoader, Environment, PackageLoader, StrictUndefined
 from packaging.utils import parse_sdist_filename, parse_wheel_filename
 
 from rlkit.atomic import atomic_dir
@@ -29,11 +29,21 @@ _TEMPLATES = {
     "conftest.py.jinja": "tests/conftest.py",
     "gitignore.jinja": ".gitignore",
 }
+# `rlkit env init --template NAME`: each template's folder under templates/ (files it lacks come
+# from templates/scaffold) and what its tasks are
+TEMPLATES = {
+    "single-turn": ("scaffold", "addition problems"),
+    "tool": ("tool", "multiplication with a calculator tool, multi-turn"),
+}
 
 
-def init_env(name: str, parent: Path, description: str = "") -> Path:
-    """Create `parent/NAME/`, a working single-turn environment package (train and eval splits,
-    a gold completion, tests that pass from any folder); returns its path."""
+def init_env(name: str, parent: Path, description: str = "", template: str = "single-turn") -> Path:
+    """Create `parent/NAME/`, a working environment package from `template` (`single-turn`, or
+    `tool`: a ToolEnv, multi-turn): train and eval splits, a gold completion, tests that pass
+    from any folder; returns its path."""
+    if template not in TEMPLATES:
+        raise UsageError(f"--template: {template!r} is not one of {', '.join(TEMPLATES)}")
+    folder, tasks = TEMPLATES[template]
     validate_name(name)
     dest = Path(parent) / name
     if dest.exists() and any(dest.iterdir()):
@@ -42,10 +52,13 @@ def init_env(name: str, parent: Path, description: str = "") -> Path:
     context = {
         "name": name,
         "module": module,
-        "description": description or f"{name}: an rlkit environment (addition problems).",
+        "description": description or f"{name}: an rlkit environment ({tasks}).",
     }
+    loaders = [
+        PackageLoader("rlkit.hub", f"templates/{f}") for f in dict.fromkeys([folder, "scaffold"])
+    ]
     jinja = Environment(
-        loader=PackageLoader("rlkit.hub", "templates/scaffold"),
+        loader=ChoiceLoader(loaders),
         undefined=StrictUndefined,
         keep_trailing_newline=True,
     )

@@ -67,3 +67,38 @@ def test_cli_usage_errors_exit_2(tmp_path: Path) -> None:
         [*CLI, "env", "build", str(tmp_path / "nowhere")], capture_output=True, text=True
     )
     assert missing.returncode == 2 and "no pyproject.toml" in missing.stderr
+
+
+@pytest.mark.slow  # CLI processes; runs the scaffold's own tests
+def test_tool_template_is_a_multi_turn_tool_env_that_passes_its_tests(tmp_path: Path) -> None:
+    """`rlkit env init NAME --template tool`: a ToolEnv whose gold rollout calls the tool and
+    then answers (two model turns), checked by `env check --gold` and by its own tests."""
+    made = subprocess.run(
+        [*CLI, "env", "init", "calc-env", "--template", "tool", "-p", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    root = tmp_path / "calc-env"
+    source = (root / "calc_env" / "__init__.py").read_text()
+    assert "ToolEnv" in source and "def calculate(expression: str)" in source
+    keywords = tomllib.loads((root / "pyproject.toml").read_text())["project"]["keywords"]
+    assert "tool-use" in keywords and "multi-turn" in keywords
+    checked = subprocess.run(
+        [*CLI, "env", "check", str(root), "--gold"], capture_output=True, text=True
+    )
+    assert checked.returncode == 0 and "gold: 10/10 as expected" in checked.stdout, checked
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert tests.returncode == 0 and "4 passed" in tests.stdout, tests.stdout + tests.stderr
+    unknown = subprocess.run(
+        [*CLI, "env", "init", "x-env", "--template", "chat", "-p", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert unknown.returncode == 2 and "single-turn, tool" in unknown.stderr
+    assert not (tmp_path / "x-env").exists()
