@@ -432,8 +432,8 @@ def _serve_sandbox(run: RoleRun) -> dict[str, Any]:
         run.console.print(f"sandbox service for {run.layout.root} at {service.url}; Ctrl-C to stop")
         while service.exit_code() is None:
             threading.Event().wait(1.0)
-        raise RuntimeError(
-            f"the sandbox service exited with code {service.exit_code()}:\n{service.log_tail()}"
+        raise RunStopped(  # one line: the orchestrator's programs moved to the other services
+            f"the sandbox service exited with code {service.exit_code()} (log {service.log_path})"
         )
 
 

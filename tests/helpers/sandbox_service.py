@@ -114,3 +114,25 @@ def pids_with(text: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def shm_left(before: set[str], grace_s: float = 2.0) -> list[str]:
+    """/dev/shm entries made since `before` that the sandboxes could have left: any owned by a
+    sandbox uid, and any other that is not a Python multiprocessing semaphore (`sem.mp-*`, which
+    every torch or vLLM process on a shared host makes and a killed one leaves behind; no
+    sandbox or service process uses multiprocessing). Entries gone within `grace_s` are not."""
+    from rlkit.sandbox.launch import UID_BASE
+
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = []
+        for name in set(os.listdir("/dev/shm")) - before:
+            try:
+                owner = os.lstat(f"/dev/shm/{name}").st_uid
+            except OSError:
+                continue
+            if owner >= UID_BASE or not name.startswith("sem.mp-"):
+                left.append(name)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
