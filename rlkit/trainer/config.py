@@ -204,11 +204,6 @@ class TrainerSettings(Config):
                 "offload_activations = true moves activations from GPU to CPU memory, but no "
                 "GPU is visible here; set it to false on CPU"
             )
-        if self.context_parallel > 1 and self.router_aux_loss_coef > 0:
-            raise ValueError(
-                "router_aux_loss_coef > 0 with context_parallel > 1: the load-balancing loss of "
-                "split rows is not implemented; set one of them back"
-            )
         return self
 
 

@@ -72,7 +72,9 @@ class PolicyModel(nn.Module):
         else:
             out = self.lm.model(input_ids=input_ids, **kwargs)
         if token_mask is not None:
-            self.aux_loss = self.router.aux_loss(token_mask.flatten())
+            group = rows.group if rows is not None else None
+            total = None if group is None else (lambda x: cp.sum_copies(x, group))
+            self.aux_loss = self.router.aux_loss(token_mask.flatten(), total)
         hidden = out.last_hidden_state.flatten(0, 1)[flat_index]
         logprobs, entropy = chunked_logprobs(
             hidden,

@@ -15,6 +15,7 @@ layers only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 
 import torch
@@ -117,9 +118,14 @@ class RouterControl:
         differ = (own.sort(-1).values != given.sort(-1).values).any(-1) & known
         return float(differ.sum()), float(known.sum())
 
-    def aux_loss(self, valid: Tensor) -> Tensor:
+    def aux_loss(self, valid: Tensor, total: Callable[[Tensor], Tensor] | None = None) -> Tensor:
         """Switch-style load-balancing loss, mean over MoE layers, on the `valid` positions:
-        num_experts * sum_e (fraction of routed slots to e) * (mean router probability of e)."""
+        num_experts * sum_e (fraction of routed slots to e) * (mean router probability of e).
+
+        `total` (context parallelism: a sum over the ranks that split the rows, differentiable)
+        turns this rank's per-expert sums into the whole rows' before the fractions and means
+        are taken, so every rank gets the loss of the whole rows; without it the positions here
+        are the whole rows."""
         losses = []
         for layer, router in enumerate(self.routers):
             logits, own = self.logits[layer], self.own[layer]
@@ -128,7 +134,14 @@ class RouterControl:
             chosen = self._chosen(layer, own)
             probs = torch.softmax(logits.float(), dim=-1)[valid]
             slots = nn.functional.one_hot(chosen[valid], router.num_experts).float()
-            losses.append(router.num_experts * (slots.mean((0, 1)) * probs.mean(0)).sum())
+            # [E] routed slots, [E] probability sums, [1] tokens: all sums over positions
+            counts = torch.cat([slots.sum((0, 1)), probs.new_tensor([probs.shape[0]])])
+            prob_sum = probs.sum(0)
+            if total is not None:
+                counts, prob_sum = total(counts), total(prob_sum)
+            tokens = counts[-1].clamp(min=1)
+            fraction = counts[:-1] / (tokens * chosen.shape[-1])
+            losses.append(router.num_experts * (fraction * prob_sum / tokens).sum())
         return torch.stack(losses).mean()
 
 

@@ -172,7 +172,10 @@ class Trainer:
                 if aux_coef > 0:  # token-weighted mean over this rank's micro-batches
                     aux = self.policy.aux_loss * (mb.num_tokens / local_tokens)
                     metrics["router_aux_loss"] = float(aux.detach())
-                    loss = loss + aux_coef * aux
+                    # with N > 1 every rank of a context group has the whole rows' aux loss
+                    # and back-propagates its own tokens' share: N x, as FSDP2 averages over
+                    # D x N ranks where the gradient is the mean over the D groups
+                    loss = loss + aux_coef * self.context.size * aux
                 (loss * weight).backward()
             except Exception as exc:
                 if _is_oom(exc):

@@ -197,12 +197,13 @@ def test_attention_needs_the_rows():
         cp.attention(_Module(), x, x, x, None)
 
 
-def test_router_aux_loss_with_context_parallel_is_a_config_error():
+def test_router_aux_loss_with_context_parallel_is_accepted():
+    """The load-balancing loss of split rows sums its per-expert counts over the context group
+    (exactness: tests/integration/test_context_parallel.py, case moe-r3-aux)."""
     from rlkit.trainer.config import TrainerSettings
 
-    with pytest.raises(ValueError, match="router_aux_loss_coef"):
-        TrainerSettings(context_parallel=2, router_aux_loss_coef=0.01)
-    assert TrainerSettings(context_parallel=2).context_parallel == 2
+    cfg = TrainerSettings(context_parallel=2, router_aux_loss_coef=0.01)
+    assert (cfg.context_parallel, cfg.router_aux_loss_coef) == (2, 0.01)
 
 
 TRAIN_CONFIG = """
