@@ -19,7 +19,7 @@ from code_env.dataset import OFFLINE
 from rlkit.eval import load_run
 from tests.helpers.cli import only_run_dir
 from tests.helpers.fake_openai import FakeOpenAIServer
-from tests.helpers.sandbox_service import sandbox_service
+from tests.helpers.sandbox_service import sandbox_service, shm_left
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 PROBLEMS = [json.loads(line) for line in OFFLINE.read_text().splitlines()]
@@ -33,8 +33,16 @@ def slow_reference(body: dict[str, Any]) -> str:
     return f"```python\n{problem['reference']}```"
 
 
+def _mounts() -> int:
+    return len(Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+def _fds(service) -> int:
+    return len(os.listdir(f"/proc/{service.proc.pid}/fd"))
+
+
 def test_an_eval_survives_one_of_two_services_killed(tmp_path: Path) -> None:
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before, mounts_before = set(os.listdir("/dev/shm")), _mounts()
     args = ["--pool-size", "2", "--concurrency", "2"]
     with (
         sandbox_service(tmp_path, *args) as first,
@@ -49,13 +57,16 @@ def test_an_eval_survives_one_of_two_services_killed(tmp_path: Path) -> None:
         command = [sys.executable, "-m", "rlkit_cli.main", "eval", "code", "-m", "fake-model"]
         command += ["-b", model.url, "-n", str(len(PROBLEMS)), "-r", "3"]
         command += ["-o", str(tmp_path / "out")]
+        fds_before = _fds(second)
         eval_run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
         killed = threading.Event()
+        under_first: list[int] = []  # the killed service's sandboxes and fork servers
 
         def kill_first_once_busy() -> None:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and eval_run.poll() is None:
                 if first.metrics()["runs"] >= 3:
+                    under_first.extend(first.descendants())
                     first.proc.kill()
                     killed.set()
                     return
@@ -76,6 +87,17 @@ def test_an_eval_survives_one_of_two_services_killed(tmp_path: Path) -> None:
         assert all(r.rollout.reward == 1.0 for r in finished)
         assert len(finished) >= len(run.results) - 2  # programs moved: at most the in-flight
         assert second.metrics()["runs"] > 0
+        # the surviving service holds no more descriptors than before the eval (its sandboxes'
+        # pipes and sockets, the dead service's connections): back within a refill's few
+        deadline = time.monotonic() + 10
+        while _fds(second) > fds_before + 4 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _fds(second) <= fds_before + 4, (fds_before, _fds(second))
     for svc in (first, second):
         assert not svc.descendants()
-    assert set(os.listdir("/dev/shm")) <= shm_before
+    deadline = time.monotonic() + 10  # SIGKILLed trees take a moment to be torn down
+    while [p for p in under_first if Path(f"/proc/{p}").exists()] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert under_first and not [p for p in under_first if Path(f"/proc/{p}").exists()]
+    assert not shm_left(shm_before)
+    assert _mounts() == mounts_before  # the sandboxes' mounts lived in their own namespaces
