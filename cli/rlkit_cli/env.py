@@ -63,8 +63,8 @@ def check_cmd(
         None,
         "--model",
         "-m",
-        help="Local model (tokenizer) directory: also check that every prompt of the split fits "
-        "its context with room for --max-tokens.",
+        help="The model: a local HF directory (as `rlkit infer -m` serves it); also check that "
+        "every prompt of the split fits its context with room for --max-tokens.",
     ),
     max_model_len: int | None = typer.Option(
         None, "--max-model-len", min=1, help="Context length (default: the model's)."

@@ -69,7 +69,13 @@ def split_env_id(args: list[str]) -> tuple[str | None, list[str]]:
 )
 def run_cmd(
     ctx: typer.Context,
-    model: str | None = typer.Option(None, "--model", "-m", help="Model name sent to the API."),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="The model: the name the server serves it under (`rlkit infer -m X` serves X, a "
+        "local HF directory or an HF name; a hosted API's model name).",
+    ),
     base_url: str | None = typer.Option(
         None,
         "--base-url",

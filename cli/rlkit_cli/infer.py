@@ -13,7 +13,13 @@ from rlkit.ports import INFERENCE_PORT
 
 def infer(
     ctx: typer.Context,
-    model: str = typer.Option(..., "--model", "-m", help="Local HF model directory or HF name."),
+    model: str = typer.Option(
+        ...,
+        "--model",
+        "-m",
+        help="The model: a local HF directory or an HF name. It is served under that name, so "
+        "`rlkit eval ENV -m` takes the same value.",
+    ),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(INFERENCE_PORT, min=1, max=65535, help="Port to bind."),
     lora_rank: int = typer.Option(

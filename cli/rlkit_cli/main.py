@@ -11,9 +11,29 @@ import typer
 from rlkit.errors import RunStopped, SystemRequirementError, UsageError
 from rlkit.progress import make_console, print_error
 
+# `rlkit --help` lists commands in a newcomer's order: write an environment, evaluate a model on
+# it, train, read the run's report (publishing is `env push`); then the operator's commands
+NEWCOMER_ORDER = ("env", "eval", "train", "runs", "simulate", "sft", "infer", "model", "hub")
+
+
+class NewcomerOrder(typer.core.TyperGroup):
+    def list_commands(self, ctx: typer.Context) -> list[str]:  # type: ignore[override]
+        names = list(self.commands)
+        rank = {name: i for i, name in enumerate(NEWCOMER_ORDER)}
+        return sorted(names, key=lambda name: (rank.get(name, len(rank)), names.index(name)))
+
+
 app = typer.Typer(
     name="rlkit",
-    help="rlkit: environments, evaluation, a hub and an async RL trainer for language models.",
+    cls=NewcomerOrder,
+    help="rlkit: environments, evaluation, a hub and an async RL trainer for language models.\n\n"
+    "\b\nA first session:\n"
+    "  rlkit env init my-env                         an environment package\n"
+    "  rlkit env check ./my-env --gold               gold answers score the top reward\n"
+    "  rlkit eval ./my-env -m MODEL --base-url URL   evaluate a model behind an API\n"
+    "  rlkit train CONFIG.toml                       RL (needs rlkit[train])\n"
+    "  rlkit runs show RUN_DIR                       read the run's report\n"
+    "  rlkit env push ./my-env                       publish to the hub",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
