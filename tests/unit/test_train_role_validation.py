@@ -23,7 +23,7 @@ sampling = { max_tokens = 64 }
 """
 
 
-@pytest.mark.parametrize("role", ["trainer", "inference"])
+@pytest.mark.parametrize("role", ["trainer", "inference", "sandbox"])
 def test_trainer_and_inference_dry_runs_do_not_load_the_environments(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, role: str
 ) -> None:
@@ -60,3 +60,17 @@ def test_the_orchestrator_refuses_a_logger_that_is_not_installed(
         monkeypatch, capsys, "train", str(path), "--log.mlflow=true", "--dry-run"
     )
     assert code == 2 and "log.mlflow = true needs the mlflow package" in output
+
+
+def test_a_sandbox_node_needs_sandbox_serve_and_no_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """`--role sandbox` serves this node's sandbox service for the run: without `[sandbox]
+    serve` it refuses in one line, before anything is written (the model is never read)."""
+    path = tmp_path / "train.toml"
+    path.write_text(CONFIG)
+    run_dir = tmp_path / "run"
+    code, output = run_cli(
+        monkeypatch, capsys, "train", str(path), "--role", "sandbox", f"--log.run_dir={run_dir}"
+    )
+    assert code == 2 and "sandbox.serve" in output and not run_dir.exists()
