@@ -19,15 +19,16 @@ process in a broadcast's path, anything that can write the shared buffer or the 
 have to find a BLAKE3 collision, under a key they do not hold, to keep its entry. The signature
 stops them from rewriting the table instead. Stale weights, a partial file, a tensor changed in
 flight, by accident or on purpose, or sent under the wrong name all fail. Tensors are digested
-in parallel (`digests`: a thread pool over tensors, and BLAKE3's own threads inside a large
-one), so the check runs at about the speed of a copy of the bytes.
+in parallel (`Digester`: a thread per core over tensors, and BLAKE3's own threads inside a big
+one); the trainer hands each tensor over as it is gathered, so its digest runs while the next
+one is gathered (`rlkit.trainer.export`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -152,14 +153,6 @@ def tensor_digest(tensor: torch.Tensor, key: bytes) -> str:
     return blake3(raw, key=key, max_threads=threads).hexdigest()
 
 
-def digests(tensors: Sequence[torch.Tensor], key: bytes) -> list[str]:
-    """`tensor_digest` of each tensor, in order, computed on a thread per core."""
-    if len(tensors) <= 1:
-        return [tensor_digest(t, key) for t in tensors]
-    with ThreadPoolExecutor(min(len(tensors), os.cpu_count() or 1)) as pool:
-        return list(pool.map(lambda t: tensor_digest(t, key), tensors))
-
-
 def tensor_entry(name: str, tensor: torch.Tensor, digest: str) -> TensorEntry:
     return TensorEntry(
         name=name,
@@ -169,11 +162,43 @@ def tensor_entry(name: str, tensor: torch.Tensor, digest: str) -> TensorEntry:
     )
 
 
+class Digester:
+    """Digests tensors on a thread per core as they are handed over (`add`), so where tensors
+    are produced one at a time (the trainer's gather) their digests run while the next one is
+    made, and the table costs no pass of its own; `table` takes the digest of each tensor
+    object already added and makes the others'. A tensor must not change once added."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self.pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="rlkit-digest")
+        self.pending: dict[int, tuple[torch.Tensor, Future[str]]] = {}  # id -> (tensor, digest)
+
+    def add(self, tensor: torch.Tensor) -> None:
+        if id(tensor) not in self.pending:  # held here: its id is not reused meanwhile
+            self.pending[id(tensor)] = (tensor, self.pool.submit(tensor_digest, tensor, self.key))
+
+    def table(self, tensors: Iterable[Named]) -> list[TensorEntry]:
+        """The fingerprint of (name, tensor) pairs, in their order."""
+        pairs = list(tensors)
+        for _, tensor in pairs:
+            self.add(tensor)
+        return [tensor_entry(n, t, self.pending[id(t)][1].result()) for n, t in pairs]
+
+    def close(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+        self.pending.clear()
+
+    def __enter__(self) -> Digester:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def tensor_table(tensors: Iterable[Named], key: bytes) -> list[TensorEntry]:
     """The fingerprint of (name, tensor) pairs, in their order, digested under `key`."""
-    pairs = list(tensors)
-    found = digests([tensor for _, tensor in pairs], key)
-    return [tensor_entry(n, t, d) for (n, t), d in zip(pairs, found, strict=True)]
+    with Digester(key) as digester:
+        return digester.table(tensors)
 
 
 def mismatches(

@@ -5,7 +5,9 @@ The sharded parameters are gathered to rank 0 on CPU and cast to the checkpoint'
 dtype under the names vLLM expects; the run's weight transport (`rlkit.weights`) makes them
 reachable (files, a broadcast, a shared buffer) and the version's record
 (`rlkit.protocol.weights.PublishedVersion`: tensor table, the trainer's canary logprobs, the
-transport's delivery fields) goes beside them. The directory is built under a temporary name,
+transport's delivery fields) goes beside them. Each tensor's digest for the record's table is
+computed on other threads as soon as the tensor is gathered, while the next one is gathered
+(`rlkit.protocol.weights.Digester`). The directory is built under a temporary name,
 renamed into place, and only then marked published (`rlkit.protocol.handoff.mark_published`) so
 a reader that waits for it never sees a partial version.
 """
@@ -26,7 +28,7 @@ from rlkit.protocol import handoff
 from rlkit.protocol.credentials import digest_key
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.model import LoraConfig
-from rlkit.protocol.weights import Canary, Named, PublishedVersion, tensor_table
+from rlkit.protocol.weights import Canary, Digester, Named, PublishedVersion
 from rlkit.trainer import dist
 from rlkit.trainer.lora import to_peft_state, write_adapter
 from rlkit.trainer.model import PolicyModel
@@ -51,6 +53,7 @@ def export_version(
     fields) beside them. Returns `out` on rank 0."""
     lm = policy.lm
     sent: list[tuple[PublishedVersion, list[Named]]] = []
+    digester = Digester(digest_key(token))  # each tensor digested as soon as it is gathered
 
     def write(tmp: Path, full: dict[str, torch.Tensor]) -> None:
         assert transport is not None, "the exporting rank publishes through a transport"
@@ -59,15 +62,16 @@ def export_version(
         record = PublishedVersion(
             version=version,
             transport=transport.name,
-            tensors=tensor_table(tensors, digest_key(token)),
+            tensors=digester.table(tensors),
             canary=canary,
         )
         record = transport.publish(tmp, record, tensors).signed(token)
         record.write(tmp)
         sent.append((record, tensors))
 
-    if _publish(policy, out, dtype, write, extra) is None:
-        return None
+    with digester:
+        if _publish(policy, out, dtype, write, extra, gathered=digester.add) is None:
+            return None
     assert transport is not None
     transport.published(out, *sent[0])
     return out
@@ -127,14 +131,18 @@ def export_adapter(
 
 
 def gather_state(
-    policy: torch.nn.Module, dtype: torch.dtype, trainable_only: bool = False
+    policy: torch.nn.Module,
+    dtype: torch.dtype,
+    trainable_only: bool = False,
+    gathered_hook: Callable[[torch.Tensor], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Collective: the whole state dict on rank 0's CPU in `dtype` (empty on other ranks).
 
     Gathered and cast one tensor at a time, so the exporting rank holds the model once in
     `dtype` plus one full fp32 tensor, not a full fp32 copy beside its cast (measured by
     `tests/benchmarks/bench_export_memory.py`). A tied tensor is gathered once and appears under
-    each of its names."""
+    each of its names. Rank 0 hands each CPU tensor to `gathered_hook` as soon as it exists (the
+    export's digests then run while the next one is gathered)."""
     main = dist.is_main()
     gathered: dict[int, torch.Tensor | None] = {}  # id of a tensor -> its gathered copy
     state: dict[str, torch.Tensor] = {}
@@ -145,6 +153,8 @@ def gather_state(
             whole = dist.whole(value)
             # a copy even where no cast is needed: the transport may read it after training goes on
             gathered[id(value)] = whole.detach().to("cpu", dtype, copy=True) if main else None
+            if main and gathered_hook is not None:
+                gathered_hook(gathered[id(value)])
         if main:
             state[name] = gathered[id(value)]
     return state
@@ -157,10 +167,12 @@ def _publish(
     write: Callable[[Path, dict[str, torch.Tensor]], None],
     extra: dict | None,
     trainable_only: bool = False,
+    gathered: Callable[[torch.Tensor], None] | None = None,
 ) -> Path | None:
-    """Collective: gather the state dict to rank 0, which lets `write` fill a temporary
-    directory renamed to `out` (a hand-off to the servers: not flushed), then marks it published."""
-    full = gather_state(policy, dtype, trainable_only)
+    """Collective: gather the state dict to rank 0 (each tensor to `gathered` as it comes),
+    which lets `write` fill a temporary directory renamed to `out` (a hand-off to the servers:
+    not flushed), then marks it published."""
+    full = gather_state(policy, dtype, trainable_only, gathered)
     if not dist.is_main():
         dist.barrier()
         return None
