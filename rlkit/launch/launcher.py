@@ -369,6 +369,11 @@ def run_train(
         raise UsageError("inference.urls: --role orchestrator needs the servers' URLs")
     if role is Role.SANDBOX and not cfg.sandbox.serve:
         raise UsageError("sandbox.serve: --role sandbox starts this node's sandbox service; set it")
+    if cfg.sandbox.serve and role in (Role.INFERENCE, Role.SANDBOX) and not cfg.sandbox.serve_port:
+        raise UsageError(
+            f"sandbox.serve_port: --role {role} serves this node's sandbox service to another "
+            "node's orchestrator, which must know its port; set one (and sandbox.serve_host)"
+        )
     # the roles that load the model check it first: one line, nothing written (an orchestrator
     # alone may name a model that only its servers hold; a sandbox node never loads it)
     if role not in (Role.ORCHESTRATOR, Role.SANDBOX):

@@ -74,3 +74,10 @@ def test_a_sandbox_node_needs_sandbox_serve_and_no_model(
         monkeypatch, capsys, "train", str(path), "--role", "sandbox", f"--log.run_dir={run_dir}"
     )
     assert code == 2 and "sandbox.serve" in output and not run_dir.exists()
+    code, output = run_cli(
+        monkeypatch,
+        capsys,
+        *("train", str(path), "--role", "sandbox", f"--log.run_dir={run_dir}"),
+        "--sandbox.serve=true",
+    )
+    assert code == 2 and "sandbox.serve_port" in output and not run_dir.exists()
