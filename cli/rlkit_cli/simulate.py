@@ -47,9 +47,11 @@ def simulate(
     from rlkit.launch.config import RLJobConfig
     from rlkit.sim.compare import compare, sweep
     from rlkit.sim.compare import plot as draw
+    from rlkit.sim.implied import implied_defaults
 
     cfg = load_config(RLJobConfig, config, list(ctx.args))
-    sim = cfg.simulate
+    implied = implied_defaults(cfg, cfg.simulate)  # what the config implies, unless [simulate] says
+    sim = implied.sim
     n = servers if servers is not None else (sim.servers or cfg.inference.num_servers)
     if steps is not None and steps < 1:
         raise UsageError(f"--steps: need at least one step (got {steps})")
@@ -61,6 +63,7 @@ def simulate(
         result["sweep"] = sweep(cfg, sim, servers=n, seed=s)
     if plot is not None:
         result["plot"] = str(draw(result, plot))
+    result["defaults"] = implied.lines(n, "--servers" if servers is not None else None)
     if as_json:
         typer.echo(json.dumps({k: v for k, v in result.items() if k != "steps"}))
         return
@@ -72,7 +75,13 @@ def _print(result: dict) -> None:
     from rich.table import Table
 
     from rlkit.progress import print_line
-    from rlkit.sim.compare import COLUMN_NOTES, drop_lines, recommendation, table_lines
+    from rlkit.sim.compare import (
+        COLUMN_NOTES,
+        LINE_NOTES,
+        drop_lines,
+        recommendation,
+        table_lines,
+    )
 
     console = Console()
     if not console.is_terminal:  # a pipe or a file: the whole table, unwrapped
@@ -85,6 +94,9 @@ def _print(result: dict) -> None:
         f"sync {w['batch_groups']} groups, c3po Omega={w['capacity']} Phi={w['token_budget']} "
         f"sigma={w['retention']}; seed {w['seed']}"
     )
+    console.print("where these figures come from:", markup=False)
+    for line in result["defaults"]:
+        print_line(console, line)
     header, *rows = table_lines(result)
     table = Table(*header)
     for row in rows:
@@ -113,7 +125,7 @@ def _print(result: dict) -> None:
         )
     if "plot" in result:
         console.print(f"plot: {result['plot']}")
-    for label, note in COLUMN_NOTES.items():
+    for label, note in {**COLUMN_NOTES, **LINE_NOTES}.items():
         print_line(console, f"{label}: {note}")
     for line in drop_lines(result):
         print_line(console, line)

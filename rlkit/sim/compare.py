@@ -202,6 +202,13 @@ COLUMN_NOTES = {
     "purged": "rollouts dropped for spanning more than sigma updates",
     "trained tok/s": "trained tokens per simulated second: the figure to maximise",
 }
+# the per-scheduler line under the table
+LINE_NOTES = {
+    "staleness {v: n}": "n trained samples were v policy versions behind the trainer",
+    "retention {u: n}": "n trained prompts' rollouts spanned u policy updates while generating",
+    "prompts trained / purged / dropped": "prompts that gave samples to a step / whose "
+    "rollouts were purged / that gave no sample, by reason (below)",
+}
 DROP_REASONS = {
     "no_samples": "every rollout of the prompt was filtered out (equal rewards under "
     "drop_zero_advantage, too stale, or errored): the prompt gave no sample",

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -381,3 +384,57 @@ def test_simulate_ends_with_a_recommendation_and_explains_its_table(
     for label in COLUMN_NOTES:
         assert any(line.startswith(f"{label}: ") for line in lines), label
     assert any(line.startswith("dropped no_samples: ") for line in lines), out
+
+
+@pytest.mark.slow  # CLI processes
+def test_simulate_takes_its_defaults_from_the_config_and_explains_every_figure(
+    tmp_path: Path,
+) -> None:
+    """What a user runs on their own config: servers from inference.num_servers, sequences from
+    vLLM's --max-num-seqs, the trainer's step time and weight update fitted to the config's own
+    previous run (log.run_dir/metrics.jsonl), each with where it came from; a [simulate] field
+    the user set wins; every table column and every drop reason is explained."""
+    run = tmp_path / "previous"
+    run.mkdir()
+    rows = [
+        {"step": i, "batch_tokens": t, "train_time_s": 2.0 + 0.001 * t, "weight_update_s": 1.5}
+        for i, t in enumerate([400, 800, 1200, 1600], start=1)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    own = CONFIG.replace("servers = 2\nmax_seqs = 8\n", "")
+    own += (
+        f'[inference]\nnum_servers = 3\nextra_args = ["--max-num-seqs", "24"]\n'
+        f'[log]\nrun_dir = "{run}"\n'
+    )
+    config = tmp_path / "train.toml"
+    config.write_text(own)
+    cli = [sys.executable, "-c", "from rlkit_cli.main import main; main()", "simulate"]
+    done = subprocess.run(
+        [*cli, str(config), "--steps", "3", "--json"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["workload"]["servers"] == 3 and result["workload"]["max_seqs"] == 24
+    said = "\n".join(result["defaults"])
+    assert "servers 3: inference.num_servers" in said
+    assert "sequences per server 24: --max-num-seqs in inference.extra_args" in said
+    assert "trainer step 2 s + 0.001 s/token: fitted to" in said and "(4 steps)" in said
+    assert "weight update 1.5 s: the median weight_update_s" in said
+
+    done = subprocess.run(
+        [*cli, str(config), "--steps", "3", "--simulate.max_seqs", "8", "--servers", "2"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "sequences per server 8: [simulate] max_seqs" in out and "servers 2: --servers" in out
+    table_header = next(line for line in out.splitlines() if "scheduler" in line)
+    columns = [c.strip() for c in re.split(r"[┃|]", table_header) if c.strip()]
+    for column in columns[1:]:
+        assert f"\n{column}: " in out, f"column {column!r} is not explained"
+    dropped = re.findall(r"dropped \{([^}]*)\}", out)
+    reasons = {r for d in dropped for r in re.findall(r"'(\w+)'", d)}
+    for reason in reasons:
+        assert f"dropped {reason}: " in out
+    assert out.strip().splitlines()[-1].startswith("recommendation: ")
