@@ -5,11 +5,12 @@ processes (each in its own process group), the orchestrator in this process. A s
 dies is relaunched on its port and the orchestrator brings it back to the current weights.
 Ctrl-C (or any failure) stops every child by process group; the trainer's last checkpoint plus
 the orchestrator's state of that step make `--resume` continue the step count. With
-`[sandbox] serve`, the process that runs the rollouts starts one sandbox service for the run.
-Other roles run one part for multi-machine setups: `inference` serves until interrupted,
-`trainer` runs this node's trainer in the foreground (`[trainer] nnodes`, `node_rank`,
-`rdzv_endpoint`: torchrun's c10d rendezvous across nodes), `orchestrator` talks to
-`inference.urls`.
+`[sandbox] serve`, every process of the run but a trainer node's starts its node's sandbox
+service, and the one that runs the rollouts sends their programs to its own and to the other
+nodes' (`sandbox.service_urls`). Other roles run one part for multi-machine setups: `inference`
+serves until interrupted, `trainer` runs this node's trainer in the foreground (`[trainer]
+nnodes`, `node_rank`, `rdzv_endpoint`: torchrun's c10d rendezvous across nodes), `orchestrator`
+talks to `inference.urls`, `sandbox` serves this node's sandbox service until interrupted.
 """
 
 from __future__ import annotations
@@ -274,6 +275,7 @@ class SandboxServiceProcess(ChildProcess):
         process, log_file = cls.launch(argv, log_path, env)
         write_pids(layout.root, name, [process.pid])
         here = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104
+        here = f"[{here}]" if ":" in here else here  # an IPv6 address in a URL
         return cls(
             process=process,
             log_path=log_path,
