@@ -76,24 +76,27 @@ class WeightSyncExtension:
         {"tensors", "verified", "seconds": {receive, verify, load}} or {"error"}, with the model
         untouched on an error.
         """
-        from rlkit.protocol.weights import PublishedVersion, mismatches
+        from rlkit.protocol.weights import Digester, PublishedVersion, mismatches
         from rlkit.weights import Reception, transport_class
 
         record = PublishedVersion.model_validate_json(record_json)
         reception = Reception(**json.loads(reception_json))
-        reception = replace(reception, rank=reception.rank + getattr(self, "rank", 0))
-        try:
-            transport = transport_class(record.transport)
-            t0 = time.perf_counter()
-            tensors = transport.receive(record, Path(directory), reception)
-        except (RuntimeError, OSError, ValueError) as exc:
-            return {"error": str(exc)}
-        t1 = time.perf_counter()
         key = bytes.fromhex(reception.digest_key)
         if len(key) != 32:
             return {"error": "no key for the tensor table's digests (32 bytes expected)"}
-        if problems := mismatches(tensors, record.tensors, key):
-            return {"error": "; ".join(problems)}
+        with Digester(key) as digester:  # a transport may hand it tensors as they arrive
+            reception = replace(
+                reception, rank=reception.rank + getattr(self, "rank", 0), digester=digester
+            )
+            try:
+                transport = transport_class(record.transport)
+                t0 = time.perf_counter()
+                tensors = transport.receive(record, Path(directory), reception)
+            except (RuntimeError, OSError, ValueError) as exc:
+                return {"error": str(exc)}
+            t1 = time.perf_counter()
+            if problems := mismatches(tensors, record.tensors, digester):
+                return {"error": "; ".join(problems)}
         t2 = time.perf_counter()
         self.reload_weights(weights_iterator=iter(tensors))  # type: ignore[attr-defined]
         self._refresh_tied_lm_head()

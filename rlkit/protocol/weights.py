@@ -202,15 +202,23 @@ def tensor_table(tensors: Iterable[Named], key: bytes) -> list[TensorEntry]:
 
 
 def mismatches(
-    received: Iterable[Named], expected: list[TensorEntry], key: bytes, limit: int = 5
+    received: Iterable[Named],
+    expected: list[TensorEntry],
+    key: bytes | Digester,
+    limit: int = 5,
 ) -> list[str]:
     """What differs between the tensors a worker received and the published table, whose
-    digests were made under `key` (at most `limit` lines; empty when they match)."""
+    digests were made under `key` (or a `Digester` under it, holding some of the received
+    tensors' digests already); at most `limit` lines, empty when they match."""
     want = {e.name: e for e in expected}
     problems: list[str] = []
     pairs = list(received)
     seen = {name for name, _ in pairs}
-    for got in tensor_table(pairs, key):
+    if isinstance(key, Digester):
+        got_table = key.table(pairs)
+    else:
+        got_table = tensor_table(pairs, key)
+    for got in got_table:
         entry = want.get(got.name)
         if entry is None:
             problems.append(f"tensor {got.name!r} was not published")

@@ -214,8 +214,13 @@ class Broadcast:
     ) -> list[Named]:
         """Every bucket, kept until the last has arrived: loading each as it lands would leave
         the model half-updated when a later bucket fails, and the server must keep its old
-        version then. The memory cost (one copy of the weights) is the filesystem path's too."""
-        return [named for bucket in cls.receiver.receive(record, reception) for named in bucket]
+        version then. The memory cost (one copy of the weights) is the filesystem path's too.
+        Each bucket's tensors are digested for the check while the next bucket is on the wire."""
+        tensors: list[Named] = []
+        for bucket in cls.receiver.receive(record, reception):
+            reception.arrived(bucket)
+            tensors += bucket
+        return tensors
 
     # the orchestrator's side
     @classmethod

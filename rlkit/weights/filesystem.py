@@ -80,14 +80,22 @@ class Filesystem:
     def receive(
         cls, record: PublishedVersion, directory: Path, reception: Reception
     ) -> list[Named]:
-        """The files' tensors; OSError for an unreadable file (safetensors raises its own error
-        type, which the worker would not catch: the update would fail instead of refusing)."""
+        """The files' tensors, copied out of the files' mapping (safetensors' tensors are views of
+        it: a file written over after the check would change what loads), each digested for
+        the check while the next is copied; OSError for an unreadable file (safetensors raises
+        its own error type, which the worker would not catch: the update would fail instead of
+        refusing)."""
         from safetensors import SafetensorError
 
+        tensors: list[Named] = []
         try:
-            return list(iter_safetensors(directory))
+            for name, mapped in iter_safetensors(directory):
+                named = (name, mapped.clone())  # private: what is checked is what loads
+                reception.arrived([named])
+                tensors.append(named)
         except SafetensorError as exc:
             raise OSError(f"unreadable safetensors in {directory}: {exc}") from exc
+        return tensors
 
     @classmethod
     async def deliver(

@@ -18,6 +18,7 @@ from rlkit.orchestrator.config import InferenceConfig
 from rlkit.protocol.credentials import UNKEYED, digest_key, new_token
 from rlkit.protocol.weights import (
     Canary,
+    Digester,
     PublishedVersion,
     iter_safetensors,
     mismatches,
@@ -87,6 +88,25 @@ def test_mismatches_name_every_kind_of_difference() -> None:
         "tensor 'x' was not published",
         "tensor 'c.flag' published but not received",
     ]
+
+
+def test_files_received_are_what_was_checked_even_if_the_files_change_afterwards(
+    tmp_path: Path,
+) -> None:
+    """safetensors' tensors are views of the file's mapping: the filesystem transport copies
+    them out, so a file written over after the worker's check cannot change what it loads."""
+    from rlkit.weights import Reception
+    from rlkit.weights.filesystem import Filesystem
+
+    save_file({"w": torch.zeros(4096)}, tmp_path / "model.safetensors")
+    with Digester(KEY) as digester:
+        got = Filesystem.receive(None, tmp_path, Reception(digester=digester))  # type: ignore[arg-type]
+        table = digester.table(got)
+    with open(tmp_path / "model.safetensors", "r+b") as f:  # the file's last 4 KiB: the tensor's
+        f.seek(-4096, 2)
+        f.write(b"\x01" * 4096)
+    assert not got[0][1].any()
+    assert mismatches(got, table, KEY) == []
 
 
 def test_record_round_trips_and_its_table_matches_the_files(tmp_path: Path) -> None:
