@@ -170,3 +170,59 @@ def test_rlkit_train_survives_a_sandbox_node_killed_mid_step(
     assert not shm_left(shm_before)
     assert _mounts() == mounts_before
     assert len(os.listdir("/proc/self/fd")) <= fds_before
+
+
+def test_a_sigkilled_rlkit_train_takes_its_sandbox_service_along(
+    vllm_server, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """SIGKILL of `rlkit train` mid-step: its sandbox service (a parent-death signal) and every
+    sandbox under it go too; no process, mount or /dev/shm file of the run is left."""
+    run_dir, log = tmp_path / "run", tmp_path / "run.log"
+    shm_before, mounts_before = set(os.listdir("/dev/shm")), _mounts()
+    seen: set[int] = set()
+    with on_session_server(vllm_server, tiny_model_dir) as urls:
+        cmd = tiny_train_cmd(
+            tiny_model_dir,
+            run_dir,
+            *SHORT,
+            "--orchestrator.max_steps=50",  # killed long before
+            *urls,
+            "--env.0.id=sandboxed-reverse",
+            "--env.0.args={n = 20}",
+            "--sandbox.serve=true",
+            '--sandbox.serve_args=["--concurrency", "2", "--pool-size", "2"]',
+        )
+        train = start(cmd, log)
+        try:
+            deadline = time.monotonic() + 300
+            while True:  # programs of the run flowing through its service: mid-step
+                assert train.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                try:
+                    pid = json.loads((run_dir / "pids.json").read_text())["sandbox"][0]
+                    token = read_token(run_dir / "sandbox.token")
+                    url = re.search(r"sandbox service at (http://\S+)", log.read_text())
+                    metrics = httpx.get(
+                        f"{url[1]}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=5
+                    ).json()
+                    if metrics["runs"] >= 2:
+                        break
+                except Exception:  # not up yet: no pids, token, URL or answer
+                    pass
+                time.sleep(0.1)
+            seen |= set(_tree(train.pid))
+            assert pid in seen and len(_tree(pid)) > 1  # the service and its sandboxes
+            os.kill(train.pid, 9)
+            train.wait()
+            deadline = time.monotonic() + 20
+            while _alive(sorted(seen)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not _alive(sorted(seen)), [
+                Path(f"/proc/{p}/cmdline").read_bytes() for p in _alive(sorted(seen))
+            ]
+        finally:
+            for pid in _alive(sorted(seen)):
+                os.kill(pid, 9)
+    assert not _with_text(str(run_dir))
+    assert not shm_left(shm_before)
+    assert _mounts() == mounts_before
