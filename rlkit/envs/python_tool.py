@@ -16,6 +16,7 @@ from rlkit.envs.environment import Environment
 from rlkit.envs.rollout import Rollout
 from rlkit.envs.tools import ToolEnv
 from rlkit.inference import InferenceClient
+from rlkit.sandbox.preflight import SandboxAsk
 from rlkit.sandbox.runner import require
 from rlkit.sandbox.session import CellResult, PythonSession
 
@@ -72,6 +73,12 @@ class PythonToolEnv(ToolEnv):
             "memory_mb": memory_mb,
             "output_limit": output_limit,
         }
+
+    def sandbox_asks(self) -> list[SandboxAsk]:
+        """One Python session whose cells run up to `cell_timeout` s each (checked against a
+        sandbox service's limits before a run starts)."""
+        options = self.session_options
+        return [SandboxAsk("a python tool cell", options["timeout"], options["memory_mb"])]
 
     async def rollout(
         self, row: dict[str, Any], client: InferenceClient, model: str, sampling: dict[str, Any]

@@ -49,6 +49,7 @@ from rlkit.inference import InferenceClient, InferenceError
 from rlkit.inference.client import RETRY_STATUS
 from rlkit.progress import print_line
 from rlkit.protocol.credentials import read_token
+from rlkit.sandbox.preflight import check_sandbox_service
 
 
 class EvalInterrupted(Exception):
@@ -221,6 +222,8 @@ async def run_eval_async(
     resolved = resolve_env_id(config.env_id, install=config.install)
     env = load_resolved(resolved, verifiers_version=config.verifiers_version, **config.env_args)
     try:
+        # what the environment asks the sandbox service for, before a run directory exists
+        await asyncio.to_thread(check_sandbox_service, [(config.env_id, env)])
         return await _evaluate(env, resolved, config, store, metadata, console)
     finally:
         env.close()

@@ -29,6 +29,7 @@ from rlkit.orchestrator.scheduler import check_scheduler
 from rlkit.orchestrator.source import close_environments, load_environments, max_rollout_tokens
 from rlkit.progress import make_console, phase, print_line
 from rlkit.protocol.credentials import read_token
+from rlkit.sandbox.preflight import check_sandbox_service
 from rlkit.sim.config import SimConfig
 from rlkit.trainer.config import CkptConfig, LossConfig, TrainerConfig, TrainerSettings
 from rlkit.trainer.context_parallel import describe_mesh
@@ -167,6 +168,7 @@ def check_environments(config: RLJobConfig) -> dict[str, Any]:
     check_chat_template(config.model.path)
     envs = load_environments(config.env)
     try:
+        check_sandbox_service(envs.items())  # what they ask the sandbox service for
         max_rollout_tokens(envs, config.orchestrator)
         fit_prompts(config, envs, make_console(stderr=True))
     except BaseException:

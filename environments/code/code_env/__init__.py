@@ -25,11 +25,19 @@ from typing import Any
 from code_env.dataset import load_problems
 from code_env.exploits import CODE_EXPLOITS
 from code_env.extract import extract_code
-from code_env.grading import SandboxFailure, TestSuite, earned_pass_rate, run_tests, trivial_share
+from code_env.grading import (
+    SandboxFailure,
+    TestSuite,
+    earned_pass_rate,
+    run_tests,
+    suite_timeout,
+    trivial_share,
+)
 from rlkit import sandbox
 from rlkit.envs import Rubric, SingleTurnEnv
 from rlkit.envs.parsers import last_assistant_text
 from rlkit.errors import UsageError
+from rlkit.sandbox.preflight import SandboxAsk
 
 SYSTEM_PROMPT = (
     "You are an expert Python programmer. Think briefly, then give your complete solution as a "
@@ -49,6 +57,31 @@ __all__ = [
 
 class CodeEnv(SingleTurnEnv):
     """Single-turn code problems; the gold completion is the row's reference solution."""
+
+    test_timeout: float = 5.0
+    memory_mb: int = 512
+
+    def sandbox_asks(self) -> list[SandboxAsk]:
+        """The largest sandbox request of a rollout: one run of a problem's whole test suite
+        (checked against a sandbox service's limits before a run starts)."""
+        cases = max(
+            (
+                len(TestSuite.model_validate_json(row["info"]["tests"]).cases)
+                for split in (self.dataset, self.eval_dataset)
+                if split is not None
+                for row in split
+            ),
+            default=0,
+        )
+        if not cases:
+            return []
+        return [
+            SandboxAsk(
+                f"a problem's {cases} tests in one run, {self.test_timeout:g} s each",
+                suite_timeout(cases, self.test_timeout),
+                self.memory_mb,
+            )
+        ]
 
     def gold_completion(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
         reference = (row.get("info") or {}).get("reference")
@@ -113,5 +146,6 @@ def load_environment(
         rubric=Rubric(funcs=[pass_rate, all_passed, earned_pass_rate_fn], weights=weights),
         env_id="code",
     )
+    env.test_timeout, env.memory_mb = timeout, memory_mb
     env.exploits.extend(CODE_EXPLOITS)
     return env

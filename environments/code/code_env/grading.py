@@ -120,6 +120,12 @@ def earned_pass_rate(passed: list[bool], baseline: float) -> float:
     return max(0.0, (fraction - baseline) / (1.0 - baseline))
 
 
+def suite_timeout(cases: int, timeout: float) -> float:
+    """The sandbox timeout of one run of `cases` tests of `timeout` s each (the harness's own
+    start and each test's slack included)."""
+    return cases * (timeout + 0.5) + 5.0
+
+
 async def run_tests(
     code: str, suite: TestSuite, *, timeout: float = 5.0, memory_mb: int = 512
 ) -> list[bool]:
@@ -134,7 +140,7 @@ async def run_tests(
         HARNESS,
         stdin=json.dumps(job),
         files={"solution.py": code},
-        timeout=len(suite.cases) * (timeout + 0.5) + 5.0,
+        timeout=suite_timeout(len(suite.cases), timeout),
         memory_mb=memory_mb,
     )
     if result.status == "sandbox_error":
