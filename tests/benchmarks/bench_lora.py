@@ -23,6 +23,23 @@ than the eval's noise, `eval_noise`); and the full/LoRA ratios of step time, upd
 update bytes of the two best learning rates' first-seed runs. `--work DIR` keeps every run
 directory (metrics.jsonl, eval.jsonl, logs) under DIR and reuses the warm start and any finished
 run already there (so a sweep can be run in parts; a repeat needs a fresh DIR).
+
+    python tests/benchmarks/bench_lora.py --update-size qwen3-0.6b [--rank 16] [--repeats 5]
+
+An adapter's update at a real model's shapes (issue 63 item 5), instead of the sweep: a rank
+`--rank` adapter on every default target of a random base at `--update-size`
+(`rlkit.models.shapes`; bf16, as the trainer exports it) is published as the trainer does
+(`write_adapter` into a directory built under a temporary name, renamed, marked published:
+`export_s`) and loaded by one vLLM CPU server with LoRA on (`/rlkit/load_adapter`, vLLM's
+in-place adapter load: `load_s`), alternating two adapters `--repeats` times after a warm-up.
+Against: `raw_copy_s`, the adapter's tensors copied into preallocated ones (on one torch
+thread: on a loaded 2-core machine two spinning OpenMP threads made it 3-10x slower). The
+load's HTTP round trip is estimated by `/rlkit/status` (`http_s`) and rlkit's own check of the
+directory (`check_adapter_dir`) timed in-process (`check_s`), so vLLM's own load is about
+`load_s - http_s - check_s` (`vllm_load_s`) and rlkit's part of an update is the rest
+(`rlkit_s` = update - vllm_load). Prints one JSON line with the medians and
+`update_over_raw_copy_plus_vllm` = update / (raw copy + vLLM's load) and
+`rlkit_over_raw_copy` = rlkit_s / raw copy.
 """
 
 from __future__ import annotations
@@ -156,6 +173,137 @@ def sweep(args: argparse.Namespace, root: Path) -> dict:
     }
 
 
+def adapter_tensors(size: str, rank: int, seed: int) -> dict[str, object]:
+    """A rank-`rank` adapter's tensors (PEFT's saved names, bf16) on every default LoRA target
+    of a dense Qwen3 at `size`'s real shapes; B nonzero, as after training."""
+    import torch
+
+    from rlkit.models.shapes import REAL_SHAPES
+    from rlkit.protocol.model import LORA_TARGETS
+    from rlkit.trainer.lora import PEFT_PREFIX
+
+    c = REAL_SHAPES[size]
+    h, inter, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    dims = {  # (in, out) of each target
+        "q_proj": (h, q),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (q, h),
+        "gate_proj": (h, inter),
+        "up_proj": (h, inter),
+        "down_proj": (inter, h),
+    }
+    g = torch.Generator().manual_seed(seed)
+    out: dict[str, object] = {}
+    for i in range(c["num_hidden_layers"]):
+        for target in LORA_TARGETS:
+            block = "self_attn" if target in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            stem = f"{PEFT_PREFIX}model.layers.{i}.{block}.{target}"
+            d_in, d_out = dims[target]
+            out[f"{stem}.lora_A.weight"] = (torch.randn(rank, d_in, generator=g) * 0.01).bfloat16()
+            out[f"{stem}.lora_B.weight"] = (torch.randn(d_out, rank, generator=g) * 0.01).bfloat16()
+    return out
+
+
+def update_bench(size: str, rank: int, repeats: int, root: Path) -> dict[str, object]:
+    """Issue 63 item 5 (module doc): an adapter update at `size` against its raw copy."""
+    import asyncio
+    import os
+
+    import torch
+
+    from rlkit.atomic import atomic_dir
+    from rlkit.inference import start_server
+    from rlkit.inference.admin import AdminClient
+    from rlkit.inference.engine_args import lora_server_args
+    from rlkit.inference.weights import check_adapter_dir
+    from rlkit.models import init_tiny
+    from rlkit.protocol import credentials, handoff
+    from rlkit.protocol.model import LoraConfig
+    from rlkit.trainer.lora import write_adapter
+
+    token_file = root / "run.token"
+    credentials.ensure_token_file(token_file)
+    os.environ[credentials.TOKEN_FILE_ENV] = str(token_file)
+    base = init_tiny(root / size, size=size)  # type: ignore[arg-type]
+    cfg = LoraConfig(rank=rank, alpha=2.0 * rank)
+    pair = [adapter_tensors(size, rank, seed) for seed in (0, 1)]
+    nbytes = sum(t.numel() * t.element_size() for t in pair[0].values())  # type: ignore[attr-defined]
+    targets = {k: torch.empty_like(t) for k, t in pair[0].items()}  # type: ignore[arg-type]
+
+    def raw_copy(tensors: dict) -> float:
+        t0 = time.perf_counter()
+        for k, t in tensors.items():
+            targets[k].copy_(t)
+        return time.perf_counter() - t0
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # torch's spinning OpenMP threads made 392 small copies 3-10x slower
+    raw = statistics.median([raw_copy(pair[i % 2]) for i in range(repeats + 1)][1:])
+    torch.set_num_threads(threads)
+    work = root / "adapters"
+    work.mkdir()
+
+    def export(version: int) -> tuple[Path, float]:
+        out = work / f"step_{version:06d}"
+        t0 = time.perf_counter()
+        with atomic_dir(out, durable=False) as tmp:
+            write_adapter(tmp, pair[version % 2], cfg, str(base))  # type: ignore[arg-type]
+        handoff.mark_published(out)
+        return out, time.perf_counter() - t0
+
+    args = [*lora_server_args(rank, 1), "--enforce-eager"]  # rlkit's engine defaults else
+    server = start_server(
+        str(base), log_path=root / "vllm-lora.log", extra_args=args, weights_roots=[work]
+    )
+    times: dict[str, list[float]] = {"export": [], "load": [], "http": [], "check": []}
+
+    async def updates() -> None:
+        async with server.client(adapter="policy", timeout=600) as client:
+            admin = AdminClient(client)
+            for version in range(1, repeats + 2):  # the first warms up
+                path, export_s = export(version)
+                t0 = time.perf_counter()
+                await admin.load_adapter(str(path), version)
+                t1 = time.perf_counter()
+                await admin.status()
+                t2 = time.perf_counter()
+                check_adapter_dir(path)
+                t3 = time.perf_counter()
+                if version > 1:
+                    for name, value in zip(
+                        times, (export_s, t1 - t0, t2 - t1, t3 - t2), strict=True
+                    ):
+                        times[name].append(value)
+
+    try:
+        server.wait_ready(timeout=900)
+        asyncio.run(updates())
+    except RuntimeError:
+        print((root / "vllm-lora.log").read_text()[-4000:], file=sys.stderr)
+        raise
+    finally:
+        server.stop()
+    med = {f"{k}_s": statistics.median(v) for k, v in times.items()}
+    update = med["export_s"] + med["load_s"]
+    vllm_load = max(med["load_s"] - med["http_s"] - med["check_s"], 0.0)
+    result: dict[str, object] = {
+        "size": size,
+        "rank": rank,
+        "adapter_mb": round(nbytes / 2**20, 1),
+        "raw_copy_s": raw,
+        **med,
+        "update_s": update,
+        "vllm_load_s": vllm_load,
+        "rlkit_s": update - vllm_load,
+    }
+    result["update_over_raw_copy"] = update / raw
+    result["update_over_raw_copy_plus_vllm"] = update / (raw + vllm_load)
+    result["rlkit_over_raw_copy"] = (update - vllm_load) / raw
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size", choices=["tiny", "small"], default="tiny", help="model shape")
@@ -168,7 +316,13 @@ def main() -> None:
     parser.add_argument("--eval-examples", type=int, default=64, help="eval prompts (x 4 samples)")
     parser.add_argument("--seeds", default="0", help="seeds of every variant and lr, a,b")
     parser.add_argument("--work", type=Path, help="keep run directories here (default: a temp dir)")
+    parser.add_argument("--update-size", help="instead: an adapter update at this real shape")
+    parser.add_argument("--repeats", type=int, default=5, help="updates timed (--update-size)")
     args = parser.parse_args()
+    if args.update_size:
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(update_bench(args.update_size, args.rank, args.repeats, Path(tmp))))
+        return
     if args.work:
         args.work.mkdir(parents=True, exist_ok=True)
         out = sweep(args, args.work)
