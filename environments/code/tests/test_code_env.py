@@ -354,3 +354,6 @@ async def test_the_sandbox_service_default_profile_runs_every_problem(
     (profile,) = ServiceSettings().profiles
     assert len(asked) == len(env.dataset) and max(asked) > (30.0, 0)  # the old default's limit
     assert all(profile.covers(timeout, memory) for timeout, memory in asked), max(asked)
+    # what the environment declares up front (the sandbox preflight) is what its rollouts ask
+    (ask,) = env.sandbox_asks()
+    assert (ask.timeout, ask.memory_mb) == max(asked)
