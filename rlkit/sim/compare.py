@@ -21,6 +21,11 @@ from rlkit.sim.config import SimConfig
 from rlkit.sim.run import RunResult, Workload, length_cap, simulate_run, token_unit
 from rlkit.sim.workload import lengths_for
 
+# The simulator compares the built-in schedulers: each run against the synchronous baseline,
+# and `--sweep` explores C3PO++'s parameters (Phi, Omega, sigma).
+BASELINE = "sync"
+SWEPT = "c3po"
+
 TABLE_FIELDS = (
     ("step_s", "step s", "{:.1f}"),
     ("rollout_s", "rollout s", "{:.1f}"),
@@ -76,7 +81,7 @@ def compare(
     for name in schedulers(cfg, sim):
         where = Path(run_dir) / name.replace(":", "_").replace("/", "_") if run_dir else None
         runs[name] = simulate_run(cfg, sim, work, name, steps=steps, run_dir=where)
-    base = runs.get("sync")
+    base = runs.get(BASELINE)
     table = {}
     for name, run in runs.items():
         row = dict(run.summary)
@@ -85,7 +90,7 @@ def compare(
             row["speedup_rollout"] = base.summary["rollout_s"] / row["rollout_s"]
         table[name] = row
     o = cfg.orchestrator
-    sync, c3po = o.params_for("sync").model_dump(), o.params_for("c3po").model_dump()
+    sync, c3po = o.params_for(BASELINE).model_dump(), o.params_for(SWEPT).model_dump()
     return {
         "workload": {
             "servers": servers,
@@ -111,7 +116,7 @@ def sweep(cfg: RolloutJobConfig, sim: SimConfig, *, servers: int, seed: int) -> 
     check(cfg, sim, servers)
     work = workload(cfg, sim, servers, seed)
     o = cfg.orchestrator
-    batch_groups = o.params_for("sync").model_dump()["batch_groups"]
+    batch_groups = o.params_for(BASELINE).model_dump()["batch_groups"]
     batch_tokens = batch_groups * o.group_size * work.lengths.mean()
     slots = servers * sim.max_seqs
     rows = []
@@ -121,8 +126,8 @@ def sweep(cfg: RolloutJobConfig, sim: SimConfig, *, servers: int, seed: int) -> 
             "capacity": max(o.group_size, round(omega * slots)),
             "retention": sigma,
         }
-        change = {"scheduler": "c3po", "schedulers": {"c3po": setting}}
-        run = simulate_run(cfg, sim, work, "c3po", steps=sim.sweep_steps, orchestrator=change)
+        change = {"scheduler": SWEPT, "schedulers": {SWEPT: setting}}
+        run = simulate_run(cfg, sim, work, SWEPT, steps=sim.sweep_steps, orchestrator=change)
         s = run.summary
         rows.append(
             {
@@ -229,15 +234,15 @@ def recommendation(result: dict[str, Any]) -> str:
     far one simulated seed can be trusted."""
     rows = result["schedulers"]
     best_name = max(rows, key=lambda n: rows[n]["trained_tokens_per_s"])
-    base = rows.get("sync")
+    base = rows.get(BASELINE)
     sure = "one simulated seed: rerun with --seed N to see the spread"
-    if base is None or best_name == "sync" or not base["trained_tokens_per_s"]:
+    if base is None or best_name == BASELINE or not base["trained_tokens_per_s"]:
         return f'recommendation: keep orchestrator.scheduler = "{best_name}" ({sure})'
     best = rows[best_name]
     gain = best["trained_tokens_per_s"] / base["trained_tokens_per_s"] - 1
     setting = f'orchestrator.scheduler = "{best_name}"'
     sweep_best = result.get("sweep", {}).get("best")
-    if sweep_best and best_name == "c3po":
+    if sweep_best and best_name == SWEPT:
         setting += (
             f" with token_budget = {sweep_best['token_budget']}, capacity = "
             f"{sweep_best['capacity']}, retention = {sweep_best['retention']}"
