@@ -7,9 +7,23 @@ generation client's connection pool, retries and credential.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rlkit.inference.client import InferenceClient
+
+
+def update_seconds(response: dict[str, Any], call_s: float) -> dict[str, float]:
+    """An update response's phases, flat: `server_<phase>` and `worker_<phase>` seconds and
+    `call` (the request's round trip); `http` is the round trip less the server's phases."""
+    out: dict[str, float] = {"call": call_s}
+    for side in ("server", "worker"):
+        for phase, seconds in (response.get(f"{side}_seconds") or {}).items():
+            out[f"{side}_{phase}"] = float(seconds)
+    server = sum(v for k, v in out.items() if k.startswith("server_"))
+    if server:
+        out["http"] = max(call_s - server, 0.0)
+    return out
 
 
 class AdminClient:
@@ -17,6 +31,10 @@ class AdminClient:
 
     def __init__(self, client: InferenceClient) -> None:
         self.client = client
+        # the last weight update's phases (s): the server's `server_seconds` (record, pause,
+        # workers, resume), its worker 0's `worker_seconds` (receive, verify, reload) and the
+        # call's own round trip (`call`)
+        self.update_seconds: dict[str, float] = {}
 
     @property
     def base_url(self) -> str:
@@ -69,10 +87,13 @@ class AdminClient:
         if version is not None:
             body["version"] = version
         extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        t0 = time.perf_counter()
         resp = await self.client.request(
             "POST", "/rlkit/update_weights", retries=retries, json=body, **extra
         )
-        self.client.policy_version = int(resp.json()["policy_version"])
+        data = resp.json()
+        self.update_seconds = update_seconds(data, time.perf_counter() - t0)
+        self.client.policy_version = int(data["policy_version"])
         return self.client.policy_version
 
     async def load_adapter(self, path: str, version: int) -> int:

@@ -96,6 +96,15 @@ class ClientPool:
     def healthy_count(self) -> int:
         return sum(self.healthy)
 
+    def update_seconds(self) -> dict[str, float]:
+        """The last weight update's phases (`AdminClient.update_seconds`), each the slowest
+        server's."""
+        out: dict[str, float] = {}
+        for admin in self.admins:
+            for phase, seconds in admin.update_seconds.items():
+                out[phase] = max(out.get(phase, 0.0), seconds)
+        return out
+
     def metrics(self) -> dict[str, int]:
         """Healthy servers now and the run's failover counts so far (for the step record)."""
         return {
@@ -181,6 +190,8 @@ class ClientPool:
             raise ValueError(f"{path}: no published version record")
         async with self._weights_lock:
             self.current = (path, record, version)
+            for admin in self.admins:
+                admin.update_seconds = {}
             servers = [i for i, ok in enumerate(self.healthy) if ok or i in self.waiting]
             admins = [self.admins[i] for i in servers]
             if record is None:

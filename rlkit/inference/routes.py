@@ -10,6 +10,7 @@ import asyncio
 import base64
 import json
 import logging
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -121,21 +122,31 @@ async def unless_engine_dies(engine: Any, call: Any, poll_s: float = 1.0) -> Any
 
 
 async def load_on_workers(
-    request: Request, method: str, args: tuple, version: int | None
+    request: Request,
+    method: str,
+    args: tuple,
+    version: int | None,
+    phases: dict[str, float] | None = None,
 ) -> JSONResponse:
     """Pause in keep mode, run the worker extension's `method` (a verified load) on every
     worker, bump the policy version and resume. A worker that refuses (its fingerprint check
     failed, or the broadcast did not reach it) makes this a 422 naming it; when every worker
-    refused, the server keeps its weights and version. Anything else that fails is a 500."""
+    refused, the server keeps its weights and version. Anything else that fails is a 500. The
+    response's `server_seconds` splits the server's time: `phases` (what the caller timed before:
+    the record's checks) then pause, workers (receive, verify, reload: `worker_seconds`) and
+    resume."""
     state: PolicyState = request.app.state.rlkit
     engine = request.app.state.engine_client
+    clock = PhaseClock(phases)
     async with state.lock:
         state.updating = True
         was_paused = await engine.is_paused()
         try:
             if not was_paused:
                 await pause_keeping_requests(engine)
+            clock.lap("pause")
             results = await unless_engine_dies(engine, engine.collective_rpc(method, args=args))
+            clock.lap("workers")
             refused = [(i, r["error"]) for i, r in enumerate(results) if "error" in r]
             if refused:
                 i, error = refused[0]
@@ -163,12 +174,32 @@ async def load_on_workers(
                     await unless_engine_dies(engine, engine.resume_generation())
                 except RuntimeError:
                     log.error("not resumed: the engine died during the update")
+            clock.lap("resume")
             state.updating = False
     verified = all(r["verified"] for r in results)
     seconds = results[0].get("seconds")  # worker 0's receive / verify / load split
     return JSONResponse(
-        {"policy_version": state.version, "verified": verified, "worker_seconds": seconds}
+        {
+            "policy_version": state.version,
+            "verified": verified,
+            "worker_seconds": seconds,
+            "server_seconds": clock.phases,
+        }
     )
+
+
+class PhaseClock:
+    """Seconds of an update's phases on the server, each from the previous lap (the first
+    from the clock's start), added to `phases` (the response's `server_seconds`)."""
+
+    def __init__(self, phases: dict[str, float] | None = None) -> None:
+        self.phases = phases if phases is not None else {}
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.t
+        self.t = now
 
 
 async def status(request: Request) -> dict[str, Any]:
@@ -220,6 +251,7 @@ def signed_record(path: str, token: str) -> PublishedVersion:
 
 
 async def update_weights(body: UpdateWeightsRequest, request: Request) -> JSONResponse:
+    clock = PhaseClock()
     check_path(request, body.path)
     state: PolicyState = request.app.state.rlkit
     token = caller(request).token
@@ -229,6 +261,7 @@ async def update_weights(body: UpdateWeightsRequest, request: Request) -> JSONRe
             check_signature(record.shapes(), state.reference, body.path)
         except UsageError as exc:
             raise ServiceError(400, str(exc)) from None
+    clock.lap("record")  # read, signature, shapes against the served checkpoint
     reception = Reception(
         rank=body.rank,
         timeout_s=security(request).max_update_s,
@@ -240,7 +273,7 @@ async def update_weights(body: UpdateWeightsRequest, request: Request) -> JSONRe
         str(body.path),
         json.dumps(asdict(reception)),
     )
-    return await load_on_workers(request, "rlkit_update", args, body.version)
+    return await load_on_workers(request, "rlkit_update", args, body.version, clock.phases)
 
 
 async def load_adapter(body: LoadAdapterRequest, request: Request) -> JSONResponse:

@@ -13,10 +13,13 @@ Per step N (numbered from 1, as the trainer expects):
 3. sleep until the trainer rings (`rlkit.protocol.handoff`) with `weights/step_N/` published and
    its metrics in place; while it trains, c3po keeps generating,
 4. load the version on every server as policy version N through its transport (each worker
-   checks what it received against the version's tensor table), score the logprob canary on
-   each (`weights_canary_kl`; the run stops above `inference.canary_max_kl`); c3po purges
-   over-retained rollouts,
-5. log the step's metrics (merged with the trainer's), evaluate every `eval.every` steps.
+   checks what it received against the version's tensor table; the phases of the update go to
+   the step's `weight_update_<phase>_s`); c3po purges over-retained rollouts,
+5. score the logprob canary on each server (`weights_canary_kl`; the run stops above
+   `inference.canary_max_kl`) beside step N+1's rollouts, off the update's critical path: it is
+   settled before step N+1's batch is written (no batch made under weights it refuses reaches
+   the trainer), and then step N's metrics (merged with the trainer's) are logged; evaluate
+   every `eval.every` steps (after the canary).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from rich.console import Console
 
 from rlkit.envs.exploits import exploits_for
 from rlkit.errors import RunStopped, UsageError
-from rlkit.inference.canary import pool_canary_kl
+from rlkit.inference.canary import CanaryMismatch, pool_canary_kl
 from rlkit.inference.pool import ClientPool
 from rlkit.inference.routing_capture import CAPTURE_ROUTING_FLAG
 from rlkit.orchestrator.batching import GroupProcessor, make_batch
@@ -219,6 +222,11 @@ class Orchestrator:
     doorbell: handoff.Doorbell = field(init=False)
     monitor: asyncio.Task | None = field(init=False, default=None)
     evals: dict[int, dict[str, Any]] = field(init=False, default_factory=dict)
+    update_phases: dict[str, float] = field(init=False, default_factory=dict)  # the last update's
+    # the last update's canary, running beside the next step's rollouts, with its step's record
+    pending_canary: tuple[asyncio.Task, dict[str, Any], Any] | None = field(
+        init=False, default=None
+    )
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.cfg.log.run_dir)
@@ -347,6 +355,7 @@ class Orchestrator:
         while not groups:  # every group may have been filtered out (no signal)
             groups = await self.scheduler.next_batch()
         rollout_s = time.monotonic() - t0
+        await self.settle_canary()  # no batch made under weights the canary refuses is trained
         batch = make_batch(step, groups, self.scheduler.version, self.prompts.take_dropped())
         write_batch(batch, self.run_dir)
         handoff.ring(self.run_dir, handoff.TRAINER)
@@ -354,7 +363,7 @@ class Orchestrator:
         t1 = time.monotonic()
         path = await self.wait_for_weights(step)
         t2 = time.monotonic()
-        canary = await self.update_weights(path, step)
+        await self.deliver_weights(path, step)
         weight_update_s = time.monotonic() - t2
         self.scheduler.on_policy_update(step)
         stats = self.processor.take_stats()
@@ -372,20 +381,57 @@ class Orchestrator:
             idle_s=self.scheduler.take_idle_s(),
         )
         ours.update(self.pool.metrics())
+        ours.update(self.update_phases)
         ours["weight_update_bytes"] = float(published_bytes(path))
-        ours["weights_canary_kl"] = canary
         samples = self.cfg.log.samples_per_step
-        self.logger.log(
+        rows = sample_rows(groups, samples, step) if self.logger.samples_due(step) else None
+        self.pending_canary = (
+            asyncio.create_task(self.canary(path)),
             merge_records(ours, read_trainer_record(self.run_dir, step) or {}),
-            sample_rows(groups, samples, step) if self.logger.samples_due(step) else None,
+            rows,
         )
         self.done = step
         every, last = self.cfg.orchestrator.eval.every, self.cfg.orchestrator.max_steps
         if every and step % every == 0 and step != last:
+            await self.settle_canary()
             await self.evaluate(step)
+
+    async def canary(self, path: Path) -> tuple[float | None, float]:
+        """The logprob canary of the weights in `path` on every server: (KL, seconds)."""
+        t0 = time.perf_counter()
+        kl = await pool_canary_kl(self.pool, self.model, path, self.cfg.inference.canary_max_kl)
+        return kl, time.perf_counter() - t0
+
+    async def settle_canary(self, logged: bool = True) -> None:
+        """Wait for the last update's canary (it runs beside the next step's rollouts, off the
+        update's critical path) and log that step's record with its `weights_canary_kl`.
+        CanaryMismatch when the canary refuses the weights (the run then stops at the step
+        before: its weights are the last the engines served right). `logged=False`: the run
+        stops anyway: log the record with what is known, raise nothing."""
+        if self.pending_canary is None:
+            return
+        task, record, rows = self.pending_canary
+        self.pending_canary = None
+        kl = seconds = None
+        try:
+            if not logged and not task.done():
+                task.cancel()
+            kl, seconds = await task
+        except CanaryMismatch:
+            self.done = int(record["step"]) - 1
+            if logged:
+                raise
+        except (asyncio.CancelledError, Exception):
+            if logged:
+                raise
+        finally:
+            record["weights_canary_kl"] = kl
+            record["weight_update_canary_s"] = seconds
+            self.logger.log(record, rows)
 
     async def finish(self) -> None:
         """After the last step: the final eval, once nothing is in flight."""
+        await self.settle_canary()
         if self.cfg.orchestrator.eval.at_end:
             await self.scheduler.close()
             await self.evaluate(self.cfg.orchestrator.max_steps)
@@ -397,6 +443,7 @@ class Orchestrator:
 
     async def shutdown(self) -> None:
         """Stop everything `build` and `start` started; safe after a failure anywhere."""
+        await self.settle_canary(logged=False)
         self.logger.draw_plot()
         self.doorbell.close()
         await self.scheduler.close()
@@ -407,10 +454,23 @@ class Orchestrator:
         await self.pool.aclose()
         self.logger.close()
 
-    async def update_weights(self, path: Path, version: int) -> float:
+    async def update_weights(self, path: Path, version: int) -> float | None:
         """Load `path` on every server as policy `version`; returns the logprob canary's KL."""
+        await self.deliver_weights(path, version)
+        return (await self.canary(path))[0]
+
+    async def deliver_weights(self, path: Path, version: int) -> None:
+        """Load `path` on every server as policy `version` (no canary). Its phases go to
+        `update_phases` (the step record's `weight_update_<phase>_s`: the whole delivery, and the
+        slowest server's record check, pause, workers' receive / verify / reload, resume and
+        the HTTP round trip beyond them)."""
+        t0 = time.perf_counter()
         await self.source.update_weights(str(path), version)
-        return await pool_canary_kl(self.pool, self.model, path, self.cfg.inference.canary_max_kl)
+        phases = {"deliver": time.perf_counter() - t0}
+        update_seconds = getattr(self.pool, "update_seconds", None)
+        phases.update(update_seconds() if update_seconds is not None else {})
+        phases.pop("call", None)  # the delivery's, above
+        self.update_phases = {f"weight_update_{k}_s": v for k, v in phases.items()}
 
     async def wait_for_weights(self, step: int) -> Path:
         return await wait_for_weights(
