@@ -2,17 +2,21 @@
 
     python tests/benchmarks/bench_vs_trl.py [--workloads demo,small] [--steps 60]
 
-Workloads (both: reverse-text with the demo's data, G = 8 samples per prompt, 12 prompts per
-step, temperature 1, lr 5e-4, AdamW, no KL term, no zero-advantage filtering):
-- `demo`: the CPU demo's tiny Qwen3, SFT-warm-started exactly as `scripts/demo.sh` does,
-  16-token completions, `--steps` steps (60 as in the demo).
-- `small`: the `small` tiny-factory model (8 layers, vocab 8192), no warm start, 128-token
-  completions, `--small-steps` steps: generation dominates the step.
+Workloads (both: reverse-text with the CPU demo's environment arguments, read from
+examples/tiny-cpu/train.toml, so TRL and rlkit train on the same task; temperature 1, lr 5e-4,
+AdamW, no KL term, no zero-advantage filtering):
+- `demo`: the CPU demo's configuration: its tiny Qwen3, SFT-warm-started exactly as
+  `scripts/demo.sh` does, G = 16 samples per prompt, 16-token completions, `--steps` steps;
+  TRL and the sync scheduler take 8 prompts a step (128 samples, about the demo's token budget
+  of 768 at its 3-5-character replies), C3PO++ runs with the demo's own capacity and budget.
+- `small`: the `small` tiny-factory model (8 layers, vocab 8192), no warm start, G = 8, 12
+  prompts a step, 128-token completions, `--small-steps` steps: generation dominates the step.
+  C3PO++'s token budget = the mean completion tokens of the sync run's batches, so both train
+  on about 96 samples a step (a budget of 96 x max_tokens would give C3PO++ four times the
+  samples, as replies are shorter than the cap).
 
 Per workload: TRL (HF generate in its one process, on CPU) and `rlkit train` with the sync
-scheduler (12 groups per step, same as TRL) and with C3PO++ (its token budget = the mean
-completion tokens of the sync run's batches, so both train on about 96 samples a step; a budget
-of 96 x max_tokens would give C3PO++ four times the samples, as replies are shorter than the cap).
+scheduler (as many groups a step as TRL) and with C3PO++.
 Reported: seconds per step (mean over the steps after the first) and per sample trained, the whole
 run's wall time (process start to exit, including vLLM's start-up for rlkit), and the eval
 reward of each final model under one evaluation (HF generate in this process, the
@@ -48,14 +52,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_SITE = ROOT / ".venv-bench"
 TRL_PINS = ["trl==1.16.0", "accelerate==1.15.0"]  # the rest (torch, transformers) is shared
-ENV_ARGS = {
-    "min_len": 3,
-    "max_len": 6,
-    "num_train_examples": 2000,
-    "num_eval_examples": 64,
-    "system_prompt": "Reverse the text.",
-}
-GROUP, PROMPTS, LR = 8, 12, 5e-4
+DEMO_CONFIG = ROOT / "examples/tiny-cpu/train.toml"
+LR = 5e-4
+SHAPES = {"demo": (16, 8), "small": (8, 12)}  # (G samples per prompt, prompts per step)
+
+
+def env_args() -> dict[str, Any]:
+    """The reverse-text arguments of the CPU demo's config (what `rlkit train` runs on)."""
+    import tomllib
+
+    (env,) = tomllib.loads(DEMO_CONFIG.read_text())["env"]
+    assert env["id"] == "reverse-text", env
+    return dict(env["args"])
 
 
 def ensure_trl() -> dict[str, str]:
@@ -74,7 +82,7 @@ def ensure_trl() -> dict[str, str]:
 def load_env() -> Any:
     from rlkit.envs import load_environment
 
-    return load_environment("reverse-text", **ENV_ARGS)
+    return load_environment("reverse-text", **env_args())
 
 
 def env_reward(env: Any, text: str, answer: str) -> float:
@@ -112,7 +120,7 @@ def build_model(workload: str, root: Path) -> Path:
 
 
 # ---- TRL ----------------------------------------------------------------------------------
-def trl_worker(model: str, out: str, steps: int, max_tokens: int) -> None:
+def trl_worker(model: str, out: str, steps: int, max_tokens: int, group: int, prompts: int) -> None:
     """Runs inside the TRL process: GRPOTrainer on the same data, reward and batch shape."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -144,8 +152,8 @@ def trl_worker(model: str, out: str, steps: int, max_tokens: int) -> None:
         lr_scheduler_type="constant",
         warmup_steps=0,
         max_grad_norm=1.0,
-        num_generations=GROUP,
-        per_device_train_batch_size=GROUP * PROMPTS,
+        num_generations=group,
+        per_device_train_batch_size=group * prompts,
         gradient_accumulation_steps=1,
         max_completion_length=max_tokens,
         temperature=1.0,
@@ -175,10 +183,12 @@ def trl_worker(model: str, out: str, steps: int, max_tokens: int) -> None:
     Path(out, "result.json").write_text(json.dumps({"train_s": train_s, "step_times": step_times}))
 
 
-def run_trl(model: Path, root: Path, steps: int, max_tokens: int) -> dict[str, Any]:
+def run_trl(
+    model: Path, root: Path, steps: int, max_tokens: int, group: int, prompts: int
+) -> dict[str, Any]:
     out = root / "trl"
     cmd = [sys.executable, __file__, "--trl-worker", str(model), str(out)]
-    cmd += [str(steps), str(max_tokens)]
+    cmd += [str(steps), str(max_tokens), str(group), str(prompts)]
     t0 = time.perf_counter()
     with open(root / "trl.log", "w") as log:
         env = {**ensure_trl(), "OMP_WAIT_POLICY": "PASSIVE"}  # what rlkit's CPU trainer gets
@@ -189,15 +199,24 @@ def run_trl(model: Path, root: Path, steps: int, max_tokens: int) -> dict[str, A
     return {
         "s_per_step": statistics.fmean(per_step),
         "wall_s": wall,
-        "samples_per_step": GROUP * PROMPTS,
+        "samples_per_step": group * prompts,
         "final": out / "final",
     }
 
 
 # ---- rlkit --------------------------------------------------------------------------------
 def run_rlkit(
-    model: Path, root: Path, scheduler: str, steps: int, max_tokens: int, token_budget: int
+    model: Path,
+    root: Path,
+    scheduler: str,
+    steps: int,
+    max_tokens: int,
+    shape: tuple[int, int],
+    token_budget: int | None,
 ) -> dict[str, Any]:
+    """`rlkit train` on the demo's config; C3PO++ keeps the demo's capacity and budget when
+    `token_budget` is None."""
+    group, prompts = shape
     run_dir = root / f"rlkit-{scheduler}"
     cmd = [str(Path(sys.executable).parent / "rlkit"), "train"]
     cmd += [str(ROOT / "examples/tiny-cpu/train.toml"), f"--model.path={model}"]
@@ -205,10 +224,8 @@ def run_rlkit(
         f"--log.run_dir={run_dir}",
         f"--orchestrator.scheduler={scheduler}",
         f"--orchestrator.max_steps={steps}",
-        f"--orchestrator.group_size={GROUP}",
-        f"--orchestrator.schedulers.sync.batch_groups={PROMPTS}",
-        f"--orchestrator.schedulers.c3po.capacity={GROUP * PROMPTS}",
-        f"--orchestrator.schedulers.c3po.token_budget={token_budget}",
+        f"--orchestrator.group_size={group}",
+        f"--orchestrator.schedulers.sync.batch_groups={prompts}",
         f"--orchestrator.sampling.max_tokens={max_tokens}",
         "--orchestrator.drop_zero_advantage=false",
         "--orchestrator.difficulty.easy_fraction=0",
@@ -219,6 +236,11 @@ def run_rlkit(
         "--ckpt.interval=0",
         "--log.plot=false",
     ]
+    if token_budget is not None:
+        cmd += [
+            f"--orchestrator.schedulers.c3po.capacity={group * prompts}",
+            f"--orchestrator.schedulers.c3po.token_budget={token_budget}",
+        ]
     t0 = time.perf_counter()
     with open(root / f"rlkit-{scheduler}.log", "w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
@@ -299,20 +321,27 @@ def evaluate(model: Path, max_tokens: int, samples: int = 16) -> tuple[float, fl
 
 def run_workload(workload: str, root: Path, steps: int, schedulers: list[str]) -> dict[str, Any]:
     max_tokens = 16 if workload == "demo" else 128
+    group, prompts = shape = SHAPES[workload]
     root.mkdir(parents=True)
     model = build_model(workload, root)
-    results: dict[str, Any] = {"trl": run_trl(model, root, steps, max_tokens)}
-    token_budget = GROUP * PROMPTS * max_tokens  # sync ignores it; c3po gets sync's mean
+    results: dict[str, Any] = {"trl": run_trl(model, root, steps, max_tokens, group, prompts)}
+    token_budget = None  # demo: C3PO++ as the demo runs it; small: the sync run's mean tokens
     for scheduler in schedulers:
-        r = run_rlkit(model, root, scheduler, steps, max_tokens, token_budget)
-        if scheduler == "sync":
+        r = run_rlkit(model, root, scheduler, steps, max_tokens, shape, token_budget)
+        if scheduler == "sync" and workload != "demo":
             token_budget = round(r["tokens_per_step"])
         r["trainer_alone_step_s"] = trainer_alone(r.pop("run_dir"), root, steps)
         r["trainer_inside_over_alone"] = r["trainer_step_s"] / r["trainer_alone_step_s"]
         results[f"rlkit-{scheduler}"] = r
     samples = 16 if workload == "demo" else 4
     initial_eval = round(evaluate(model, max_tokens, samples)[0], 4)
-    out: dict[str, Any] = {"steps": steps, "max_tokens": max_tokens, "initial_eval": initial_eval}
+    out: dict[str, Any] = {
+        "steps": steps,
+        "max_tokens": max_tokens,
+        "group": group,
+        "prompts": prompts,
+        "initial_eval": initial_eval,
+    }
     for name, r in results.items():
         r["eval_reward"], r["eval_stderr"] = evaluate(r.pop("final"), max_tokens, samples)
         # C3PO++'s batches end at a token budget, not at a sample count
@@ -328,8 +357,8 @@ def run_workload(workload: str, root: Path, steps: int, schedulers: list[str]) -
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--trl-worker":
-        model, out, steps, max_tokens = sys.argv[2:6]
-        trl_worker(model, out, int(steps), int(max_tokens))
+        model, out, steps, max_tokens, group, prompts = sys.argv[2:8]
+        trl_worker(model, out, int(steps), int(max_tokens), int(group), int(prompts))
         return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workloads", default="demo,small")
