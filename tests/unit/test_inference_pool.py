@@ -185,3 +185,25 @@ async def test_a_server_not_ready_to_rejoin_is_reported_once_per_reason(
         ]
     finally:
         await pool.aclose()
+
+
+def test_an_updates_phases_are_the_slowest_servers() -> None:
+    """The step record's `weight_update_<phase>_s` come from each server's answer: its phases
+    flat, the HTTP round trip beyond them, and over servers the slowest one's per phase."""
+    from rlkit.inference.admin import update_seconds
+
+    one = update_seconds(
+        {
+            "server_seconds": {"record": 0.001, "pause": 0.004, "workers": 0.02, "resume": 0.001},
+            "worker_seconds": {"receive": 0.002, "verify": 0.001, "load": 0.015},
+        },
+        call_s=0.03,
+    )
+    assert one["server_workers"] == 0.02 and one["worker_load"] == 0.015
+    assert one["http"] == pytest.approx(0.03 - 0.026)
+    assert update_seconds({}, call_s=0.01) == {"call": 0.01}  # an older server: no phases
+    pool = ClientPool(["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    pool.admins[0].update_seconds = one
+    pool.admins[1].update_seconds = {**one, "server_pause": 0.05, "http": 0.0}
+    phases = pool.update_seconds()
+    assert phases["server_pause"] == 0.05 and phases["http"] == one["http"]
