@@ -14,7 +14,11 @@ variant are not tried (the machine is shared). The ranks run with the trainer's 
 (`--allocator`, default `auto`: tcmalloc where installed, as `rlkit train` starts them).
 
     python tests/benchmarks/bench_context_parallel.py [--size small] [--lengths 2048,4096,8192]
-        [--cap-gib 6] [--activation-checkpointing] [--allocator auto]
+        [--cap-gib 6] [--activation-checkpointing] [--allocator auto] [--layers N]
+
+`--size` is a toy shape (`small`) or a real one (`qwen3-0.6b`: its width, heads and 151,936-token
+vocabulary); `--layers N` keeps the shape's widths with N decoder layers (a real stack's 28 do not
+fit this machine's step time), so the figures are per layer kept, not the released model's.
 
 Prints one JSON line: per variant and length the per-rank peak (GiB, the larger rank) and the
 step time; the longest length each variant fits under the cap; per length both fit, the
@@ -86,6 +90,25 @@ def child(model_dir: str, length: int, cp: int, cap_gib: float, checkpointing: b
     trainer.close(wait_for_peers=True)
 
 
+def make_model(tmp: Path, size: str, layers: int) -> Path:
+    """A random-init model of shape `size`, with `layers` decoder layers when nonzero."""
+    from rlkit.models import init_tiny
+    from rlkit.models.shapes import REAL_SHAPES, real_config
+    from rlkit.models.tiny import MAX_POSITIONS, SHAPES, build_config
+
+    if not layers:
+        return init_tiny(tmp / "model", size=size, seed=0)
+    if size in REAL_SHAPES:
+        config = real_config(size, 0, 0, MAX_POSITIONS)
+    else:
+        config = build_config("qwen3", size, SHAPES[size]["vocab_size"], 0, 0)
+    fields = {**config.to_dict(), "num_hidden_layers": layers}
+    fields.pop("layer_types", None)  # derived from the layer count
+    path = tmp / "config.json"
+    path.write_text(json.dumps(fields))
+    return init_tiny(tmp / "model", seed=0, config_file=path)
+
+
 def run_variant(model_dir: Path, length: int, cp: int, args: argparse.Namespace) -> dict:
     from rlkit.trainer.allocator import with_allocator
     from rlkit.trainer.main import TrainerRanks
@@ -112,18 +135,19 @@ def main() -> None:
     parser.add_argument("--cap-gib", type=float, default=6.0, help="per-rank resident cap")
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument(
+        "--layers", type=int, default=0, help="decoder layers kept (0: the shape's own)"
+    )
+    parser.add_argument(
         "--allocator",
         default="auto",
         help="the ranks' malloc, as trainer.allocator (auto: tcmalloc where installed, as "
         "`rlkit train` starts its trainer; system: glibc)",
     )
     args = parser.parse_args()
-    from rlkit.models import init_tiny
-
     lengths = [int(x) for x in args.lengths.split(",")]
     results: dict[str, dict[str, dict]] = {"cp1": {}, "cp2": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = init_tiny(Path(tmp) / "model", size=args.size, seed=0)
+        model_dir = make_model(Path(tmp), args.size, args.layers)
         for name, cp in (("cp1", 1), ("cp2", 2)):
             for length in lengths:
                 result = run_variant(model_dir, length, cp, args)
@@ -145,6 +169,7 @@ def main() -> None:
             }
     line = {
         "size": args.size,
+        "layers": args.layers or None,
         "cap_gib": args.cap_gib,
         "activation_checkpointing": args.activation_checkpointing,
         "allocator": args.allocator,
