@@ -407,10 +407,18 @@ class Channel:
         when no valid one came."""
         wait_s = self.store.timeout.total_seconds() if timeout_s is None else timeout_s
         deadline = time.monotonic() + wait_s
+        key = self.key(kind, who)
         while (message := self.peek(kind, who)) is None:
-            if time.monotonic() >= deadline:
-                raise RuntimeError(f"no valid {self.key(kind, who)} within {wait_s:.0f}s")
-            time.sleep(0.01)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"no valid {key} within {wait_s:.0f}s")
+            if not self.store.check([key]):  # not there yet: the store wakes us when it is
+                try:
+                    self.store.wait([key], timedelta(seconds=left))
+                except RuntimeError:  # its timeout: checked above on the next turn
+                    pass
+                continue
+            time.sleep(0.01)  # there but not valid (a forgery): until a valid one replaces it
         return message
 
     def without(self, kind: type[BaseModel], peers: list[str]) -> list[str]:
