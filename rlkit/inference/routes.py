@@ -69,6 +69,9 @@ class PolicyState:
         self.routing = routing  # "vllm" (in responses), "capture" (/rlkit/routing) or None
         self.capture_on = False
         self.adapters: dict[str, int] = {}  # LoRA adapter name -> its policy version
+        # paused through `/rlkit/pause` (vLLM's own pause routes are off: only rlkit's routes
+        # pause), known here without asking the engine core on every update
+        self.paused = False
 
 
 async def ensure_capture(state: PolicyState, engine: Any) -> None:
@@ -140,7 +143,7 @@ async def load_on_workers(
     clock = PhaseClock(phases)
     async with state.lock:
         state.updating = True
-        was_paused = await engine.is_paused()
+        was_paused = state.paused
         try:
             if not was_paused:
                 await pause_keeping_requests(engine)
@@ -318,17 +321,21 @@ async def pause(request: Request, mode: str = "keep") -> JSONResponse:
     """vLLM's development-mode `/pause`, behind the owner's token: `keep` freezes in-flight
     requests (they go on after `/rlkit/resume`), `abort` and `wait` as vLLM's."""
     engine = request.app.state.engine_client
+    state: PolicyState = request.app.state.rlkit
     if mode == "keep":
         await pause_keeping_requests(engine)
     elif mode in ("abort", "wait"):
         await engine.pause_generation(mode=mode)
     else:
         raise ServiceError(400, f"mode {mode!r}: keep, abort or wait")
+    state.paused = True
     return JSONResponse({"paused": True})
 
 
 async def resume(request: Request) -> JSONResponse:
+    state: PolicyState = request.app.state.rlkit
     await request.app.state.engine_client.resume_generation()
+    state.paused = False
     return JSONResponse({"paused": False})
 
 
