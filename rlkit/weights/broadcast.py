@@ -296,18 +296,29 @@ class BroadcastDelivery(BaseModel):
         return f"the trainer (store {self.address[0]}:{self.address[1]})"
 
 
-def plan_buckets(tensors: list[Named], bucket_bytes: int) -> list[tuple[int, int]]:
+ALONE_BYTES = 2**20  # a tensor this large goes in a bucket alone: sent from its storage, no copy
+
+
+def plan_buckets(
+    tensors: list[Named], bucket_bytes: int, alone_bytes: int = ALONE_BYTES
+) -> list[tuple[int, int]]:
     """[start, end) index ranges over `tensors` (in order), each at most `bucket_bytes` once
-    packed, except that a tensor larger than that forms a bucket alone."""
+    packed, except that a tensor larger than that, or of at least `alone_bytes`, forms a bucket
+    alone (the sender then broadcasts its own storage: packing the large tensors was a copy of
+    nearly every byte on the sender's critical path, and its threads competed with the wire's)."""
     buckets: list[tuple[int, int]] = []
     start, size = 0, 0
     for i, (_, tensor) in enumerate(tensors):
         n = aligned(tensor.numel() * tensor.element_size())
-        if i > start and size + n > bucket_bytes:
+        alone = n >= alone_bytes
+        if i > start and (size + n > bucket_bytes or alone):
             buckets.append((start, i))
             start, size = i, 0
         size += n
-    if tensors:
+        if alone:
+            buckets.append((start, i + 1))
+            start, size = i + 1, 0
+    if start < len(tensors):
         buckets.append((start, len(tensors)))
     return buckets
 
@@ -550,12 +561,14 @@ class Sender:
         self.transfer_s = 0.0  # ... and its buckets, up to every peer's confirmation
         self.staging: list[torch.Tensor] = []  # two packing buffers, kept across updates
 
-    def delivery(self, tensors: list[Named], bucket_bytes: int) -> BroadcastDelivery:
+    def delivery(
+        self, tensors: list[Named], bucket_bytes: int, alone_bytes: int = ALONE_BYTES
+    ) -> BroadcastDelivery:
         return BroadcastDelivery(
             address=self.address,
             backend=backend_of(self.device),
             timeout_s=self.timeout.total_seconds(),
-            buckets=plan_buckets(tensors, bucket_bytes),
+            buckets=plan_buckets(tensors, bucket_bytes, alone_bytes),
         )
 
     def channel(self, version: int) -> Channel:
