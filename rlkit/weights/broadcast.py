@@ -22,7 +22,8 @@ on request (`Rejoin`) for a server that restarts in between: with one server, wa
 next update would never end, since no rollout, hence no next batch, can be made without a
 server. After its next update starts, the trainer marks the version `Closed` and such a server
 joins that update. Tensors travel packed into byte buckets of at most `bucket_mb` MiB (a larger
-tensor goes alone, sent from its own storage without a copy), one broadcast per bucket, two in
+tensor, or one of 1 MiB or more, goes alone, sent from its own storage without a copy: most
+bytes of a model), one broadcast per bucket, two in
 flight on each side: the sender packs bucket n+1 into the second of two staging buffers while
 bucket n is on the wire, and a worker posts the receive of bucket n+1 before it hands bucket n
 on, so the wire never waits for a copy (the same async collectives on gloo and NCCL).
