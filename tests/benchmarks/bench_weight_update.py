@@ -14,6 +14,7 @@ the path and the signature, pauses, receives, checks the tensor table, reloads i
 its version, resumes). `update_s` = publish + deliver; the server reports its worker's split
 (receive / verify / vLLM's reload), from which the reload share is given. The raw baseline
 copies every tensor of the same version into a preallocated tensor of the same shape and dtype
+(with torch's thread count and with one thread: the faster median)
 (before the server starts: timed right after an update, with vLLM's processes busy, the copies
 took 20-60x longer). The broadcast's trainer side reports its group set-up apart from its
 transfer: `broadcast_setup_s_first` (the first update: the group is created),
@@ -186,6 +187,19 @@ def raw_copy_s(tensors: list[tuple[str, torch.Tensor]], targets: dict[str, torch
     return time.perf_counter() - t0
 
 
+def plain_copy_s(pair, targets: dict[str, torch.Tensor], repeats: int) -> float:
+    """The raw copy's median seconds, the faster of torch's own thread count and one thread
+    (on a shared 2-core machine OpenMP's threads made the copy several times slower)."""
+    threads = torch.get_num_threads()
+    medians = []
+    for n in sorted({threads, 1}):
+        torch.set_num_threads(n)
+        times = [raw_copy_s(pair[i % 2], targets) for i in range(repeats + 1)]
+        medians.append(statistics.median(times[1:]))
+    torch.set_num_threads(threads)
+    return min(medians)
+
+
 async def one_update(
     name: str, transport, admin: AdminClient, root: Path, version: int, tensors, table
 ) -> tuple[float, float, dict]:
@@ -327,7 +341,7 @@ def measure(size: str, root: Path, repeats: int, e2e: bool) -> dict[str, object]
     pair = versions(model)
     targets = {n: torch.empty_like(t) for n, t in pair[0]}
     nbytes = sum(t.numel() * t.element_size() for t in targets.values())
-    raw = statistics.median([raw_copy_s(pair[i % 2], targets) for i in range(repeats + 1)][1:])
+    raw = plain_copy_s(pair, targets, repeats)
     del targets
     plain = plain_broadcast_s(nbytes, repeats)
     digest = digest_s(pair[0], credentials.read_token(token_file), repeats)
