@@ -46,7 +46,10 @@ token and sequence aggregations (`seq-mean-token-mean`), GSPO's sequence ratio,
 `seq_reject_below` and every metric are exact. Each rank's backward carries the gradient of its
 own tokens only; FSDP2's average over all W ranks and the trainer's `normalizer / W` then give
 the gradient of one big batch, as without context parallelism. Loss metrics are counted on the
-group's first rank only.
+group's first rank only. The MoE load-balancing loss (`router_aux_loss_coef`) sums its per-expert
+routed slots, router probabilities and token counts over the group before taking fractions and
+means (`RouterControl.aux_loss(valid, total=sum_copies)`), so every rank has the whole rows' loss;
+as it is not divided by W like the policy loss, the trainer scales its gradient by N.
 """
 
 from __future__ import annotations
