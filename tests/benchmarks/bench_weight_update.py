@@ -174,10 +174,30 @@ def peak_rss_gb(server_pid: int | None = None) -> float:
     return own + (tree_hwm_gb(server_pid) if server_pid else 0.0)
 
 
-def versions(model: Path) -> list[list[tuple[str, torch.Tensor]]]:
-    tensors = list(iter_safetensors(model))
-    perturbed = [(n, t + 1e-3 * torch.randn_like(t)) for n, t in tensors]
-    return [tensors, perturbed]
+class Versions:
+    """Two versions of the model's tensors in one copy of them (at qwen3-1.7b two copies beside
+    the engine's took the machine's memory): `versions[k]` is the tensors in version k % 2,
+    which differs from the other in the lowest bit of every tensor's first byte, flipped in
+    place (so a version's tensors must not be in use when the other is asked for: every update
+    settles before the next)."""
+
+    def __init__(self, model: Path) -> None:
+        self.tensors = list(iter_safetensors(model))
+        self.state = 0
+
+    def __getitem__(self, k: int) -> list[tuple[str, torch.Tensor]]:
+        if k % 2 != self.state:
+            for _, tensor in self.tensors:
+                tensor.reshape(-1).view(torch.uint8)[0] ^= 1
+            self.state = k % 2
+        return self.tensors
+
+    def __iter__(self):
+        return (self[k] for k in range(2))
+
+
+def versions(model: Path) -> Versions:
+    return Versions(model)
 
 
 def raw_copy_s(tensors: list[tuple[str, torch.Tensor]], targets: dict[str, torch.Tensor]) -> float:
