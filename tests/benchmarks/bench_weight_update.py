@@ -5,8 +5,9 @@ the same bytes, tiny and small models and the largest shape the scale benchmark 
     python tests/benchmarks/bench_weight_update.py [--repeats 5] [--sizes tiny,small,qwen3-0.6b]
 
 Per model size, this process plays the trainer's exporting rank and the orchestrator against
-one running vLLM CPU server: two versions (the model's tensors and a perturbed copy, their tensor
-tables made beforehand: every transport's trainer computes the same one) are published
+one running vLLM CPU server: two versions (the model's tensors and the same with one bit of
+each flipped: `Versions`, their tensor tables made beforehand: every transport's trainer computes
+the same one) are published
 alternately through each transport's trainer side (`publish_s`: files written, a broadcast
 planned, a shared buffer filled, the record signed and written; a broadcast then starts sending)
 and delivered through its orchestrator side (`deliver_s`: the server checks the caller's token,
