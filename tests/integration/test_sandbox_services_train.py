@@ -22,7 +22,7 @@ from rlkit.ports import free_port
 from rlkit.protocol.credentials import read_token
 from rlkit.runs.rollout_errors import ERRORS_FILE
 from tests.helpers.cli import tiny_train_cmd
-from tests.helpers.sandbox_service import shm_left
+from tests.helpers.sandbox_service import pids_with, shm_left
 from tests.helpers.session_server import on_session_server
 from tests.helpers.train_runs import SHORT, records, run, start
 
@@ -58,17 +58,6 @@ def _alive(pids: list[int]) -> list[int]:
         if state != "Z":
             alive.append(pid)
     return alive
-
-
-def _with_text(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 def _mounts() -> int:
@@ -166,7 +155,7 @@ def test_rlkit_train_survives_a_sandbox_node_killed_mid_step(
     while _alive(seen["own"] + seen["killed"]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _alive(seen["own"] + seen["killed"])
-    assert not _with_text(str(run_dir))
+    assert not pids_with(str(run_dir))
     assert not shm_left(shm_before)
     assert _mounts() == mounts_before
     assert len(os.listdir("/proc/self/fd")) <= fds_before
@@ -223,6 +212,6 @@ def test_a_sigkilled_rlkit_train_takes_its_sandbox_service_along(
         finally:
             for pid in _alive(sorted(seen)):
                 os.kill(pid, 9)
-    assert not _with_text(str(run_dir))
+    assert not pids_with(str(run_dir))
     assert not shm_left(shm_before)
     assert _mounts() == mounts_before
