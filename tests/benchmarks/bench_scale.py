@@ -34,6 +34,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers.bench_children import children, descendants, high_water_kb  # noqa: E402
+
 RLKIT = str(Path(sys.executable).parent / "rlkit")
 CONFIG = ROOT / "examples/tiny-cpu/train.toml"
 SIZES = {"tiny": "tiny", "small": "small", "0.6b": "qwen3-0.6b", "0.6b-lora": "qwen3-0.6b"}
@@ -62,40 +66,6 @@ def read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def children() -> dict[int, list[int]]:
-    """Every process's children, from /proc (Linux)."""
-    tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            tree.setdefault(ppid, []).append(int(entry.name))
-    return tree
-
-
-def descendants(pid: int, tree: dict[int, list[int]]) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(tree.get(p, []))
-    return out
-
-
-def high_water_kb(pid: int) -> int:
-    """The process's peak resident set (VmHWM) so far, 0 once it has gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 class PeakRss:

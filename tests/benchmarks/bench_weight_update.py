@@ -80,7 +80,12 @@ from rlkit.weights.transport import TimeoutParams
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers.bench_children import json_line_of  # noqa: E402
+from tests.helpers.bench_children import (  # noqa: E402
+    children,
+    descendants,
+    high_water_kb,
+    json_line_of,
+)
 
 TRANSPORTS = ("filesystem", "broadcast", "ipc")
 SIZES = "tiny,small,qwen3-0.6b"  # and qwen3-1.7b (engine and tensors only: ~3.4 GB)
@@ -140,33 +145,10 @@ def plain_broadcast_s(nbytes: int, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
-def hwm_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def tree_hwm_gb(pid: int) -> float:
     """The high-water resident memory of `pid` and its descendants, summed (an upper bound of
     their peak together), GiB."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parents[int(stat.parent.name)] = int(fields[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        p = frontier.pop()
-        kids = [c for c, pp in parents.items() if pp == p and c not in tree]
-        tree.update(kids)
-        frontier += kids
-    return sum(hwm_kb(p) for p in tree) / 2**20
+    return sum(high_water_kb(p) for p in descendants(pid, children())) / 2**20
 
 
 def peak_rss_gb(server_pid: int | None = None) -> float:
