@@ -190,9 +190,11 @@ def test_two_node_example_script(
     assert resolved.orchestrator.schedulers["c3po"]["capacity"] == 1024
 
 
-def test_eight_node_example_script(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
-) -> None:
+def run_eight_node_example(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path, *extra: str
+) -> tuple[str, dict[str, list[dict]]]:
+    """The eight-node example's script (with `extra` overrides), run on a fake cluster without
+    its container options (no pyxis here): the script and the rlkit calls by role."""
     nodes = [f"n{i}" for i in range(1, 9)]
     env, log = fake_cluster(tmp_path, nodes, servers=4)
     script = render(
@@ -201,17 +203,22 @@ def test_eight_node_example_script(
         EIGHT_NODE,
         f"--log.run_dir={tmp_path / 'run'}",
         f"--slurm.workdir={tmp_path}",
+        *extra,
     )
-    assert "#SBATCH --nodes=8" in script
-    assert "--container-image=/shared/images/rlkit.sqsh" in script
-    # no pyxis here: run the script without the container options
     plain = script.replace("--container-image=/shared/images/rlkit.sqsh", "")
     plain = plain.replace("--container-mounts=/shared:/shared", "")
     plain = plain.replace('--container-workdir="$RLKIT_WORKDIR"', "")
     env["PATH"] = f"{tmp_path / 'venv' / 'bin'}:{env['PATH']}"
     run_script(plain, tmp_path, env)
-    _, rlkit_calls = calls(log)
-    roles = by_role(rlkit_calls)
+    return script, by_role(calls(log)[1])
+
+
+def test_eight_node_example_script(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    script, roles = run_eight_node_example(monkeypatch, capsys, tmp_path)
+    assert "#SBATCH --nodes=8" in script
+    assert "--container-image=/shared/images/rlkit.sqsh" in script
     trainers = sorted(roles["trainer"], key=lambda c: c["env"]["SLURMD_NODENAME"])
     assert [c["env"]["SLURMD_NODENAME"] for c in trainers] == ["n1", "n2", "n3", "n4"]
     ranks = [next(a for a in c["rlkit"] if a.startswith("--trainer.node_rank=")) for c in trainers]
@@ -233,25 +240,7 @@ def test_sandbox_serve_starts_a_service_on_every_inference_node(
 ) -> None:
     """`[sandbox] serve`: each inference node's role serves its sandbox service on every
     interface, and the orchestrator sends programs to those (besides its own)."""
-    nodes = [f"n{i}" for i in range(1, 9)]
-    env, log = fake_cluster(tmp_path, nodes, servers=4)
-    script = render(
-        monkeypatch,
-        capsys,
-        EIGHT_NODE,
-        f"--log.run_dir={tmp_path / 'run'}",
-        f"--slurm.workdir={tmp_path}",
-        "--sandbox.serve=true",
-    )
-    for option in (
-        "--container-image=/shared/images/rlkit.sqsh",
-        "--container-mounts=/shared:/shared",
-    ):
-        script = script.replace(option, "")
-    script = script.replace('--container-workdir="$RLKIT_WORKDIR"', "")
-    env["PATH"] = f"{tmp_path / 'venv' / 'bin'}:{env['PATH']}"
-    run_script(script, tmp_path, env)
-    roles = by_role(calls(log)[1])
+    _, roles = run_eight_node_example(monkeypatch, capsys, tmp_path, "--sandbox.serve=true")
     for call in roles["inference"]:
         assert "--sandbox.serve_host=0.0.0.0" in call["rlkit"]
         assert "--sandbox.serve_port=8790" in call["rlkit"]
