@@ -67,7 +67,7 @@ class WeightSyncExtension:
     def rlkit_update(self, record_json: str, directory: str, reception_json: str) -> dict:
         """Receive the version `record_json` describes through its transport (`rlkit.weights`;
         `reception_json`: the server's `Reception`, where this worker's rank in a broadcast
-        group is its rank + this worker's own, and the key of the table's digests), check every
+        group is its rank + this worker's own, and the key of the table's tags), check every
         tensor against the record's table before any reaches the model, then load them in
         place.
 
@@ -83,8 +83,9 @@ class WeightSyncExtension:
         reception = Reception(**json.loads(reception_json))
         key = bytes.fromhex(reception.digest_key)
         if len(key) != 32:
-            return {"error": "no key for the tensor table's digests (32 bytes expected)"}
-        with Digester(key) as digester:  # a transport may hand it tensors as they arrive
+            return {"error": "no key for the tensor table's tags (32 bytes expected)"}
+        # the record's nonce: a transport may hand it tensors as they arrive
+        with Digester(key, record.nonce) as digester:
             reception = replace(
                 reception, rank=reception.rank + getattr(self, "rank", 0), digester=digester
             )
@@ -95,7 +96,7 @@ class WeightSyncExtension:
             except (RuntimeError, OSError, ValueError) as exc:
                 return {"error": str(exc)}
             t1 = time.perf_counter()
-            if problems := mismatches(tensors, record.tensors, digester):
+            if problems := mismatches(tensors, record, digester):
                 return {"error": "; ".join(problems)}
         t2 = time.perf_counter()
         self.reload_weights(weights_iterator=iter(tensors))  # type: ignore[attr-defined]

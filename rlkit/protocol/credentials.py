@@ -7,8 +7,8 @@ other users can read is refused: they would hold the credential.
 
 The token also signs what a run publishes (a weights version): `sign` / `verify` use a key
 derived from the token (`signing_key`), so the bearer token itself is never an HMAC key and a
-signature never helps anyone guess the token. The tensor digests in a version's table are keyed
-with another key derived from it (`digest_key`).
+signature never helps anyone guess the token. The one-time keys of the tensor tags in a
+version's table are derived from another key derived from it (`digest_key`).
 """
 
 from __future__ import annotations
@@ -107,8 +107,9 @@ def signing_key(token: str) -> bytes:
 
 
 def digest_key(token: str | None) -> bytes:
-    """The 32-byte BLAKE3 key of the tensor digests in what a token's holder publishes
-    (`rlkit.protocol.weights`), derived from the token apart from the signing key. Without a
+    """The 32-byte key from which the one-time Poly1305 keys of the tensor tags in what a
+    token's holder publishes are derived (`rlkit.protocol.weights.Digester`), derived from the
+    token apart from the signing key. Without a
     token, `UNKEYED`: such a run's records go unsigned, and every server refuses them."""
     if token is None:
         return UNKEYED

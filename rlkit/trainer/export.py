@@ -5,11 +5,12 @@ The sharded parameters are gathered to rank 0 on CPU and cast to the checkpoint'
 dtype under the names vLLM expects; the run's weight transport (`rlkit.weights`) makes them
 reachable (files, a broadcast, a shared buffer) and the version's record
 (`rlkit.protocol.weights.PublishedVersion`: tensor table, the trainer's canary logprobs, the
-transport's delivery fields) goes beside them. Each tensor's digest for the record's table is
-computed on other threads as soon as the tensor is gathered, while the next one is gathered
-(`rlkit.protocol.weights.Digester`). The directory is built under a temporary name,
-renamed into place, and only then marked published (`rlkit.protocol.handoff.mark_published`) so
-a reader that waits for it never sees a partial version.
+transport's delivery fields) goes beside them. Each tensor's tag for the record's table (under
+this publication's fresh nonce) is computed on another thread as soon as the tensor is
+gathered, while the next one is gathered (`rlkit.protocol.weights.Digester`). The directory is
+built under a temporary name, renamed into place, and only then marked published
+(`rlkit.protocol.handoff.mark_published`) so a reader that waits for it never sees a partial
+version.
 """
 
 from __future__ import annotations
@@ -53,24 +54,23 @@ def export_version(
     fields) beside them. Returns `out` on rank 0."""
     lm = policy.lm
     sent: list[tuple[PublishedVersion, list[Named]]] = []
-    digester = Digester(digest_key(token))  # each tensor digested as soon as it is gathered
+    # a fresh nonce for this publication; each tensor tagged as soon as it is gathered
+    digester = Digester(digest_key(token))
 
     def write(tmp: Path, full: dict[str, torch.Tensor]) -> None:
         assert transport is not None, "the exporting rank publishes through a transport"
         state = on_disk(lm, hf_state(lm, full))
         tensors = [(name, tensor.contiguous()) for name, tensor in state.items()]
-        record = PublishedVersion(
-            version=version,
-            transport=transport.name,
-            tensors=digester.table(tensors),
-            canary=canary,
-        )
+        record = PublishedVersion.build(version, transport.name, tensors, digester, canary=canary)
         record = transport.publish(tmp, record, tensors).signed(token)
         record.write(tmp)
         sent.append((record, tensors))
 
+    def gathered(name: str, tensor: torch.Tensor) -> None:
+        digester.add(tensor, hf_name(name))  # the name it is published under, mostly
+
     with digester:
-        if _publish(policy, out, dtype, write, extra, gathered=digester.add) is None:
+        if _publish(policy, out, dtype, write, extra, gathered=gathered) is None:
             return None
     assert transport is not None
     transport.published(out, *sent[0])
@@ -102,12 +102,17 @@ def on_disk(lm: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, to
     return revert_weight_conversion(lm, state)
 
 
+def hf_name(name: str) -> str:
+    """A gathered tensor's name in the HF model."""
+    return name.removeprefix("lm.")
+
+
 def hf_state(lm: torch.nn.Module, full: dict[str, torch.Tensor]) -> dict:
     """The gathered state dict under the HF model's names, tied aliases dropped (one name per
     tensor, like HF checkpoints)."""
     aliases = {n for n, _ in lm.named_parameters(remove_duplicate=False)}
     aliases -= {n for n, _ in lm.named_parameters()}
-    state = {k.removeprefix("lm."): v for k, v in full.items()}
+    state = {hf_name(k): v for k, v in full.items()}
     return {k: v for k, v in state.items() if k not in aliases}
 
 
@@ -134,15 +139,15 @@ def gather_state(
     policy: torch.nn.Module,
     dtype: torch.dtype,
     trainable_only: bool = False,
-    gathered_hook: Callable[[torch.Tensor], None] | None = None,
+    gathered_hook: Callable[[str, torch.Tensor], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Collective: the whole state dict on rank 0's CPU in `dtype` (empty on other ranks).
 
     Gathered and cast one tensor at a time, so the exporting rank holds the model once in
     `dtype` plus one full fp32 tensor, not a full fp32 copy beside its cast (measured by
     `tests/benchmarks/bench_export_memory.py`). A tied tensor is gathered once and appears under
-    each of its names. Rank 0 hands each CPU tensor to `gathered_hook` as soon as it exists (the
-    export's digests then run while the next one is gathered)."""
+    each of its names. Rank 0 hands each CPU tensor, with its first name, to `gathered_hook` as
+    soon as it exists (the export's tags then run while the next one is gathered)."""
     main = dist.is_main()
     gathered: dict[int, torch.Tensor | None] = {}  # id of a tensor -> its gathered copy
     state: dict[str, torch.Tensor] = {}
@@ -154,7 +159,7 @@ def gather_state(
             # a copy even where no cast is needed: the transport may read it after training goes on
             gathered[id(value)] = whole.detach().to("cpu", dtype, copy=True) if main else None
             if main and gathered_hook is not None:
-                gathered_hook(gathered[id(value)])
+                gathered_hook(name, gathered[id(value)])
         if main:
             state[name] = gathered[id(value)]
     return state
@@ -167,7 +172,7 @@ def _publish(
     write: Callable[[Path, dict[str, torch.Tensor]], None],
     extra: dict | None,
     trainable_only: bool = False,
-    gathered: Callable[[torch.Tensor], None] | None = None,
+    gathered: Callable[[str, torch.Tensor], None] | None = None,
 ) -> Path | None:
     """Collective: gather the state dict to rank 0 (each tensor to `gathered` as it comes),
     which lets `write` fill a temporary directory renamed to `out` (a hand-off to the servers:

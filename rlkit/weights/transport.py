@@ -62,21 +62,22 @@ def params_as(model: type[P], settings: TransportSettings) -> P:
 @dataclass(frozen=True)
 class Reception:
     """What a server gives its workers' `receive` beyond the (verified) record. `digester`
-    (set by the worker, never sent): a transport that gets tensors one after another may hand
-    each to it as it arrives (`Digester.add`; private memory that nothing changes afterwards),
-    so the check's digests run while the rest arrives; the worker checks every tensor anyway."""
+    (set by the worker for the record's nonce, never sent): a transport that gets tensors one
+    after another may hand each to it as it arrives (`arrived`; private memory that nothing
+    changes afterwards), so the check's tags run while the rest arrives; the worker checks
+    every tensor anyway."""
 
     rank: int = 0  # this worker's rank in a broadcast group
     timeout_s: float = 300.0  # the longest it may wait: the server's cap on any update
     secret: str = ""  # the run's rendezvous secret, derived from the caller's token
-    digest_key: str = ""  # hex key of the tensor table's digests, derived from the caller's token
+    digest_key: str = ""  # hex key the table's tag keys come from, derived from the caller's token
     digester: Digester | None = field(default=None, compare=False, repr=False)
 
     def arrived(self, tensors: Iterable[Named]) -> None:
         """Hand tensors that just arrived to the worker's digester, if any."""
         if self.digester is not None:
-            for _, tensor in tensors:
-                self.digester.add(tensor)
+            for name, tensor in tensors:
+                self.digester.add(tensor, name)
 
 
 @dataclass

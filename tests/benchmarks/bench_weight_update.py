@@ -25,7 +25,7 @@ transfer: `broadcast_setup_s_first` (the first update: the group is created),
 Baselines and columns in the same run, per size: `raw_copy_s` (above), `plain_broadcast_s` (the
 same bytes as one buffer in one gloo broadcast from this process to a spawned one, nothing
 else), `digest_s` / `digest_gb_s` (the tensor table of one version: the digest
-`rlkit.protocol.weights.tensor_table` computes, whatever it is), and with `--e2e` (default on
+`rlkit.protocol.weights.PublishedVersion.build` computes), and with `--e2e` (default on
 every size but `qwen3-1.7b`, whose fp32 trainer would not fit beside the rest in 24 GiB)
 `e2e_s`: an FSDP2 `Trainer` (one rank) holding the model, its `export` through the ipc transport
 (gather, cast, tensor table, canary logprobs, shared buffer, signed record) and the server's
@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import json
 import multiprocessing as mp
 import os
@@ -72,7 +71,6 @@ from rlkit.inference import start_server
 from rlkit.inference.admin import AdminClient
 from rlkit.models import init_tiny
 from rlkit.protocol import credentials, handoff
-from rlkit.protocol import weights as protocol_weights
 from rlkit.protocol.weights import PublishedVersion, iter_safetensors
 from rlkit.weights import TransportSettings, transport_class
 from rlkit.weights.transport import TimeoutParams
@@ -92,21 +90,20 @@ SIZES = "tiny,small,qwen3-0.6b"  # and qwen3-1.7b (engine and tensors only: ~3.4
 NO_E2E = ("qwen3-1.7b",)  # sizes whose trainer does not fit beside the rest on this machine
 
 
-def tensor_table(tensors: list[tuple[str, torch.Tensor]], token: str | None):
-    """The version's tensor table as the trainer makes it, under the run's digest key where the
-    table is keyed (`rlkit.protocol.weights.tensor_table` with or without its `key`)."""
-    make = protocol_weights.tensor_table
-    if len(inspect.signature(make).parameters) > 1:
-        return make(tensors, credentials.digest_key(token))  # type: ignore[attr-defined]
-    return make(tensors)  # type: ignore[call-arg]
+def tabled(tensors: list[tuple[str, torch.Tensor]], token: str | None) -> PublishedVersion:
+    """A record of `tensors` with its tensor table as the trainer makes one (a fresh nonce, a
+    tag per tensor under the run's digest key); the transports' records copy its nonce and table
+    (the same bytes published again under one nonce: the same one-time key for the same
+    message, so nothing is given away)."""
+    return PublishedVersion.build(0, "filesystem", tensors, credentials.digest_key(token))
 
 
 def digest_s(tensors: list[tuple[str, torch.Tensor]], token: str, repeats: int) -> float:
-    """Median seconds of one version's tensor table (the digest of every tensor)."""
+    """Median seconds of one version's tensor table (the tag of every tensor)."""
     times = []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
-        tensor_table(tensors, token)
+        tabled(tensors, token)
         times.append(time.perf_counter() - t0)
     return statistics.median(times[1:])
 
@@ -204,14 +201,14 @@ def plain_copy_s(pair, targets: dict[str, torch.Tensor], repeats: int) -> float:
 
 
 async def one_update(
-    name: str, transport, admin: AdminClient, root: Path, version: int, tensors, table
+    name: str, transport, admin: AdminClient, root: Path, version: int, tensors, tabled
 ) -> tuple[float, float, dict]:
     """(publish seconds, deliver seconds, the worker's split) of one version through
     `transport`; its tensor table (the same for every transport) is made beforehand."""
     out = root / f"{name}-{version}"
     out.mkdir()
     t0 = time.perf_counter()
-    record = PublishedVersion(version=version, transport=name, tensors=table)
+    record = tabled.model_copy(update={"version": version, "transport": name})
     record = transport.publish(out, record, tensors).signed(admin.token)  # the run's token
     record.write(out)
     handoff.mark_published(out)
@@ -245,7 +242,7 @@ async def measure_server(server, root: Path, pair, repeats: int) -> dict[str, di
         TimeoutParams(timeout_s=300), token=server.token
     )  # the run's, as a trainer
     transports = {name: transport_class(name)(settings, None) for name in TRANSPORTS}
-    tables = [tensor_table(tensors, server.token) for tensors in pair]
+    tables = [tabled(tensors, server.token) for tensors in pair]
     publish: dict[str, list[float]] = {name: [] for name in TRANSPORTS}
     deliver: dict[str, list[float]] = {name: [] for name in TRANSPORTS}
     splits: dict[str, list[dict]] = {name: [] for name in TRANSPORTS}

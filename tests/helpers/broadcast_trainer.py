@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from rlkit.protocol.credentials import digest_key, token_from_env
-from rlkit.protocol.weights import Named, PublishedVersion, tensor_table
+from rlkit.protocol.weights import Named, PublishedVersion
 from rlkit.weights import broadcast
 from rlkit.weights.broadcast import Sender
 
@@ -17,10 +17,11 @@ def broadcast_record(
     sender: Sender, version: int, tensors: list[Named], bucket_bytes: int
 ) -> PublishedVersion:
     """The record the trainer publishes for a broadcast of `tensors` from `sender`."""
-    return PublishedVersion(
-        version=version,
-        transport=broadcast.Broadcast.name,
-        tensors=tensor_table(tensors, digest_key(token_from_env())),
+    return PublishedVersion.build(
+        version,
+        broadcast.Broadcast.name,
+        tensors,
+        digest_key(token_from_env()),
         delivery=sender.delivery(tensors, bucket_bytes).model_dump(mode="json"),
     ).signed(token_from_env())
 

@@ -8,17 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlkit.protocol.credentials import digest_key, token_from_env
-from rlkit.protocol.weights import Canary, PublishedVersion, iter_safetensors, tensor_table
+from rlkit.protocol.weights import Canary, PublishedVersion, iter_safetensors
 
 
 def publish_files(directory: Path | str, version: int = 0, canary: Canary | None = None) -> Path:
     """Write `directory`'s record (its files as they are), signed with the tests' run token
     (`$RLKIT_TOKEN_FILE`, conftest.py), and return `directory`."""
     directory = Path(directory)
-    tensors = tensor_table(iter_safetensors(directory), digest_key(token_from_env()))
-    record = PublishedVersion(
-        version=version, transport="filesystem", tensors=tensors, canary=canary
-    )
+    tensors = iter_safetensors(directory)
+    key = digest_key(token_from_env())
+    record = PublishedVersion.build(version, "filesystem", tensors, key, canary=canary)
     record.signed(token_from_env()).write(directory)
     return directory
 

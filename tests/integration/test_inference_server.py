@@ -33,7 +33,6 @@ from rlkit.protocol.weights import (
     Canary,
     PublishedVersion,
     iter_safetensors,
-    tensor_table,
 )
 from rlkit.weights import TransportSettings
 from rlkit.weights.broadcast import BroadcastDelivery, Sender, announce_peers
@@ -563,9 +562,7 @@ async def test_tensors_forged_to_keep_the_old_checksums_are_refused_by_every_tra
     ipc_dir = tmp_path / "ipc"  # the honest record, its buffer written over
     ipc_dir.mkdir()
     ipc = Ipc(TransportSettings(TimeoutParams(timeout_s=30.0), token=token))
-    honest_record = PublishedVersion(
-        version=201, transport=Ipc.name, tensors=tensor_table(honest, digest_key(token))
-    )
+    honest_record = PublishedVersion.build(201, Ipc.name, honest, digest_key(token))
     record = ipc.publish(ipc_dir, honest_record.model_copy(update={"canary": good.canary}), honest)
     assert ipc.current is not None
     ipc.current[1].fill(forged, IpcDelivery.of(record).offsets)

@@ -182,7 +182,7 @@ def test_export_publishes_the_record_with_tensor_table_and_canary(
     record = PublishedVersion.read(out)
     assert record is not None and (record.version, record.transport) == (1, "filesystem")
     key = digest_key(token_from_env())  # the run's token's key, as the servers check
-    assert mismatches(iter_safetensors(out), record.tensors, key) == []
+    assert mismatches(iter_safetensors(out), record, key) == []
     canary = record.canary
     assert canary is not None
     assert canary.token_ids == canary_token_ids(AutoTokenizer.from_pretrained(out))

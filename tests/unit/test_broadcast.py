@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlkit.protocol import handoff
-from rlkit.protocol.weights import PublishedVersion, iter_safetensors, mismatches, tensor_table
+from rlkit.protocol.weights import PublishedVersion, iter_safetensors, mismatches
 from rlkit.weights import Reception, TransportSettings, broadcast
 from rlkit.weights.broadcast import (
     FILES_DIR,
@@ -39,7 +39,7 @@ from tests.helpers.broadcast_trainer import (
     sender_trickling,
 )
 
-KEY = bytes(range(32))  # the tensor digests' key (a run derives it from its token)
+KEY = bytes(range(32))  # the key of the tensor tags (a run derives it from its token)
 
 TIMEOUT_S = 5.0
 BUCKET = 4096
@@ -98,7 +98,7 @@ def test_buckets_are_bounded_and_a_big_tensor_goes_alone() -> None:
     delivery = BroadcastDelivery(
         address=("127.0.0.1", 1), backend="gloo", timeout_s=TIMEOUT_S, buckets=buckets
     )
-    table = tensor_table(tensors, KEY)
+    table = PublishedVersion.build(7, Broadcast.name, tensors, KEY).tensors
     assert [delivery.bucket_size(table, b) <= BUCKET for b in buckets] == [True, False, True]
 
 
@@ -175,9 +175,7 @@ def publish(transport: Broadcast, out: Path, version: int) -> PublishedVersion:
     publish `version` of `model_tensors()` in `out` (its record, no tensor files), then start
     sending."""
     tensors = model_tensors()
-    record = PublishedVersion(
-        version=version, transport=Broadcast.name, tensors=tensor_table(tensors, KEY)
-    )
+    record = PublishedVersion.build(version, Broadcast.name, tensors, KEY)
     out.mkdir(parents=True)
     record = transport.publish(out, record, tensors)
     record.write(out)
@@ -219,7 +217,7 @@ def test_a_server_restarting_between_updates_gets_the_last_version_as_files(
     files = PublishedVersion.read(path)  # the same version, published as files
     assert files is not None and (files.transport, files.delivery) == ("filesystem", {})
     assert (files.version, files.tensors) == (first.version, first.tensors)
-    assert mismatches(iter_safetensors(path), files.tensors, KEY) == []
+    assert mismatches(iter_safetensors(path), files, KEY) == []
 
     second = broadcast_to_one_receiver(transport, tmp_path / "step_2", 2)
     transport.settle()  # the trainer's next update (or its end) closes version 2

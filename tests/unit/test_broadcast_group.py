@@ -16,7 +16,7 @@ from rlkit.weights import Reception, broadcast
 from rlkit.weights.broadcast import Sender, announce_peers, receive
 from tests.helpers.broadcast_trainer import broadcast_record
 
-KEY = digest_key(token_from_env())  # the tests' run token's, as broadcast_record digests
+KEY = digest_key(token_from_env())  # the tests' run token's, as broadcast_record tags
 
 pytestmark = pytest.mark.slow  # spawns receiver processes that import torch
 TIMEOUT_S = 10.0
@@ -37,7 +37,7 @@ def long_lived_receiver(rank: int, inbox: Any, out: Any) -> None:
             (n, t.clone()) for bucket in receive(record, Reception(rank=rank)) for n, t in bucket
         ]
         held = broadcast.Broadcast.receiver.held(tuple(record.delivery["address"]))
-        out.put((rank, mismatches(got, record.tensors, KEY), held))
+        out.put((rank, mismatches(got, record, KEY), held))
 
 
 class Receivers:

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from rlkit.protocol import handoff
-from rlkit.protocol.weights import PublishedVersion, mismatches, tensor_table
+from rlkit.protocol.weights import PublishedVersion, mismatches
 from rlkit.weights import Reception, TransportSettings, transport_class
 from rlkit.weights.ipc import Ipc, IpcDelivery, IpcError, open_shared
 from rlkit.weights.transport import TimeoutParams
 
-KEY = bytes(range(32))  # the tensor digests' key (a run derives it from its token)
+KEY = bytes(range(32))  # the key of the tensor tags (a run derives it from its token)
 
 TENSORS = [
     ("embed.weight", torch.randn(37, 16).to(torch.bfloat16)),
@@ -45,7 +45,7 @@ def reversed_tensors() -> list[tuple[str, torch.Tensor]]:
 
 def publish(tmp: Path, version: int = 1, timeout_s: float = 5.0) -> tuple[Ipc, PublishedVersion]:
     ipc = Ipc(TransportSettings(TimeoutParams(timeout_s=timeout_s)))
-    record = PublishedVersion(version=version, transport="ipc", tensors=tensor_table(TENSORS, KEY))
+    record = PublishedVersion.build(version, "ipc", TENSORS, KEY)
     record = ipc.publish(tmp, record, TENSORS)
     ipc.published(tmp, record, TENSORS)
     return ipc, record
@@ -56,7 +56,7 @@ def worker_check(record_json: str, queue: mp.Queue) -> None:
     record = PublishedVersion.model_validate_json(record_json)
     try:
         tensors = Ipc.receive(record, Path("."), Reception())
-        queue.put(mismatches(tensors, record.tensors, KEY))
+        queue.put(mismatches(tensors, record, KEY))
     except IpcError as exc:
         queue.put(f"IpcError: {exc}")
 
@@ -86,9 +86,7 @@ def test_another_process_maps_exactly_the_published_tensors(tmp_path: Path) -> N
     assert shm_entries() == before  # a memfd has no name in /dev/shm
     handoff.mark_delivered(tmp_path)
     ipc.settle()  # delivered: the buffer waits for the next version
-    newer = PublishedVersion(
-        version=2, transport="ipc", tensors=tensor_table(reversed_tensors(), KEY)
-    )
+    newer = PublishedVersion.build(2, "ipc", reversed_tensors(), KEY)
     newer = ipc.publish(tmp_path, newer, reversed_tensors())
     assert IpcDelivery.of(newer).fd == delivery.fd  # the same pages, filled again
     stale = in_worker(record)  # a worker still holding version 1's record
@@ -101,7 +99,7 @@ def test_the_copy_on_write_mapping_cannot_change_the_trainers_bytes(tmp_path: Pa
     try:
         mapped = open_shared(record)
         mapped[0][1].zero_()  # a worker scribbling on its view
-        assert mismatches(open_shared(record), record.tensors, KEY) == []
+        assert mismatches(open_shared(record), record, KEY) == []
     finally:
         handoff.mark_delivered(tmp_path)
         ipc.settle()
@@ -114,21 +112,19 @@ def test_a_buffer_a_worker_still_maps_is_not_refilled(tmp_path: Path) -> None:
     again once nobody maps it."""
     ipc, record = publish(tmp_path)
     held = open_shared(record)  # checked, not loaded yet
-    assert mismatches(held, record.tensors, KEY) == []
+    assert mismatches(held, record, KEY) == []
     handoff.mark_delivered(tmp_path)
     ipc.settle()
-    newer = PublishedVersion(
-        version=2, transport="ipc", tensors=tensor_table(reversed_tensors(), KEY)
-    )
+    newer = PublishedVersion.build(2, "ipc", reversed_tensors(), KEY)
     newer = ipc.publish(tmp_path, newer, reversed_tensors())
-    assert mismatches(held, record.tensors, KEY) == []  # what it loads is what it checked
+    assert mismatches(held, record, KEY) == []  # what it loads is what it checked
     assert IpcDelivery.of(newer).name != IpcDelivery.of(record).name
     del held  # loaded: the mapping and its lock go
     handoff.mark_delivered(tmp_path)
     ipc.settle()
     third = ipc.publish(tmp_path, record.model_copy(update={"version": 3}), TENSORS)
     assert IpcDelivery.of(third).name == IpcDelivery.of(newer).name  # filled again
-    assert mismatches(open_shared(third), third.tensors, KEY) == []
+    assert mismatches(open_shared(third), third, KEY) == []
     handoff.mark_delivered(tmp_path)
     ipc.settle()
 
@@ -144,7 +140,7 @@ def test_a_worker_is_refused_while_the_trainer_refills_the_buffer(tmp_path: Path
         with pytest.raises(IpcError, match="is writing its next version"):
             open_shared(record)
         os.close(writer)
-        assert mismatches(open_shared(record), record.tensors, KEY) == []
+        assert mismatches(open_shared(record), record, KEY) == []
     finally:
         handoff.mark_delivered(tmp_path)
         ipc.settle()

@@ -14,20 +14,17 @@ import torch
 import torch.distributed as dist
 
 from rlkit.protocol.credentials import new_token, rendezvous_secret
-from rlkit.protocol.weights import PublishedVersion, tensor_table
+from rlkit.protocol.weights import PublishedVersion
 from rlkit.weights.broadcast import Channel, FilesReady, Peers, Sender, Verdict
 
-KEY = bytes(range(32))  # the tensor digests' key (a run derives it from its token)
+KEY = bytes(range(32))  # the key of the tensor tags (a run derives it from its token)
 
 TENSORS = [("w", torch.arange(12, dtype=torch.float32).view(3, 4))]
 
 
 def record() -> PublishedVersion:
-    return PublishedVersion(
-        version=3,
-        transport="broadcast",
-        tensors=tensor_table(TENSORS, KEY),
-        delivery={"address": ["127.0.0.1", 1234], "timeout_s": 10},
+    return PublishedVersion.build(
+        3, "broadcast", TENSORS, KEY, delivery={"address": ["127.0.0.1", 1234], "timeout_s": 10}
     )
 
 

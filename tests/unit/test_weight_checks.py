@@ -20,10 +20,10 @@ from rlkit.protocol.weights import (
     Canary,
     Digester,
     PublishedVersion,
+    TensorEntry,
     iter_safetensors,
     mismatches,
     published_bytes,
-    tensor_digest,
     tensor_table,
 )
 from tests.helpers.forgery import forge, linear_sums
@@ -40,40 +40,53 @@ def tensors() -> dict[str, torch.Tensor]:
     }
 
 
-def test_digest_is_exact_across_threads_layouts_and_sees_one_element() -> None:
-    big = torch.randn(3000, 1500).bfloat16()  # big enough for BLAKE3's own threads
-    one = tensor_digest(big, KEY)
-    assert len(one) == 64 and tensor_digest(big.clone(), KEY) == one
+def record_of(named: dict[str, torch.Tensor] | list, version: int = 1) -> PublishedVersion:
+    items = named.items() if isinstance(named, dict) else named
+    return PublishedVersion.build(version, "filesystem", items, KEY)
+
+
+def test_tag_is_exact_across_layouts_and_chunks_and_sees_one_element() -> None:
+    big = torch.randn(3000, 1500).bfloat16()  # 9 MB: more than one Poly1305 call
+    digester = Digester(KEY)
+    one = digester.digest("a", big)
+    assert len(one) == 32 and digester.digest("a", big.clone()) == one
     strided = big.t().contiguous().t()  # the same values laid out by columns
-    assert [e.digest for e in tensor_table([("a", big), ("b", strided)], KEY)] == [one, one]
+    assert tensor_table([("a", strided)], KEY, digester.nonce)[0].digest == one
     changed = big.clone()
-    changed[2999, 1499] += 1
-    assert tensor_digest(changed, KEY) != one
+    changed[2999, 1499] += 1  # the last element: in the last chunk
+    assert digester.digest("a", changed) != one
     rows = big.clone()
     rows[[0, 1]] = rows[[1, 0]]  # same values, moved
-    assert tensor_digest(rows, KEY) != one
-    assert tensor_digest(big, digest_key(new_token())) != one  # another run's key
-    assert tensor_digest(big, UNKEYED) != one and digest_key(None) == UNKEYED
+    assert digester.digest("a", rows) != one
+    assert digester.digest("b", big) != one  # each name its own key
+    assert Digester(KEY, digester.nonce).digest("a", big) == one  # the worker's side agrees
+    assert Digester(KEY).digest("a", big) != one  # another publication's nonce
+    assert Digester(digest_key(new_token()), digester.nonce).digest("a", big) != one  # run's key
+    assert Digester(UNKEYED, digester.nonce).digest("a", big) != one
+    assert digest_key(None) == UNKEYED
+    with Digester(KEY, digester.nonce) as handed:  # tagged on the thread as handed over
+        handed.add(big, "a")
+        assert handed.table([("a", big), ("b", big)])[0].digest == one
 
 
-def test_a_forgery_that_keeps_the_old_linear_sums_changes_the_digest() -> None:
+def test_a_forgery_that_keeps_the_old_linear_sums_changes_the_tag() -> None:
     """The old table's two int16 sums are kept by a tensor changed at several places (the
-    forger in tests/helpers/forgery.py); its keyed digest is not, under any key."""
+    forger in tests/helpers/forgery.py); its tag is not, under any key."""
     weight = (torch.randn(256, 96) * 0.02).bfloat16()
     forged = forge(weight, places=5)
     assert linear_sums(forged) == linear_sums(weight)
     assert int((forged != weight).sum()) >= 10
-    other = digest_key(new_token())
-    assert tensor_digest(forged, KEY) != tensor_digest(weight, KEY)
-    assert tensor_digest(forged, other) != tensor_digest(weight, other)
-    assert mismatches([("w", forged)], tensor_table([("w", weight)], KEY), KEY) == [
+    for key in (KEY, digest_key(new_token())):
+        digester = Digester(key)
+        assert digester.digest("w", forged) != digester.digest("w", weight)
+    assert mismatches([("w", forged)], record_of([("w", weight)]), KEY) == [
         "tensor 'w': digest differs from the published one"
     ]
 
 
 def test_mismatches_name_every_kind_of_difference() -> None:
     sent = tensors()
-    published = tensor_table(sent.items(), KEY)
+    published = record_of(sent)
     assert mismatches(sent.items(), published, KEY) == []
     corrupt = {**sent, "a.weight": sent["a.weight"].clone()}
     corrupt["a.weight"][5, 5] += 1
@@ -88,6 +101,63 @@ def test_mismatches_name_every_kind_of_difference() -> None:
         "tensor 'x' was not published",
         "tensor 'c.flag' published but not received",
     ]
+    # two tensors of one shape and dtype under each other's names: each name has its own key
+    twins = {"p": torch.ones(8), "q": torch.zeros(8)}
+    assert mismatches({"p": twins["q"], "q": twins["p"]}.items(), record_of(twins), KEY) == [
+        "tensor 'p': digest differs from the published one",
+        "tensor 'q': digest differs from the published one",
+    ]
+
+
+def test_every_publication_draws_its_own_nonce_and_the_signature_covers_it() -> None:
+    """The same version of the same tensors published twice (a resumed run publishing a
+    version number again): other nonces, so other one-time keys and other tags; a record whose
+    nonce was altered fails its signature, and even unsigned its tags fail under that nonce;
+    a nonce too short to be drawn at random, or a name listed twice (one key, two tensors), is
+    no record."""
+    token = new_token()
+    key = digest_key(token)
+    sent = list(tensors().items())
+    first = PublishedVersion.build(5, "filesystem", sent, key).signed(token)
+    again = PublishedVersion.build(5, "filesystem", sent, key).signed(token)
+    assert first.nonce != again.nonce and len(bytes.fromhex(first.nonce)) >= 16
+    assert all(a.digest != b.digest for a, b in zip(first.tensors, again.tensors, strict=True))
+    assert mismatches(sent, first, key) == mismatches(sent, again, key) == []
+    altered = first.model_copy(update={"nonce": again.nonce})
+    assert first.signed_by(token) and not altered.signed_by(token)
+    assert len(mismatches(sent, altered, key)) == 3  # first's tags, again's keys
+    reread = PublishedVersion.model_validate_json(altered.model_dump_json())
+    assert not reread.signed_by(token)
+    for bad in ("", "00" * 15, "ab" * 16 + "\n", "AB" * 16, "g" * 32):
+        with pytest.raises(ValueError, match="nonce"):
+            PublishedVersion.model_validate({**first.model_dump(), "nonce": bad})
+        if bad:
+            with pytest.raises(ValueError, match="nonce"):
+                Digester(key, bad)
+    twice = [*first.model_dump()["tensors"], first.model_dump()["tensors"][0]]
+    with pytest.raises(ValueError, match="published twice: a.weight"):
+        PublishedVersion.model_validate({**first.model_dump(), "tensors": twice})
+
+
+def test_a_tag_of_the_right_length_but_wrong_is_refused() -> None:
+    """A table whose tag for one tensor was replaced by another well-formed one (its signature
+    aside): that tensor, and only it, is refused; a malformed tag is no record."""
+    sent = tensors()
+    record = record_of(sent)
+    entries = list(record.tensors)
+    wrong = format(int(entries[0].digest, 16) ^ 1, "032x")  # one bit of the tag flipped
+    entries[0] = entries[0].model_copy(update={"digest": wrong})
+    swapped = record.model_copy(update={"tensors": entries})
+    assert mismatches(sent.items(), swapped, KEY) == [
+        "tensor 'a.weight': digest differs from the published one"
+    ]
+    other = record.tensors[1].digest  # a real tag, of another tensor
+    entries[0] = entries[0].model_copy(update={"digest": other})
+    swapped = record.model_copy(update={"tensors": entries})
+    assert mismatches(sent.items(), swapped, KEY)[0].startswith("tensor 'a.weight': digest")
+    for bad in (wrong[:-2], wrong + "00", wrong.upper(), "z" * 32):
+        with pytest.raises(ValueError, match="digest"):
+            TensorEntry(name="a", dtype="float32", shape=(1,), digest=bad)
 
 
 def test_files_received_are_what_was_checked_even_if_the_files_change_afterwards(
@@ -99,30 +169,29 @@ def test_files_received_are_what_was_checked_even_if_the_files_change_afterwards
     from rlkit.weights.filesystem import Filesystem
 
     save_file({"w": torch.zeros(4096)}, tmp_path / "model.safetensors")
-    with Digester(KEY) as digester:
-        got = Filesystem.receive(None, tmp_path, Reception(digester=digester))  # type: ignore[arg-type]
-        table = digester.table(got)
+    record = PublishedVersion.build(1, "filesystem", iter_safetensors(tmp_path), KEY)
+    with Digester(KEY, record.nonce) as digester:
+        got = Filesystem.receive(record, tmp_path, Reception(digester=digester))
+        assert digester.pending  # tagged as they were read
+        assert mismatches(got, record, digester) == []
     with open(tmp_path / "model.safetensors", "r+b") as f:  # the file's last 4 KiB: the tensor's
         f.seek(-4096, 2)
         f.write(b"\x01" * 4096)
     assert not got[0][1].any()
-    assert mismatches(got, table, KEY) == []
+    assert mismatches(got, record, KEY) == []
+    with pytest.raises(ValueError, match="nonce"):  # a Digester of another publication
+        mismatches(got, record, Digester(KEY))
 
 
 def test_record_round_trips_and_its_table_matches_the_files(tmp_path: Path) -> None:
     save_file(tensors(), tmp_path / "model.safetensors")
     assert PublishedVersion.read(tmp_path) is None
     canary = Canary(token_ids=[1, 2, 3], logprobs=[-0.5, -1.5])
-    record = PublishedVersion(
-        version=4,
-        transport="filesystem",
-        tensors=tensor_table(iter_safetensors(tmp_path), KEY),
-        canary=canary,
-    )
+    record = PublishedVersion.build(4, "filesystem", iter_safetensors(tmp_path), KEY, canary=canary)
     record.write(tmp_path)
     read = PublishedVersion.read(tmp_path)
     assert read == record and read.canary == canary
-    assert mismatches(iter_safetensors(tmp_path), read.tensors, KEY) == []
+    assert mismatches(iter_safetensors(tmp_path), read, KEY) == []
     assert (
         read.nbytes
         == published_bytes(tmp_path)
@@ -133,7 +202,7 @@ def test_record_round_trips_and_its_table_matches_the_files(tmp_path: Path) -> N
 
 def test_a_tampered_record_is_refused(tmp_path: Path) -> None:
     """Fields a record does not define, or a negative version, are errors, not ignored."""
-    record = PublishedVersion(version=1, transport="filesystem", tensors=tensor_table([], KEY))
+    record = PublishedVersion.build(1, "filesystem", [], KEY)
     record.write(tmp_path)
     path = tmp_path / "rlkit_version.json"
     path.write_text(path.read_text().replace('"version":1', '"version":-1'))
