@@ -78,6 +78,7 @@ class ContextGroup:
     dp_size: int = 1  # D: data-parallel groups
     dp_rank: int = 0
     group: Any = None  # the context group's process group (None when size = 1)
+    dp_group: Any = None  # this rank's data-parallel group (the ranks of its c; None when D = 1)
 
 
 def mesh_shape(world: int, context_parallel: int) -> tuple[int, int]:
@@ -115,7 +116,8 @@ def context_group(context_parallel: int, device: torch.device) -> ContextGroup:
 
     mesh = init_device_mesh(device.type, (dp, cp), mesh_dim_names=("dp", "cp"))
     rank = tdist.get_rank()
-    return ContextGroup(cp, rank % cp, dp, rank // cp, mesh.get_group("cp"))
+    dp_group = mesh.get_group("dp") if dp > 1 else None
+    return ContextGroup(cp, rank % cp, dp, rank // cp, mesh.get_group("cp"), dp_group)
 
 
 # ---- row layout ---------------------------------------------------------------------------

@@ -32,9 +32,16 @@ def _rows(temperature: Temperature, start: int, end: int) -> Temperature:
 
 
 def _check_inputs(
-    hidden: Tensor, weight: Tensor, targets: Tensor, temperature: Temperature, chunk_size: int = 1
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    temperature: Temperature,
+    chunk_size: int = 1,
+    vocab: int | None = None,
 ) -> None:
-    """Shape/value errors here name the argument; deep inside a matmul they would not."""
+    """Shape/value errors here name the argument; deep inside a matmul they would not. `vocab`:
+    the token ids' range when `weight` holds only some of the vocabulary's rows."""
+    vocab = weight.shape[0] if vocab is None else vocab
     if hidden.dim() != 2:
         raise ValueError(f"hidden must be [N, H], got shape {tuple(hidden.shape)}")
     if weight.dim() != 2:
@@ -50,9 +57,9 @@ def _check_inputs(
         )
     if targets.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"targets must be integer token ids, got dtype {targets.dtype}")
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
         raise ValueError(
-            f"targets must be token ids in [0, {weight.shape[0]}), got range "
+            f"targets must be token ids in [0, {vocab}), got range "
             f"[{int(targets.min())}, {int(targets.max())}] (mask padding with a valid id)"
         )
     if isinstance(temperature, Tensor):

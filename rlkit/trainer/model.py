@@ -5,6 +5,9 @@ LM-head projection: `fully_shard` goes on every decoder layer, then on the wrapp
 pre-forward hook unshards the embeddings, final norm and `lm_head`. Inside `forward`,
 `lm_head.weight` is therefore a full tensor and `chunked_logprobs` never builds [N, V] logits.
 On one rank, groups that FSDP2 would neither shard nor cast stay plain tensors (`_shard`).
+With context parallelism the embeddings and the LM head are a group of their own that is never
+gathered whole: each rank of a context group computes with its slice of the vocabulary
+(`rlkit.trainer.vocab_parallel`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from torch.nn import functional as F
 from rlkit.errors import UsageError
 from rlkit.protocol.model import LoraConfig, ModelConfig
 from rlkit.trainer import context_parallel as cp
+from rlkit.trainer import vocab_parallel as vp
 from rlkit.trainer.dist import is_main, world_size
 from rlkit.trainer.logprobs import chunked_logprobs
 from rlkit.trainer.lora import add_lora, store_frozen_in
@@ -31,11 +35,21 @@ from rlkit.trainer.routing import RouterControl
 class PolicyModel(nn.Module):
     """HF causal LM + chunked logprobs of the counted target tokens of a micro-batch."""
 
-    def __init__(self, lm: nn.Module, chunk_size: int) -> None:
+    def __init__(
+        self,
+        lm: nn.Module,
+        chunk_size: int,
+        vocab: cp.ContextGroup | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.lm = lm
         self.chunk_size = chunk_size
         self.router = RouterControl(lm)  # MoE routing hooks (no routers: a no-op)
+        # the group the vocabulary is split over (`rlkit.trainer.vocab_parallel`); None: FSDP2
+        # gathers the embeddings and the LM head whole
+        self.vocab = vocab
+        self.dtype = dtype  # the decoder's compute dtype, the split embeddings' output's
 
     def forward(
         self,
@@ -66,7 +80,14 @@ class PolicyModel(nn.Module):
         if self.lm.config._attn_implementation == cp.ATTENTION:
             kwargs["rows"] = rows if rows is not None else cp.unsplit_rows(position_ids)
         embedding = self.lm.model.embed_tokens
-        if trained_tied(embedding, self.lm.lm_head):
+        head: vp.VocabSlice | None = None
+        if self.vocab is not None:
+            head = vp.take(self.lm.lm_head.weight, self.vocab)
+            tied = embedding.weight is self.lm.lm_head.weight
+            table = head if tied else vp.take(embedding.weight, self.vocab)
+            embeds = vp.embed(input_ids, table, embedding.padding_idx).to(self.dtype)
+            out = self.lm.model(inputs_embeds=embeds, **kwargs)
+        elif trained_tied(embedding, self.lm.lm_head):
             embeds = embed_into_weight_grad(embedding, input_ids)
             out = self.lm.model(inputs_embeds=embeds, **kwargs)
         else:
@@ -76,12 +97,15 @@ class PolicyModel(nn.Module):
             total = None if group is None else (lambda x: cp.sum_copies(x, group))
             self.aux_loss = self.router.aux_loss(token_mask.flatten(), total)
         hidden = out.last_hidden_state.flatten(0, 1)[flat_index]
+        temperature = 1.0 if temperatures is None else temperatures
+        if head is not None:
+            return vp.logprobs(hidden, head, targets, self.chunk_size, temperature, True)
         logprobs, entropy = chunked_logprobs(
             hidden,
             self.lm.lm_head.weight,
             targets,
             chunk_size=self.chunk_size,
-            temperature=1.0 if temperatures is None else temperatures,
+            temperature=temperature,
             with_entropy=True,
         )
         return logprobs, entropy
@@ -209,7 +233,7 @@ def load_policy(
     device: torch.device,
     chunk_size: int,
     mesh: DeviceMesh | None = None,
-    context_parallel: int = 1,
+    context: cp.ContextGroup | None = None,
 ) -> PolicyModel:
     """Build the model on the meta device, shard it with FSDP2, then fill each rank's shards.
 
@@ -220,8 +244,10 @@ def load_policy(
     rank 0 only in the checkpoint's dtype, one decoder layer resident at a time
     (`rlkit.trainer.rank0_load`). Buffers (rotary tables) come from rank 0 as well.
     `mesh`: None shards over all ranks; a 2-D (replicate, shard) mesh is HSDP.
-    `context_parallel` > 1: attention is `rlkit.trainer.context_parallel`'s (rows split across
-    the ranks of a context group).
+    `context` of size > 1: attention is `rlkit.trainer.context_parallel`'s (rows split across
+    the ranks of a context group), and, where `vocab_parallel.supported`, the embeddings and
+    LM head are one FSDP2 group of their own that no forward unshards: the policy computes with
+    each rank's vocabulary slice of it (`rlkit.trainer.vocab_parallel`).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -230,6 +256,7 @@ def load_policy(
     if Path(cfg.path).exists() and not (Path(cfg.path) / "config.json").is_file():
         raise UsageError(f"model.path {cfg.path}: no config.json (not an HF model directory)")
     attn = attention_implementation(cfg, device)
+    context_parallel = context.size if context is not None else 1
     if context_parallel > 1:
         if cfg.attention not in ("auto", "sdpa"):
             raise UsageError(
@@ -258,12 +285,15 @@ def load_policy(
     one_rank = mesh is None and world_size() == 1
     for layer in decoder_layers(lm):
         _shard(layer, mp, mesh, one_rank)
-    policy = PolicyModel(lm, chunk_size)
+    split_vocab = context_parallel > 1 and vp.supported(lm, mesh is None)
+    policy = PolicyModel(lm, chunk_size, context if split_vocab else None, dtype)
     root_mp = mp
     if dtype != stored and keeps_root_stored(lm):
         _shard(lm.model.norm, mp, mesh, one_rank)
         lm.model.embed_tokens.register_forward_hook(lambda _m, _i, out: out.to(dtype))
         root_mp = MixedPrecisionPolicy(reduce_dtype=torch.float32)
+    if split_vocab:  # sharded like the root, never unsharded: PolicyModel takes slices of it
+        fully_shard([lm.model.embed_tokens, lm.get_output_embeddings()], mp_policy=root_mp)
     _shard(policy, root_mp, mesh, one_rank)
     policy.to_empty(device=device)
     lm.tie_weights()  # to_empty gives each plain (unsharded) parameter its own storage
@@ -310,7 +340,7 @@ def load_reference(
     device: torch.device,
     chunk_size: int,
     mesh: DeviceMesh | None = None,
-    context_parallel: int = 1,
+    context: cp.ContextGroup | None = None,
 ) -> PolicyModel:
     """A frozen, sharded copy of the initial policy (without any LoRA adapter): the reference
     model whose logprobs the KL penalty (`loss.params.kl_coef`) compares with, as in TRL and
@@ -321,7 +351,7 @@ def load_reference(
         device,
         chunk_size,
         mesh,
-        context_parallel,
+        context,
     )
     ref.requires_grad_(False)
     return ref.eval()

@@ -84,7 +84,7 @@ class Trainer:
         self.context = cp.context_group(cfg.context_parallel, self.device)
         if dist.is_main() and self.context.size > 1:
             print(cp.describe_mesh(dist.world_size(), self.context.size), flush=True)
-        n = cfg.context_parallel
+        n = self.context
         self.policy = load_policy(cfg.model, self.device, cfg.logprob_chunk_size, mesh, n)
         self.reference: PolicyModel | None = None
         if cfg.loss.resolved.params.kl_coef > 0:

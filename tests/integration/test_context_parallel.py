@@ -3,8 +3,9 @@ give the per-token logprobs, the loss metrics and every parameter's gradient of 
 within fp32 tolerance, on rows of ~1k and of 16k tokens, packed and padded, with IcePop
 (+ seq_reject_below) and GSPO (its sequence ratio, seq-mean-token-mean, pi_old recomputed, a
 reference KL); and, at ~1k, a MoE model with R2 routing replay, a LoRA adapter and activation
-checkpointing, and a MoE model with R3 (the engine's routing given with the batch) and the
-router load-balancing loss.
+checkpointing, a MoE model with R3 (the engine's routing given with the batch) and the
+router load-balancing loss, and a model whose embeddings are tied to its LM head (cp = 2 splits
+the vocabulary over the group: `rlkit.trainer.vocab_parallel`).
 
 Tolerance (fp32; `tests/helpers/tolerance.py`): the split changes only the order in which
 floating-point sums are added (attention over the row's keys is cut into blocks merged by
@@ -22,8 +23,8 @@ for logprobs and 1.3e-6 x for gradients at ~1k, 1.2e-7 and 1.2e-6 at 16k, which 
 bounds at 1e-5 and 1e-4), so an error beyond rounding still fails them (the aux loss without its
 N x gradient scaling failed the gradient check).
 
-The file is also the probe: `python THIS OUT CP DENSE_MODEL MOE_MODEL [SUITE]` (one process,
-CP = 1) or under torchrun computes, per case of the suite (`SUITES`), every micro-batch's
+The file is also the probe: `python THIS OUT CP DENSE_MODEL MOE_MODEL TIED_MODEL [SUITE]` (one
+process, CP = 1) or under torchrun computes, per case of the suite (`SUITES`), every micro-batch's
 logprobs and one batch's gradients without a step, and saves them from rank 0.
 """
 
@@ -66,6 +67,8 @@ CASES = {
         router_aux_loss_coef=1.0,  # large: the routers' gradient is mostly the aux loss's
         given_routing=True,
     ),
+    # one weight for the embeddings and the LM head: both lookups' and logits' gradients in it
+    "tied-icepop": dict(tied=True, loss=dict(name="icepop"), packing=True),
 }
 # 16,384 tokens: one packed row of three samples; two padded rows (16,384 and 2,000 tokens)
 LONG = [(1500, 9000), (300, 4000), (40, 1544)]
@@ -125,7 +128,9 @@ def long_batch(
     return seqs
 
 
-def probe(out: str, context_parallel: str, dense_dir: str, moe_dir: str, suite: str = "1k") -> None:
+def probe(
+    out: str, context_parallel: str, dense_dir: str, moe_dir: str, tied_dir: str, suite: str = "1k"
+) -> None:
     from rlkit.protocol.model import LoraConfig, ModelConfig
     from rlkit.trainer import dist
     from rlkit.trainer.config import LossConfig, TrainerConfig
@@ -136,8 +141,9 @@ def probe(out: str, context_parallel: str, dense_dir: str, moe_dir: str, suite: 
         case = dict(case)
         samples = case.pop("samples", SAMPLES_1K)
         given_routing = case.pop("given_routing", False)
+        path = moe_dir if case.pop("moe", False) else dense_dir
         model = ModelConfig(
-            path=moe_dir if case.pop("moe", False) else dense_dir,
+            path=tied_dir if case.pop("tied", False) else path,
             lora=LoraConfig(rank=case.pop("lora", 0)),
             activation_checkpointing=case.pop("activation_checkpointing", False),
         )
@@ -186,6 +192,7 @@ def probe(out: str, context_parallel: str, dense_dir: str, moe_dir: str, suite: 
             "logprobs": logprobs,
             "micro_batches": n_mbs,
             "nonfinite": nonfinite,
+            "vocab_parallel": trainer.policy.vocab is not None,
         }
         dist.barrier()
     if dist.is_main():
@@ -258,12 +265,18 @@ def test_context_parallel_two_ranks_match_one_process(
 ):
     from transformers import AutoConfig
 
-    one_rank, two_ranks = _both([str(tiny_model_dir), str(tiny_moe_model_dir)], tmp_path, "1k")
+    from rlkit.models import init_tiny
+
+    tied = init_tiny(tmp_path / "tied", arch="qwen3", seed=0, tie_embeddings=True)
+    models = [str(tiny_model_dir), str(tiny_moe_model_dir), str(tied)]
+    one_rank, two_ranks = _both(models, tmp_path, "1k")
     for case in CASES:
         model = tiny_moe_model_dir if CASES[case].get("moe") else tiny_model_dir
+        model = tied if CASES[case].get("tied") else model
         seen = _compare(one_rank[case], two_ranks[case], AutoConfig.from_pretrained(model), True)
         print(case, seen)
     assert one_rank["icepop-packed"]["metrics"]["seq_rejected"] > 0  # rejection is exercised
+    assert all(two_ranks[case]["vocab_parallel"] for case in CASES)  # the split vocabulary's
     assert two_ranks["moe-r2-lora-checkpointing"]["metrics"]["router_known_pairs"] > 0
     r3 = two_ranks["moe-r3-aux"]["metrics"]
     assert r3["router_known_pairs"] > 0 and r3["router_aux_loss"] > 0
@@ -278,7 +291,8 @@ def test_context_parallel_two_ranks_match_one_process_at_16k_tokens(
     tighter ~1k check is not a bound; the attention sums here have 16x the terms)."""
     from transformers import AutoConfig
 
-    one_rank, two_ranks = _both([str(tiny_model_dir), str(tiny_moe_model_dir)], tmp_path, "16k")
+    models = [str(tiny_model_dir), str(tiny_moe_model_dir), str(tiny_model_dir)]  # nothing tied
+    one_rank, two_ranks = _both(models, tmp_path, "16k")
     config = AutoConfig.from_pretrained(tiny_model_dir)
     for case in CASES_16K:
         assert one_rank[case]["row_len"] == 16384
