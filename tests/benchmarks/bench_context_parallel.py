@@ -15,10 +15,13 @@ variant are not tried (the machine is shared). The ranks run with the trainer's 
 
     python tests/benchmarks/bench_context_parallel.py [--size small] [--lengths 2048,4096,8192]
         [--cap-gib 6] [--activation-checkpointing] [--allocator auto] [--layers N]
+        [--variants cp1,cp2] [--logprob-chunk-size 1024]
 
 `--size` is a toy shape (`small`) or a real one (`qwen3-0.6b`: its width, heads and 151,936-token
 vocabulary); `--layers N` keeps the shape's widths with N decoder layers (a real stack's 28 do not
 fit this machine's step time), so the figures are per layer kept, not the released model's.
+`--variants` runs only some of the two (e.g. cp2 against another checkout's); `--logprob-chunk-size`
+is the trainer's `logprob_chunk_size` (rows of the head's logits at a time).
 
 Prints one JSON line: per variant and length the per-rank peak (GiB, the larger rank) and the
 step time; the longest length each variant fits under the cap; per length both fit, the
@@ -46,7 +49,9 @@ from tests.helpers.bench_children import status_kb  # noqa: E402
 GIB = 2**30
 
 
-def child(model_dir: str, length: int, cp: int, cap_gib: float, checkpointing: bool) -> None:
+def child(
+    model_dir: str, length: int, cp: int, cap_gib: float, checkpointing: bool, chunk: int
+) -> None:
     """One torchrun rank: one step on one sequence of `length`; rank 0 prints the JSON line."""
     import torch
 
@@ -71,6 +76,7 @@ def child(model_dir: str, length: int, cp: int, cap_gib: float, checkpointing: b
         micro_batch_tokens=length,
         context_parallel=cp,
         collective_timeout_s=1800,
+        logprob_chunk_size=chunk,
     )
     trainer = Trainer(cfg, total_steps=10)
     vocab = trainer.policy.lm.config.vocab_size
@@ -115,7 +121,7 @@ def run_variant(model_dir: Path, length: int, cp: int, args: argparse.Namespace)
 
     cmd = [sys.executable, *TrainerRanks(nproc=2).torchrun_args(), __file__, "--child"]
     cmd += [str(model_dir), str(length), str(cp), str(args.cap_gib)]
-    cmd += ["1" if args.activation_checkpointing else "0"]
+    cmd += ["1" if args.activation_checkpointing else "0", str(args.logprob_chunk_size)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     env = with_allocator(env, args.allocator, cuda=False)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -137,6 +143,8 @@ def main() -> None:
     parser.add_argument(
         "--layers", type=int, default=0, help="decoder layers kept (0: the shape's own)"
     )
+    parser.add_argument("--variants", default="cp1,cp2", help="which of cp1, cp2 to run")
+    parser.add_argument("--logprob-chunk-size", type=int, default=1024)
     parser.add_argument(
         "--allocator",
         default="auto",
@@ -149,6 +157,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_model(Path(tmp), args.size, args.layers)
         for name, cp in (("cp1", 1), ("cp2", 2)):
+            if name not in args.variants.split(","):
+                continue
             for length in lengths:
                 result = run_variant(model_dir, length, cp, args)
                 results[name][str(length)] = result
@@ -173,6 +183,7 @@ def main() -> None:
         "cap_gib": args.cap_gib,
         "activation_checkpointing": args.activation_checkpointing,
         "allocator": args.allocator,
+        "logprob_chunk_size": args.logprob_chunk_size,
         "results": results,
         "longest_fitting": longest,
         "ratios": ratios,
@@ -183,7 +194,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        model, length, cp, cap, ckpt = sys.argv[2:7]
-        child(model, int(length), int(cp), float(cap), ckpt == "1")
+        model, length, cp, cap, ckpt, chunk = sys.argv[2:8]
+        child(model, int(length), int(cp), float(cap), ckpt == "1", int(chunk))
     else:
         main()

@@ -176,6 +176,9 @@ def probe(
                 lp = trainer.logprobs(mb)[0]
                 for s, sample in enumerate(mb.sample_ids):
                     logprobs[sample] = (lp[s] * mb.loss_mask[s]).cpu()
+        # the weight export's canary: whole rows on every rank (with cp = 2 the vocabulary is
+        # still split: every rank gives the group the same tokens)
+        canary = torch.tensor(trainer.canary_logprobs(seqs[0].token_ids[:40]))
         metrics, nonfinite, n_mbs = trainer.compute_gradients(
             seqs, loss, loss.normalizer(seqs), loss.recomputes_old
         )
@@ -193,6 +196,7 @@ def probe(
             "micro_batches": n_mbs,
             "nonfinite": nonfinite,
             "vocab_parallel": trainer.policy.vocab is not None,
+            "canary": canary,
         }
         dist.barrier()
     if dist.is_main():
@@ -275,6 +279,8 @@ def test_context_parallel_two_ranks_match_one_process(
         model = tied if CASES[case].get("tied") else model
         seen = _compare(one_rank[case], two_ranks[case], AutoConfig.from_pretrained(model), True)
         print(case, seen)
+        canary = one_rank[case]["canary"]
+        torch.testing.assert_close(two_ranks[case]["canary"], canary, rtol=1e-5, atol=1e-5)
     assert one_rank["icepop-packed"]["metrics"]["seq_rejected"] > 0  # rejection is exercised
     assert all(two_ranks[case]["vocab_parallel"] for case in CASES)  # the split vocabulary's
     assert two_ranks["moe-r2-lora-checkpointing"]["metrics"]["router_known_pairs"] > 0
