@@ -33,8 +33,9 @@ delivery, until the engine serves the version. `ratios` lists what issue 63 asks
 update less vLLM's reload over the raw copy, end to end over the ipc update, the worker's check
 over the raw copy, broadcast over ipc, the plain broadcast's seconds over the broadcast's
 transfer (the fraction of a plain broadcast's speed it reaches), and vLLM's reload share.
-`peak_rss_gb` is this process's and its children's (the server's) high-water mark. Prints one
-JSON line.
+`peak_rss_gb` is this process's and its children's (the server's) high-water mark; `load`: the
+1-minute load average at the start and after each size. Prints one JSON line (and each size's
+transport figures on stderr before its end-to-end phase, which needs the most memory).
 
     python tests/benchmarks/bench_weight_update.py --repeats 3 --sizes qwen3-0.6b
     python tests/benchmarks/bench_weight_update.py --repeats 2 --sizes qwen3-1.7b
@@ -353,6 +354,9 @@ def measure(size: str, root: Path, repeats: int, e2e: bool) -> dict[str, object]
         result = asyncio.run(measure_server(server, work, pair, repeats))
         if e2e:
             del pair
+            # on stderr first: what was measured survives an end-to-end phase that dies (the
+            # engine killed for memory on a shared machine)
+            print(json.dumps({size: rounded(result)}), file=sys.stderr, flush=True)
             result["e2e_s"] = asyncio.run(measure_e2e(server, work, model, repeats))
         peak = peak_rss_gb(server.pid)
     finally:
@@ -443,10 +447,12 @@ def main() -> None:
         return
     sizes = args.sizes.split(",")
     e2e = args.e2e.split(",") if args.e2e else [s for s in sizes if s not in NO_E2E]
-    out: dict[str, object] = {"bench": "weight_update", "repeats": args.repeats}
+    out: dict[str, object] = {"bench": "weight_update", "repeats": args.repeats, "load": []}
+    out["load"].append(os.getloadavg()[0])  # type: ignore[union-attr]
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
             out[size] = rounded(measure(size, Path(tmp) / size, args.repeats, size in e2e))
+            out["load"].append(os.getloadavg()[0])  # type: ignore[union-attr]
     print(json.dumps(out))
 
 
