@@ -5,7 +5,9 @@ the N ranks of a context group, so a rank holds the activations of 1/N of every 
 rank = d * N + c: the N ranks of a context group are consecutive (one node, where possible).
 Micro-batches go round robin over the D data-parallel groups; every rank of a context group
 runs the same micro-batch, each on its own part of every row. FSDP2 still shards parameters over
-all W ranks (the flattened grid; `sharding = "hybrid"` is unchanged).
+all W ranks (the flattened grid; `sharding = "hybrid"` is unchanged). The embeddings and the LM
+head are not gathered whole: each rank of a group computes with its slice of the vocabulary
+(`rlkit.trainer.vocab_parallel`; with `sharding = "full"` and a plain embedding and head).
 
 **Split.** A row of L tokens is padded to Lp, a multiple of 2N (padding continues the last
 sample's positions after every real token, so no real token sees it), and cut into 2N chunks of
@@ -38,7 +40,8 @@ forward, (2N+1) L^2 / 4N^2 elements) and K/V repeated for GQA: exact, but the ma
 picks its math path, the scores are materialised. GPU kernels with the log-sum-exp (flash or
 efficient attention, or flash-attention's varlen) are not wired in yet.
 
-**Per-token outputs.** Each rank computes the logprobs and entropies of the targets it holds;
+**Per-token outputs.** Each rank gets the logprobs and entropies of the targets it holds (with
+the vocabulary split, the group computes them together: `vocab_parallel.logprobs`);
 `sum_copies` adds the ranks' [S, T] tensors (disjoint entries), and its backward passes each
 rank the whole gradient, of which the logprob scatter keeps the rank's own entries. So every rank
 of a group computes the loss of whole sequences, the same value, with the unchanged loss code:
