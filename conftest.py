@@ -28,9 +28,26 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RLKIT_BRIDGE_VENVS", str(Path(__file__).parent / ".cache" / "bridge-venvs"))
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        help="write each file's (or xdist group's) total test seconds to PATH as JSON: the "
+        "order `scripts/test.sh` hands files to its workers (tests/durations.json)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--record-durations")
+    if path and not hasattr(config, "workerinput"):  # the controller sees every report
+        from tests.helpers.scheduling import DurationRecorder
+
+        config.pluginmanager.register(DurationRecorder(Path(path)), "rlkit-durations")
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """`--dist loadgroup` (scripts/test.sh) as whole files plus groups, not single tests."""
+    """`--dist loadgroup` (scripts/test.sh) as whole files plus groups, longest first."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from tests.helpers.scheduling import FilesAndGroups

@@ -26,4 +26,6 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 # --durations: the 40 slowest tests in every log, CI's included (where the suite's time goes)
+# (`--record-durations tests/durations.json` refreshes the order files are handed out in, longest
+# first: tests/helpers/scheduling.py)
 exec .venv/bin/pytest -q -ra --durations=40 "${select[@]}" "$@"
