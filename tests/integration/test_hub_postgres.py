@@ -174,12 +174,12 @@ def test_two_server_processes_race_without_losing_a_committed_file(
         codes = sorted(r.status_code for r in responses)
         assert set(codes) <= {200, 409}, codes
         assert codes.count(200) == 25  # exactly one winner per file name
-        card = httpx.get(f"{urls[0]}/api/v1/envs/racer/race-env", timeout=10).json()
+        card = httpx.get(f"{urls[0]}/api/v1/envs/racer/race-env", timeout=60).json()
         recorded = {f["filename"]: f["sha256"] for v in card["versions"] for f in v["files"]}
         assert len(recorded) == 25
         for filename, sha in recorded.items():
             for url in urls:
-                served = httpx.get(f"{url}/files/race-env/{filename}", timeout=10)
+                served = httpx.get(f"{url}/files/race-env/{filename}", timeout=60)
                 assert served.status_code == 200, filename
                 assert hashlib.sha256(served.content).hexdigest() == sha, filename
     finally:
