@@ -27,17 +27,24 @@ AMD EPYC that runs the benchmarks, about a plain copy of the bytes, where keyed 
 partial file, a tensor changed in flight, by accident or on purpose, or sent under the wrong
 name all fail.
 
-OpenSSL's Poly1305 (the `cryptography` package) holds the GIL while it runs (two threads tag no
-faster than one), so a `Digester` tags on one background thread, a few MiB per call so other
-threads run between them: the trainer hands each tensor over as it is gathered, so its tag runs
-while the next one is gathered (`rlkit.trainer.export`), and a worker's transport hands over
-what arrived while the rest arrives.
+The tags are OpenSSL's Poly1305, called through its EVP_MAC API (OpenSSL >= 3, the libcrypto
+Python itself links) with ctypes, which lets go of the GIL during the call: a `Digester` tags
+tensors on a thread per core (up to `MAX_THREADS`). Where that library is missing, the
+`cryptography` package's Poly1305 (the same OpenSSL code, bundled) is used on one thread, a few
+MiB per call: it holds the GIL, so two threads tag no faster than one. Either way the trainer
+hands each tensor over as it is gathered, so its tag runs while the next one is gathered
+(`rlkit.trainer.export`), and a worker's transport hands over what arrived while the rest
+arrives.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import hashlib
 import hmac
+import os
 import re
 import secrets
 from collections.abc import Iterable, Iterator
@@ -55,7 +62,8 @@ if TYPE_CHECKING:  # torch is imported where tensors are handled: the record sid
 VERSION_FILE = "rlkit_version.json"
 NONCE_BYTES = 16  # a publication's random nonce: two of them collide with probability 2**-128
 TAG_BYTES = 16  # a Poly1305 tag
-CHUNK_BYTES = 8 << 20  # bytes per Poly1305 call: other threads get the GIL between calls
+CHUNK_BYTES = 8 << 20  # bytes per `cryptography` Poly1305 call: other threads run between them
+MAX_THREADS = 8  # a Digester's threads at most (one per core): the tags are memory-bound
 _NONCE = re.compile(rf"^(?:[0-9a-f]{{2}}){{{NONCE_BYTES},64}}$")
 _PUBLICATION = b"rlkit-pub-v1"  # BLAKE2b personalisations (<= 16 bytes): one per derivation
 _TENSOR = b"rlkit-tensor-v1"
@@ -203,13 +211,79 @@ def new_nonce() -> str:
     return secrets.token_hex(NONCE_BYTES)
 
 
+class OpenSSLPoly1305:
+    """OpenSSL's Poly1305 through its EVP_MAC API (OpenSSL >= 3), called with ctypes: the GIL
+    is let go during each call, so tensors are tagged on several threads at once."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        p, size = ctypes.c_void_p, ctypes.c_size_t
+        for name, restype, argtypes in (
+            ("EVP_MAC_fetch", p, [p, ctypes.c_char_p, ctypes.c_char_p]),
+            ("EVP_MAC_CTX_new", p, [p]),
+            ("EVP_MAC_CTX_free", None, [p]),
+            ("EVP_MAC_init", ctypes.c_int, [p, ctypes.c_char_p, size, p]),
+            ("EVP_MAC_update", ctypes.c_int, [p, p, size]),
+            ("EVP_MAC_final", ctypes.c_int, [p, ctypes.c_char_p, ctypes.POINTER(size), size]),
+        ):
+            function = getattr(lib, name)
+            function.restype, function.argtypes = restype, argtypes
+        self.lib = lib
+        self.mac = lib.EVP_MAC_fetch(None, b"POLY1305", None)
+        if not self.mac:
+            raise OSError("this OpenSSL has no POLY1305 MAC")
+
+    def tag(self, key: bytes, address: int, nbytes: int) -> bytes:
+        """The tag of the `nbytes` at `address` (alive for the call) under the 32-byte `key`."""
+        lib, ctx = self.lib, self.lib.EVP_MAC_CTX_new(self.mac)
+        if not ctx:
+            raise MemoryError("EVP_MAC_CTX_new")
+        try:
+            out, written = ctypes.create_string_buffer(TAG_BYTES), ctypes.c_size_t()
+            ok = lib.EVP_MAC_init(ctx, key, len(key), None) == 1
+            ok = ok and (nbytes == 0 or lib.EVP_MAC_update(ctx, address, nbytes) == 1)
+            ok = ok and lib.EVP_MAC_final(ctx, out, ctypes.byref(written), TAG_BYTES) == 1
+            if not ok or written.value != TAG_BYTES:
+                raise RuntimeError("OpenSSL's Poly1305 failed")
+            return out.raw
+        finally:
+            lib.EVP_MAC_CTX_free(ctx)
+
+
+@functools.cache
+def openssl_poly1305() -> OpenSSLPoly1305 | None:
+    """OpenSSL's Poly1305 without the GIL, or None where no OpenSSL >= 3 libcrypto is found
+    (`RLKIT_POLY1305=cryptography` asks for the `cryptography` package's instead)."""
+    if os.environ.get("RLKIT_POLY1305") == "cryptography":
+        return None
+    for name in (ctypes.util.find_library("crypto"), "libcrypto.so.3"):
+        if not name:
+            continue
+        try:
+            return OpenSSLPoly1305(ctypes.CDLL(name))
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def tag_threads() -> int:
+    """How many threads tag at once: one per core without the GIL, else one (module doc)."""
+    return min(os.cpu_count() or 1, MAX_THREADS) if openssl_poly1305() is not None else 1
+
+
 def tensor_tag(tensor: torch.Tensor, one_time_key: bytes) -> str:
     """Hex Poly1305 tag of the tensor's bytes under `one_time_key` (32 bytes), which must
-    authenticate nothing else (`Digester.tensor_key`); fed CHUNK_BYTES at a time, so other
-    threads run between the calls (Poly1305 holds the GIL)."""
+    authenticate nothing else (`Digester.tensor_key`): by OpenSSL without the GIL where it can
+    (`openssl_poly1305`), else by the `cryptography` package CHUNK_BYTES at a time, so other
+    threads run between the calls."""
+    import torch
+
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    openssl = openssl_poly1305()
+    if openssl is not None:
+        return openssl.tag(one_time_key, flat.data_ptr(), flat.numel()).hex()
     from cryptography.hazmat.primitives.poly1305 import Poly1305
 
-    raw = tensor_bytes(tensor)
+    raw = memoryview(flat.numpy())
     mac = Poly1305(one_time_key)
     for start in range(0, raw.nbytes, CHUNK_BYTES):
         mac.update(raw[start : start + CHUNK_BYTES])
@@ -230,8 +304,8 @@ class Digester:
     run's digest `key`, on one background thread as they are handed over (`add`), so where
     tensors are produced one at a time (the trainer's gather, a transport's arrivals) their tags
     run while the next one is made, and the table costs no pass of its own; `table` takes the
-    tag of each (name, tensor) already added and makes the others' on the caller's thread. A
-    tensor must not change once added. One thread: Poly1305 holds the GIL (module doc)."""
+    tag of each (name, tensor) already added and makes the others' too. A tensor must not change
+    once added. Threads: `tag_threads` (module doc)."""
 
     def __init__(self, key: bytes, nonce: str | None = None) -> None:
         if len(key) != 32:
@@ -243,7 +317,8 @@ class Digester:
         self._key = hashlib.blake2b(
             nonce_bytes, key=key, digest_size=32, person=_PUBLICATION
         ).digest()  # this publication's: the run's key and the nonce
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="rlkit-digest")
+        self.threads = tag_threads()
+        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="rlkit-digest")
         # (id of a tensor, its name) -> (the tensor: held, so its id is not reused; its tag)
         self.pending: dict[tuple[int, str], tuple[torch.Tensor, Future[str]]] = {}
 
@@ -265,12 +340,18 @@ class Digester:
             self.pending[id(tensor), name] = (tensor, future)
 
     def table(self, tensors: Iterable[Named]) -> list[TensorEntry]:
-        """The table of (name, tensor) pairs, in their order."""
+        """The table of (name, tensor) pairs, in their order: those never handed over are
+        tagged here, on the threads if there are several, else on this one (no hand-over)."""
         pairs = list(tensors)
         tags: list[str | Future[str]] = []
-        for name, tensor in pairs:  # those never handed over: tagged here meanwhile
-            held = self.pending.get((id(tensor), name))
-            tags.append(self.digest(name, tensor) if held is None else held[1])
+        for name, tensor in pairs:
+            if (id(tensor), name) in self.pending:
+                tags.append(self.pending[id(tensor), name][1])
+            elif self.threads > 1:
+                self.add(tensor, name)
+                tags.append(self.pending[id(tensor), name][1])
+            else:
+                tags.append(self.digest(name, tensor))
         return [
             tensor_entry(name, tensor, tag if isinstance(tag, str) else tag.result())
             for (name, tensor), tag in zip(pairs, tags, strict=True)

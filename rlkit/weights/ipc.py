@@ -86,15 +86,23 @@ class SharedBuffer:
         self.fd = os.memfd_create(self.name, os.MFD_CLOEXEC)
         self.size = max(size, 1)
         os.ftruncate(self.fd, self.size)
+        self.mapped: torch.Tensor | None = None  # our own writable mapping, from the first refill
 
     def fill(self, tensors: list[Named], offsets: list[int]) -> None:
-        """Write each tensor's bytes at its offset (plain writes into the file's pages: no
-        mapping of our own whose page tables the workers' mappings could make costly)."""
+        """Write each tensor's bytes at its offset. The first fill writes plainly into the
+        file (allocating its pages: faulting them in through a new mapping was slower, 40 ms a
+        MB beside a vLLM worker's mapping once); a refill copies through our own mapping of
+        the pages that now exist (made once, populated in bulk): a plain copy's speed, where
+        the writes took 1.4-1.7x a copy (issue 63)."""
+        if self.mapped is None:
+            for (_, tensor), offset in zip(tensors, offsets, strict=True):
+                view, done = memoryview(raw_bytes(tensor).numpy()), 0
+                while done < len(view):
+                    done += os.pwrite(self.fd, view[done:], offset + done)
+            return
         for (_, tensor), offset in zip(tensors, offsets, strict=True):
-            raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-            view, done = memoryview(raw), 0
-            while done < len(view):
-                done += os.pwrite(self.fd, view[done:], offset + done)
+            raw = raw_bytes(tensor)
+            self.mapped[offset : offset + raw.numel()].copy_(raw)
 
     def refill(self, tensors: list[Named], offsets: list[int]) -> bool:
         """Fill again under an exclusive lock, unless a worker still maps the buffer (it holds
@@ -104,13 +112,23 @@ class SharedBuffer:
         except BlockingIOError:
             return False
         try:
+            if self.mapped is None:
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+                mapping = mmap.mmap(self.fd, self.size, flags)
+                self.mapped = torch.frombuffer(mapping, dtype=torch.uint8)
             self.fill(tensors, offsets)
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
         return True
 
     def close(self) -> None:
+        self.mapped = None  # the mapping goes with the last view of it
         os.close(self.fd)
+
+
+def raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's bytes in memory order (a CPU tensor's own storage when it is contiguous)."""
+    return tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
 
 
 def open_shared(record: PublishedVersion) -> list[Named]:

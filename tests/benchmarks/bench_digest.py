@@ -8,10 +8,13 @@ Builds random bf16 tensors at `--size`'s shapes (`rlkit.models.shapes`: qwen3-0.
 tied embeddings) and times, interleaved `--repeats` times (the first round warms up):
 
 - `copy_s`: every tensor copied into a preallocated one of its shape (the bytes read once and
-  written once: the floor of any step that moves them);
+  written once: the floor of any step that moves them), the faster of torch's threads and one
+  thread (`copy_threads_s`, `copy_one_thread_s`), as `bench_weight_update.py` times it;
 - `table_s`: the trainer's tensor table (`PublishedVersion.build`: a fresh nonce, one Poly1305
-  tag per tensor under its one-time key, on the calling thread);
+  tag per tensor under its one-time key, OpenSSL's without the GIL on a thread per core);
 - `verify_s`: a worker's check of received tensors against it (`mismatches`);
+  `verify_one_thread_s` the same with the `cryptography` package's Poly1305 (the fallback,
+  which holds the GIL: one thread);
 - `blake3_s` / `blake3_threads_s`: keyed BLAKE3 of every tensor on one thread / on BLAKE3's own
   threads for tensors of 4 MiB or more (what the table held before), if `blake3` is installed;
 - the trainer's export as `rlkit.trainer.export` runs it on the exporting rank: each fp32 tensor
@@ -37,7 +40,13 @@ import torch
 
 from rlkit.models.shapes import REAL_SHAPES
 from rlkit.protocol.credentials import digest_key, new_token
-from rlkit.protocol.weights import Digester, PublishedVersion, mismatches, tensor_bytes
+from rlkit.protocol.weights import (
+    Digester,
+    PublishedVersion,
+    mismatches,
+    openssl_poly1305,
+    tensor_bytes,
+)
 
 
 def qwen3_shapes(size: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -84,6 +93,12 @@ def main() -> None:
         for (_, t), d in zip(tensors, targets, strict=True):
             d.copy_(t)
 
+    def copy_one_thread() -> None:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        copy()
+        torch.set_num_threads(threads)
+
     def gather(hook=None) -> list[tuple[str, torch.Tensor]]:
         out = []
         for name, t in master:
@@ -104,10 +119,21 @@ def main() -> None:
     def verify() -> None:
         assert mismatches(tensors, record, key) == []
 
+    def verify_one_thread() -> None:
+        os.environ["RLKIT_POLY1305"] = "cryptography"
+        openssl_poly1305.cache_clear()
+        try:
+            verify()
+        finally:
+            del os.environ["RLKIT_POLY1305"]
+            openssl_poly1305.cache_clear()
+
     cases = {
-        "copy": copy,
+        "copy_threads": copy,
+        "copy_one_thread": copy_one_thread,
         "table": lambda: PublishedVersion.build(1, "ipc", tensors, key),
         "verify": verify,
+        "verify_one_thread": verify_one_thread,
         "gather": gather,
         "gather_then_table": gather_then_table,
         "gather_digesting": gather_digesting,
@@ -133,19 +159,22 @@ def main() -> None:
             case()
             times[name].append(time.perf_counter() - t0)
     medians = {name: statistics.median(ts[1:]) for name, ts in times.items()}
+    medians["copy"] = min(medians["copy_threads"], medians["copy_one_thread"])
     result: dict[str, object] = {
         "size": args.size,
         "gb": round(nbytes / 1e9, 3),
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "tag_threads": Digester(key).threads,
         "load_1min_before": load_before,
     }
     for name, s in medians.items():
         result[f"{name}_s"] = round(s, 3)
-    for name in ("copy", "table", "verify", "blake3", "blake3_threads"):
+    checks = ("table", "verify", "verify_one_thread", "blake3", "blake3_threads")
+    for name in ("copy", *checks):
         if name in medians:
             result[f"{name}_gbps"] = round(nbytes / medians[name] / 1e9, 2)
-    for name in ("table", "verify", "blake3", "blake3_threads"):
+    for name in checks:
         if name in medians:
             result[f"{name}_over_copy"] = round(medians[name] / medians["copy"], 2)
     result["check_over_copy"] = result["verify_over_copy"]  # issue 63's bar: <= 1.5

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,10 @@ from rlkit.protocol.weights import (
     TensorEntry,
     iter_safetensors,
     mismatches,
+    openssl_poly1305,
     published_bytes,
     tensor_table,
+    tensor_tag,
 )
 from tests.helpers.forgery import forge, linear_sums
 
@@ -67,6 +70,32 @@ def test_tag_is_exact_across_layouts_and_chunks_and_sees_one_element() -> None:
     with Digester(KEY, digester.nonce) as handed:  # tagged on the thread as handed over
         handed.add(big, "a")
         assert handed.table([("a", big), ("b", big)])[0].digest == one
+
+
+def test_both_poly1305_backends_give_the_rfc_8439_tag_and_agree(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OpenSSL's Poly1305 without the GIL (ctypes) and the `cryptography` package's give RFC
+    8439's test vector (section 2.5.2) and the same table; a Digester runs a thread per core
+    only on the former."""
+    key = bytes.fromhex("85d6be7857556d337f4452fe42d506a80103808afb0db2fd4abff6af4149f51b")
+    message = torch.frombuffer(bytearray(b"Cryptographic Forum Research Group"), dtype=torch.uint8)
+    sent = [*tensors().items(), ("big", torch.randn(1100, 1000).bfloat16()), ("e", torch.ones(0))]
+    nonce = Digester(KEY).nonce
+    tables = {}
+    try:
+        for backend in ("openssl", "cryptography"):
+            monkeypatch.setenv("RLKIT_POLY1305", backend)
+            openssl_poly1305.cache_clear()
+            if backend == "openssl" and openssl_poly1305() is None:
+                continue  # no OpenSSL 3 libcrypto here: the other backend alone
+            assert tensor_tag(message, key) == "a8061dc1305136c6c22b8baf0c0127a9"
+            with Digester(KEY, nonce) as digester:
+                assert (digester.threads > 1) == (backend == "openssl" and os.cpu_count() > 1)
+                tables[backend] = digester.table(sent)
+    finally:
+        openssl_poly1305.cache_clear()
+    assert len({tuple(t) for t in tables.values()}) == 1
 
 
 def test_a_forgery_that_keeps_the_old_linear_sums_changes_the_tag() -> None:
