@@ -29,7 +29,9 @@ else), `digest_s` / `digest_gb_s` (the tensor table of one version: the digest
 every size but `qwen3-1.7b`, whose fp32 trainer would not fit beside the rest in 24 GiB)
 `e2e_s`: an FSDP2 `Trainer` (one rank) holding the model, its `export` through the ipc transport
 (gather, cast, tensor table, canary logprobs, shared buffer, signed record) and the server's
-delivery, until the engine serves the version. `ratios` lists what issue 63 asks for: the ipc
+delivery, until the engine serves the version (this process runs with `OMP_WAIT_POLICY=PASSIVE`,
+as `rlkit train` runs a CPU trainer: with OpenMP's default spinning, the canary's forward took
+4.4 s instead of 2.3 s at load 4). `ratios` lists what issue 63 asks for: the ipc
 update less vLLM's reload over the raw copy, end to end over the ipc update, the worker's check
 over the raw copy, broadcast over ipc, the plain broadcast's seconds over the broadcast's
 transfer (the fraction of a plain broadcast's speed it reaches), and vLLM's reload share.
@@ -287,9 +289,12 @@ async def measure_server(server, root: Path, pair, repeats: int) -> dict[str, di
     return out
 
 
-async def measure_e2e(server, work: Path, model: Path, repeats: int) -> float:
-    """Median seconds from an FSDP2 trainer's sharded state to the engine serving the version:
-    `Trainer.export` through the ipc transport, then the server's delivery."""
+async def measure_e2e(server, work: Path, model: Path, repeats: int) -> dict[str, float]:
+    """Median seconds from an FSDP2 trainer's sharded state to the engine serving the version
+    (`e2e_s`): `Trainer.export` through the ipc transport (`e2e_export_s`), then the server's
+    delivery; and, apart (after each round), one forward of the canary as the export runs it
+    (`e2e_canary_s`: its share of the export)."""
+    from rlkit.inference.canary import canary_token_ids
     from rlkit.protocol.model import ModelConfig
     from rlkit.trainer.config import TrainerConfig
     from rlkit.trainer.trainer import Trainer
@@ -298,7 +303,8 @@ async def measure_e2e(server, work: Path, model: Path, repeats: int) -> float:
     trainer = Trainer(cfg, total_steps=1)
     settings = TransportSettings(TimeoutParams(timeout_s=300), token=server.token)
     transport = transport_class("ipc")(settings, trainer.model_files())
-    times = []
+    times: dict[str, list[float]] = {"e2e_s": [], "e2e_export_s": [], "e2e_canary_s": []}
+    ids = canary_token_ids(trainer.tokenizer)
     try:
         async with server.client(timeout=600) as client:
             admin = AdminClient(client)
@@ -307,15 +313,24 @@ async def measure_e2e(server, work: Path, model: Path, repeats: int) -> float:
                 out = work / f"e2e-{version}"
                 t0 = time.perf_counter()
                 trainer.export(out, version=version, transport=transport)
+                t1 = time.perf_counter()
                 record = PublishedVersion.read(out)
                 assert record is not None
                 outcomes = await type(transport).deliver([admin], str(out), record)
-                times.append(time.perf_counter() - t0)
+                t2 = time.perf_counter()
                 assert all(o.loaded for o in outcomes), outcomes
                 transport.settle()
+                t3 = time.perf_counter()
+                trainer.canary_logprobs(ids)
+                for name, seconds in (
+                    ("e2e_s", t2 - t0),
+                    ("e2e_export_s", t1 - t0),
+                    ("e2e_canary_s", time.perf_counter() - t3),
+                ):
+                    times[name].append(seconds)
     finally:
         trainer.close()
-    return statistics.median(times[1:])
+    return {name: statistics.median(ts[1:]) for name, ts in times.items()}
 
 
 def ratios(result: dict) -> dict[str, float]:
@@ -357,7 +372,7 @@ def measure(size: str, root: Path, repeats: int, e2e: bool) -> dict[str, object]
             # on stderr first: what was measured survives an end-to-end phase that dies (the
             # engine killed for memory on a shared machine)
             print(json.dumps({size: rounded(result)}), file=sys.stderr, flush=True)
-            result["e2e_s"] = asyncio.run(measure_e2e(server, work, model, repeats))
+            result.update(asyncio.run(measure_e2e(server, work, model, repeats)))
         peak = peak_rss_gb(server.pid)
     finally:
         server.stop()
@@ -442,6 +457,12 @@ def main() -> None:
         help="sizes with the end-to-end column (default: every size but " + ", ".join(NO_E2E),
     )
     args = parser.parse_args()
+    if "OMP_WAIT_POLICY" not in os.environ and not torch.cuda.is_available():
+        # the end-to-end column's trainer runs here: with OpenMP's threads waiting passively,
+        # as `rlkit train` starts a CPU trainer (`rlkit.launch.launcher.trainer_env`); read by
+        # OpenMP when it starts, so this process starts again with it
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     if args.base:
         print(json.dumps(rounded(compare(args.base, args.rounds, args.repeats, args.sizes))))
         return
