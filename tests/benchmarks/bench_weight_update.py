@@ -267,6 +267,12 @@ async def measure_server(server, root: Path, pair, repeats: int) -> dict[str, di
                     publish[name].append(p)
                     deliver[name].append(d)
                     splits[name].append(split)
+    for transport in transports.values():  # nothing of theirs held through the e2e phase
+        transport.settle()
+        spare = getattr(transport, "spare", None)
+        if spare is not None:  # ipc's settled buffer (1.1 GiB at qwen3-0.6b)
+            spare.close()
+            transport.spare = None
     out = {}
     for name in TRANSPORTS:
         load = statistics.median(s["load"] for s in splits[name])
