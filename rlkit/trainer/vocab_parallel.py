@@ -275,9 +275,10 @@ class _Logprobs(torch.autograd.Function):
         own = slice(group.rank * m, group.rank * m + n)
         ctx.save_for_backward(every, weight, rows, lse)
         ctx.temperature, ctx.group, ctx.m, ctx.n, ctx.chunk_size = temp, group, m, n, chunk_size
-        entropy = entropy[own] if with_entropy else entropy.new_empty(0)
+        # copies, not views: FSDP2 hooks its pre-backward on the root module's outputs
+        entropy = entropy[own].clone() if with_entropy else entropy.new_empty(0)
         ctx.mark_non_differentiable(entropy)
-        return logprobs[own], entropy
+        return logprobs[own].clone(), entropy
 
     @staticmethod
     def backward(ctx: Any, grad_logprobs: Tensor, _grad_entropy: Tensor):  # type: ignore[override]
