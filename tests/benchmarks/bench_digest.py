@@ -23,9 +23,11 @@ tied embeddings) and times, interleaved `--repeats` times (the first round warms
   soon as it is cast (`gather_digesting_s`, the export now).
 
 Prints one JSON line: medians, GB/s and the ratios to the copy (`check_over_copy`: the worker's
-check, the issue's bar), with the 1-minute load average. `--torch-threads` (default: torch's
-own) sets torch's intra-op threads, which the copies and casts use: on a loaded 2-core machine
-torch's two spinning OpenMP threads made the copy 10-20x slower than one thread.
+check, the issue's bar), with the 1-minute load average. Runs with `OMP_WAIT_POLICY=PASSIVE`
+unless it is set (as rlkit runs its CPU trainer and engines: with OpenMP's default spinning on a
+loaded 2-core machine, torch's two threads made the copy 5-20x slower than one).
+`--torch-threads` (default: torch's own) sets torch's intra-op threads, which the copies and
+casts use.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -79,6 +82,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--torch-threads", type=int, default=0)
     args = parser.parse_args()
+    if "OMP_WAIT_POLICY" not in os.environ:  # as rlkit runs a CPU trainer and engine
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # read when OpenMP starts: start again
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     g = torch.Generator().manual_seed(0)
