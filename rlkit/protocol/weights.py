@@ -64,6 +64,7 @@ NONCE_BYTES = 16  # a publication's random nonce: two of them collide with proba
 TAG_BYTES = 16  # a Poly1305 tag
 CHUNK_BYTES = 8 << 20  # bytes per `cryptography` Poly1305 call: other threads run between them
 MAX_THREADS = 8  # a Digester's threads at most (one per core): the tags are memory-bound
+BESIDE_CORES = 4  # with fewer cores, tensors handed over are tagged at `table`, not meanwhile
 _NONCE = re.compile(rf"^(?:[0-9a-f]{{2}}){{{NONCE_BYTES},64}}$")
 _PUBLICATION = b"rlkit-pub-v1"  # BLAKE2b personalisations (<= 16 bytes): one per derivation
 _TENSOR = b"rlkit-tensor-v1"
@@ -301,13 +302,15 @@ def tensor_entry(name: str, tensor: torch.Tensor, digest: str) -> TensorEntry:
 
 class Digester:
     """Tags the tensors of one publication (`nonce`: the record's, or a fresh one) under the
-    run's digest `key`, on one background thread as they are handed over (`add`), so where
-    tensors are produced one at a time (the trainer's gather, a transport's arrivals) their tags
-    run while the next one is made, and the table costs no pass of its own; `table` takes the
-    tag of each (name, tensor) already added and makes the others' too. A tensor must not change
-    once added. Threads: `tag_threads` (module doc)."""
+    run's digest `key`. Where tensors are produced one at a time (the trainer's gather, a
+    transport's arrivals) and the machine has a core to spare (`beside`: BESIDE_CORES or more),
+    each is tagged as it is handed over (`add`), while the next one is made, so the table costs
+    no pass of its own; with fewer cores the producer keeps them (on 2 cores a broadcast's
+    receive took 1.2-1.5x longer with the tags beside it, as long as receiving then tagging).
+    `table` takes the tag of each (name, tensor) already added and makes the others'. A tensor
+    must not change once added. Threads: `tag_threads` (module doc)."""
 
-    def __init__(self, key: bytes, nonce: str | None = None) -> None:
+    def __init__(self, key: bytes, nonce: str | None = None, beside: bool | None = None) -> None:
         if len(key) != 32:
             raise ValueError(f"the tensor table's key is 32 bytes, not {len(key)}")
         self.nonce = new_nonce() if nonce is None else nonce
@@ -318,6 +321,7 @@ class Digester:
             nonce_bytes, key=key, digest_size=32, person=_PUBLICATION
         ).digest()  # this publication's: the run's key and the nonce
         self.threads = tag_threads()
+        self.beside = (os.cpu_count() or 1) >= BESIDE_CORES if beside is None else beside
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="rlkit-digest")
         # (id of a tensor, its name) -> (the tensor: held, so its id is not reused; its tag)
         self.pending: dict[tuple[int, str], tuple[torch.Tensor, Future[str]]] = {}
@@ -334,10 +338,15 @@ class Digester:
         return tensor_tag(tensor, self.tensor_key(name))
 
     def add(self, tensor: torch.Tensor, name: str) -> None:
-        """Start tagging `tensor`, published as `name`, on the background thread."""
+        """Start tagging `tensor`, published as `name`, on the threads (when `beside`)."""
+        if self.beside:
+            self._submit(tensor, name)
+
+    def _submit(self, tensor: torch.Tensor, name: str) -> Future[str]:
         if (id(tensor), name) not in self.pending:
             future = self.pool.submit(self.digest, name, tensor)
             self.pending[id(tensor), name] = (tensor, future)
+        return self.pending[id(tensor), name][1]
 
     def table(self, tensors: Iterable[Named]) -> list[TensorEntry]:
         """The table of (name, tensor) pairs, in their order: those never handed over are
@@ -348,8 +357,7 @@ class Digester:
             if (id(tensor), name) in self.pending:
                 tags.append(self.pending[id(tensor), name][1])
             elif self.threads > 1:
-                self.add(tensor, name)
-                tags.append(self.pending[id(tensor), name][1])
+                tags.append(self._submit(tensor, name))
             else:
                 tags.append(self.digest(name, tensor))
         return [

@@ -199,10 +199,11 @@ def test_files_received_are_what_was_checked_even_if_the_files_change_afterwards
 
     save_file({"w": torch.zeros(4096)}, tmp_path / "model.safetensors")
     record = PublishedVersion.build(1, "filesystem", iter_safetensors(tmp_path), KEY)
-    with Digester(KEY, record.nonce) as digester:
-        got = Filesystem.receive(record, tmp_path, Reception(digester=digester))
-        assert digester.pending  # tagged as they were read
-        assert mismatches(got, record, digester) == []
+    for beside in (True, False):  # tagged as they are read / after (fewer than 4 cores)
+        with Digester(KEY, record.nonce, beside=beside) as digester:
+            got = Filesystem.receive(record, tmp_path, Reception(digester=digester))
+            assert bool(digester.pending) == beside
+            assert mismatches(got, record, digester) == []
     with open(tmp_path / "model.safetensors", "r+b") as f:  # the file's last 4 KiB: the tensor's
         f.seek(-4096, 2)
         f.write(b"\x01" * 4096)
