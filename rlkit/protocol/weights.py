@@ -32,9 +32,9 @@ Python itself links) with ctypes, which lets go of the GIL during the call: a `D
 tensors on a thread per core (up to `MAX_THREADS`). Where that library is missing, the
 `cryptography` package's Poly1305 (the same OpenSSL code, bundled) is used on one thread, a few
 MiB per call: it holds the GIL, so two threads tag no faster than one. Either way the trainer
-hands each tensor over as it is gathered, so its tag runs while the next one is gathered
-(`rlkit.trainer.export`), and a worker's transport hands over what arrived while the rest
-arrives.
+hands each tensor over as it is gathered (`rlkit.trainer.export`), and a worker's transport
+what arrived, and with a core to spare (`Digester.beside`) its tag runs while the next one is
+made.
 """
 
 from __future__ import annotations
