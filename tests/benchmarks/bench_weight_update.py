@@ -15,9 +15,11 @@ the path and the signature, pauses, receives, checks the tensor table, reloads i
 its version, resumes). `update_s` = publish + deliver; the server reports its worker's split
 (receive / verify / vLLM's reload), from which the reload share is given. The raw baseline
 copies every tensor of the same version into a preallocated tensor of the same shape and dtype
-(with torch's thread count and with one thread: the faster median)
-(before the server starts: timed right after an update, with vLLM's processes busy, the copies
-took 20-60x longer). The broadcast's trainer side reports its group set-up apart from its
+(with torch's thread count and with one thread: the faster median), before the server starts
+(`raw_copy_s`) and in every round after the three updates (`raw_copy_beside_s`: the same
+conditions as the updates on a shared machine, whose load moves within a run; the ratios
+divide by it; before OpenMP's threads waited passively, copies timed right after an update took
+20-60x longer). The broadcast's trainer side reports its group set-up apart from its
 transfer: `broadcast_setup_s_first` (the first update: the group is created),
 `broadcast_setup_s_kept` (the median of the later ones: the group is kept) and
 `broadcast_transfer_s` (their median bucket transfer, up to every worker's confirmation).
@@ -240,7 +242,9 @@ async def one_update(
     return t1 - t0, time.perf_counter() - t1, split
 
 
-async def measure_server(server, root: Path, pair, repeats: int) -> dict[str, dict]:
+async def measure_server(
+    server, root: Path, pair, repeats: int, targets: dict[str, torch.Tensor]
+) -> dict[str, dict]:
     settings = TransportSettings(
         TimeoutParams(timeout_s=300), token=server.token
     )  # the run's, as a trainer
@@ -251,6 +255,7 @@ async def measure_server(server, root: Path, pair, repeats: int) -> dict[str, di
     splits: dict[str, list[dict]] = {name: [] for name in TRANSPORTS}
     setup: list[float] = []  # the broadcast's group set-up of every update, the first included
     transfer: list[float] = []
+    copies: dict[int, list[float]] = {n: [] for n in {torch.get_num_threads(), 1}}
     async with server.client(timeout=600) as client:
         admin = AdminClient(client)
         version = 0
@@ -267,13 +272,20 @@ async def measure_server(server, root: Path, pair, repeats: int) -> dict[str, di
                     publish[name].append(p)
                     deliver[name].append(d)
                     splits[name].append(split)
+            threads = torch.get_num_threads()
+            for n in copies:  # the raw copy beside them, each round: the same conditions
+                torch.set_num_threads(n)
+                seconds = raw_copy_s(pair[version % 2], targets)
+                if i:
+                    copies[n].append(seconds)
+            torch.set_num_threads(threads)
     for transport in transports.values():  # nothing of theirs held through the e2e phase
         transport.settle()
         spare = getattr(transport, "spare", None)
         if spare is not None:  # ipc's settled buffer (1.1 GiB at qwen3-0.6b)
             spare.close()
             transport.spare = None
-    out = {}
+    out: dict = {"raw_copy_beside_s": min(statistics.median(ts) for ts in copies.values())}
     for name in TRANSPORTS:
         load = statistics.median(s["load"] for s in splits[name])
         out[name] = {
@@ -341,7 +353,7 @@ async def measure_e2e(server, work: Path, model: Path, repeats: int) -> dict[str
 
 def ratios(result: dict) -> dict[str, float]:
     """What issue 63 asks of each size (the targets in the comments)."""
-    ipc, bc, raw = result["ipc"], result["broadcast"], result["raw_copy_s"]
+    ipc, bc, raw = result["ipc"], result["broadcast"], result["raw_copy_beside_s"]
     out = {
         "ipc_less_reload_over_copy": (ipc["update_s"] - ipc["worker_reload_s"]) / raw,  # <= 3
         "check_over_copy": ipc["worker_verify_s"] / raw,  # <= 1.5
@@ -364,7 +376,6 @@ def measure(size: str, root: Path, repeats: int, e2e: bool) -> dict[str, object]
     targets = {n: torch.empty_like(t) for n, t in pair[0]}
     nbytes = sum(t.numel() * t.element_size() for t in targets.values())
     raw = plain_copy_s(pair, targets, repeats)
-    del targets
     plain = plain_broadcast_s(nbytes, repeats)
     digest = digest_s(pair[0], credentials.read_token(token_file), repeats)
     work = root / f"{size}-versions"
@@ -372,7 +383,8 @@ def measure(size: str, root: Path, repeats: int, e2e: bool) -> dict[str, object]
     server = start_server(str(model), log_path=root / f"{size}.log", weights_roots=[work])
     try:
         server.wait_ready(timeout=900)
-        result = asyncio.run(measure_server(server, work, pair, repeats))
+        result = asyncio.run(measure_server(server, work, pair, repeats, targets))
+        del targets
         if e2e:
             del pair
             # on stderr first: what was measured survives an end-to-end phase that dies (the
@@ -386,7 +398,7 @@ def measure(size: str, root: Path, repeats: int, e2e: bool) -> dict[str, object]
     for r in result.values():
         if isinstance(r, dict):
             r["over_filesystem"] = r["update_s"] / fs
-            r["over_raw_copy"] = r["update_s"] / raw
+            r["over_raw_copy"] = r["update_s"] / result["raw_copy_beside_s"]
     out = {
         "mbytes": round(nbytes / 2**20, 1),
         "raw_copy_s": raw,
