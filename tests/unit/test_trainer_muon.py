@@ -8,8 +8,6 @@ FSDP2 with rlkit's Muon and saves the full parameters and Muon momenta from rank
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,9 +15,9 @@ import pytest
 import torch
 from torch import nn
 
-from rlkit.trainer.main import TrainerRanks
 from rlkit.trainer.muon import Muon, assign_owners
 from rlkit.trainer.optim import MuonConfig, OptimConfig, build_optimizer, muon_split
+from tests.helpers.torchrun import run_on_ranks
 
 STEPS = 3
 # What one step sums, on the longest path to an entry: a gradient over the batch's 4 x 7
@@ -140,10 +138,7 @@ def test_one_process_matches_torch_muon_and_adamw() -> None:
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_fsdp2_shards_match_one_process(ranks: int, tmp_path: Path) -> None:
     out = tmp_path / "ranks.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, *TrainerRanks(nproc=ranks).torchrun_args(), __file__, str(out)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_on_ranks(__file__, ranks, str(out))
     assert_same(torch.load(out), reference())
 
 

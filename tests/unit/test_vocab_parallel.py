@@ -11,8 +11,6 @@ The file is also the rank script: `torchrun ... THIS OUT` saves each rank's resu
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from rlkit.trainer.logprobs import naive_logprobs
-from rlkit.trainer.main import TrainerRanks
+from tests.helpers.torchrun import run_on_ranks
 
 VOCAB, HIDDEN, ROWS, LENGTH, PAD = 13, 6, 2, 8, 1
 CHUNK = 3  # row chunks of the head: several per micro-batch
@@ -132,10 +130,7 @@ def rank_main(out: str) -> None:
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_split_vocabulary_matches_the_dense_computation(ranks: int, tmp_path: Path) -> None:
     out = tmp_path / "ranks.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, *TrainerRanks(nproc=ranks).torchrun_args(), __file__, str(out)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_on_ranks(__file__, ranks, str(out))
     groups = ranks // 2
     for tied in (False, True):
         want = dense(tied, groups)
