@@ -15,6 +15,7 @@ import httpx
 from rlkit.inference import InferenceClient
 from rlkit.inference.admin import AdminClient
 from rlkit.protocol.credentials import read_token
+from tests.helpers import bench_children
 from tests.helpers.cli import tiny_train_cmd
 
 STEPS = 3
@@ -43,24 +44,7 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen:
 
 def descendants(pid: int) -> set[int]:
     """Every live process below `pid` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
+    return set(bench_children.descendants(pid, bench_children.children())) - {pid}
 
 
 def process_environ(pid: int) -> dict[str, str]:
