@@ -198,13 +198,17 @@ def packed_offsets(entries: Iterable[TensorEntry]) -> tuple[list[int], int]:
     return offsets, size
 
 
-def tensor_bytes(tensor: torch.Tensor) -> memoryview:
-    """The tensor's bytes in memory order: a view of a contiguous CPU tensor (no copy); one on
-    another device is copied to the CPU first, a strided one made contiguous."""
+def raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes in memory order, as uint8: a view of a contiguous CPU tensor (no
+    copy); one on another device is copied to the CPU first, a strided one made contiguous."""
     import torch
 
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-    return memoryview(flat.numpy())
+    return tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """`raw_bytes` as a memoryview."""
+    return memoryview(raw_bytes(tensor).numpy())
 
 
 def new_nonce() -> str:
@@ -276,9 +280,7 @@ def tensor_tag(tensor: torch.Tensor, one_time_key: bytes) -> str:
     authenticate nothing else (`Digester.tensor_key`): by OpenSSL without the GIL where it can
     (`openssl_poly1305`), else by the `cryptography` package CHUNK_BYTES at a time, so other
     threads run between the calls."""
-    import torch
-
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    flat = raw_bytes(tensor)
     openssl = openssl_poly1305()
     if openssl is not None:
         return openssl.tag(one_time_key, flat.data_ptr(), flat.numel()).hex()

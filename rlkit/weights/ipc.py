@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict
 from rlkit.errors import RunStopped
 from rlkit.lifetime import process_alive
 from rlkit.protocol import handoff
-from rlkit.protocol.weights import Named, PublishedVersion, packed_offsets
+from rlkit.protocol.weights import Named, PublishedVersion, packed_offsets, raw_bytes
 from rlkit.weights.transport import (
     TRANSPORTS,
     ModelFiles,
@@ -124,11 +124,6 @@ class SharedBuffer:
     def close(self) -> None:
         self.mapped = None  # the mapping goes with the last view of it
         os.close(self.fd)
-
-
-def raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """A tensor's bytes in memory order (a CPU tensor's own storage when it is contiguous)."""
-    return tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
 
 
 def open_shared(record: PublishedVersion) -> list[Named]:
