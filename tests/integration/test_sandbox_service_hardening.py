@@ -23,7 +23,7 @@ from rlkit.sandbox import runner
 from rlkit.sandbox.launch import UID_BASE
 from rlkit.sandbox.limits import SHM_MB
 from rlkit.serving import HEADER_TIMEOUT_S, MAX_HEADER_BYTES
-from tests.helpers.sandbox_service import Service, sandbox_service
+from tests.helpers.sandbox_service import Service, sandbox_service, shm_left
 from tests.helpers.sandbox_service import marker as _marker
 from tests.helpers.sandbox_service import pids_with as _cmdlines_with
 
@@ -318,13 +318,17 @@ def test_nothing_is_left_when_a_client_or_the_service_is_killed(
         marker = _marker()
         runner.configure(url=other.url, token_file=str(other.token_file))
         try:
-            code = f"import subprocess; subprocess.run(['sleep', '{marker}'])"
+            code = (
+                f"import subprocess; open('/dev/shm/{marker}', 'w').write('x' * 4096); "
+                f"subprocess.run(['sleep', '{marker}'])"
+            )
             task = asyncio.run(_start_and_kill(other, code, marker))
         finally:
             runner.configure(url="")
         assert task.status == "sandbox_error"
         assert _wait_for(lambda: not other.descendants() and not _cmdlines_with(marker), 10)
-    assert set(os.listdir("/dev/shm")) <= shm_before
+    # what the sandbox wrote to its /dev/shm is not on the host's
+    assert not shm_left(shm_before) and not Path(f"/dev/shm/{marker}").exists()
 
 
 async def _start_and_kill(service: Service, code: str, marker: str):
