@@ -3,8 +3,8 @@
 The tensor table (`rlkit.protocol.weights`) proves each worker received the published bytes;
 it cannot see a mistake in how they were loaded (a tensor under another layer's name, a stale
 repacked copy). The canary checks the result: the trainer scores a fixed short token sequence
-with the weights it publishes and writes the logprobs into the version's record
-(`rlkit.protocol.weights.Canary`); after the
+with the weights it publishes and writes the logprobs beside the version's record, signed and
+bound to it (`rlkit.protocol.weights.Canary`, while the servers load the version); after the
 update every server scores the same tokens (`prompt_logprobs` through the completions API) and
 `canary_kl` compares the two: the median over the tokens of the k3 estimate exp(d) - 1 - d, with
 d the trainer's minus the engine's logprob. The median, not the mean: a wrong update moves most
@@ -23,7 +23,7 @@ from typing import Any
 from rlkit.errors import RunStopped
 from rlkit.inference.client import InferenceClient, InferenceError
 from rlkit.inference.pool import ClientPool
-from rlkit.protocol.weights import PublishedVersion
+from rlkit.protocol.weights import Canary, PublishedVersion
 
 CANARY_TEXT = (
     "The canary checks that the engine serves the weights the trainer just published: "
@@ -71,16 +71,24 @@ async def engine_logprobs(client: InferenceClient, model: str, token_ids: list[i
 
 
 async def pool_canary_kl(
-    pool: ClientPool, model: str, directory: str | Path, max_kl: float
+    pool: ClientPool, model: str, directory: str | Path, max_kl: float, token: str | None
 ) -> float | None:
     """The largest canary KL over the pool's healthy servers after loading `directory`;
-    CanaryMismatch naming the first server above `max_kl`. A server that fails to answer is
-    dropped from the pool (as a failed update would be). None when `directory` has no canary
-    or no server answered."""
+    CanaryMismatch naming the first server above `max_kl`, or when the canary is not the
+    trainer's for this publication (signed with the run's `token`, bound to the record). A
+    server that fails to answer is dropped from the pool (as a failed update would be). None
+    when `directory` has no record (an adapter) or no server answered."""
     record = PublishedVersion.read(directory)
-    canary = None if record is None else record.canary
-    if canary is None:
+    if record is None:
         return None
+    canary = Canary.read(directory)
+    if canary is None or token is None or not canary.signed_by(token):
+        raise CanaryMismatch(f"{directory}: no canary signed with the run's token")
+    if not canary.belongs_to(record):
+        raise CanaryMismatch(
+            f"{directory}: the canary scores version {canary.version} (nonce {canary.nonce}), "
+            f"not the one published there (version {record.version}, nonce {record.nonce})"
+        )
     kls = []
     for i, client in enumerate(pool.clients):
         if not pool.healthy[i]:

@@ -58,7 +58,7 @@ from rlkit.progress import make_console
 from rlkit.protocol import handoff
 from rlkit.protocol.batch import write_batch
 from rlkit.protocol.layout import RunLayout
-from rlkit.protocol.weights import published_bytes
+from rlkit.protocol.weights import CANARY_FILE, PublishedVersion, published_bytes
 from rlkit.runs.rollout_errors import append_errors
 
 
@@ -73,6 +73,7 @@ class TrainerNodeFailed(TrainerFailed, RunStopped):
 
 TRAINER_POLL_S = 0.5  # how often a step in progress checks that the trainer still lives
 TRAINER_GRACE_S = 5.0  # how long a step may take to fail on its own once the trainer is gone
+CANARY_POLL_S = 0.01  # how often the canary's wait looks for the trainer's file
 
 
 def check_trainer(
@@ -147,6 +148,30 @@ async def wait_for_weights(
             f"no weights at {path} after {timeout_s:.0f}s (orchestrator.weights_timeout_s)"
         )
     return path
+
+
+async def wait_for_canary(
+    path: Path,
+    run_dir: Path,
+    timeout_s: float,
+    trainer_exit: Callable[[], int | None] | None,
+) -> None:
+    """Until the trainer's canary of the version in `path` is written (`Trainer.publish_canary`:
+    after the version's tensors, while the servers load them; a few milliseconds after the
+    update at the tiny size); fail if the trainer died. An adapter has no record and no canary.
+    Polls the file: the run's doorbell has one waiter, the step's wait for the next version."""
+    deadline = time.monotonic() + timeout_s
+    if PublishedVersion.read(path) is None:
+        return
+    while not (path / CANARY_FILE).exists():
+        check_trainer(
+            run_dir, trainer_exit, f"before scoring the canary of {path}", clean_exit_ok=False
+        )
+        if time.monotonic() > deadline:
+            raise TrainerFailed(
+                f"no canary in {path} after {timeout_s:.0f}s (orchestrator.weights_timeout_s)"
+            )
+        await asyncio.sleep(CANARY_POLL_S)
 
 
 async def stop_with_checkpoint(
@@ -397,9 +422,14 @@ class Orchestrator:
             await self.evaluate(step)
 
     async def canary(self, path: Path) -> tuple[float | None, float]:
-        """The logprob canary of the weights in `path` on every server: (KL, seconds)."""
+        """The logprob canary of the weights in `path` on every server: (KL, seconds, the wait
+        for the trainer's canary included)."""
         t0 = time.perf_counter()
-        kl = await pool_canary_kl(self.pool, self.model, path, self.cfg.inference.canary_max_kl)
+        await wait_for_canary(
+            path, self.run_dir, self.cfg.orchestrator.weights_timeout_s, self.trainer_exit
+        )
+        max_kl = self.cfg.inference.canary_max_kl
+        kl = await pool_canary_kl(self.pool, self.model, path, max_kl, run_token(self.cfg))
         return kl, time.perf_counter() - t0
 
     async def settle_canary(self, logged: bool = True) -> None:

@@ -4,12 +4,14 @@ tensors, that the trainer publishes, the orchestrator delivers and every engine 
 `PublishedVersion` (``rlkit_version.json`` in ``weights/step_N``) holds the version, the
 transport that moves its tensors (`rlkit.weights`), a random nonce of this publication, the
 tensor table in send order (name, dtype, shape and an authentication tag of the bytes), the
-trainer's logprobs of the canary sequence (`rlkit.inference.canary`), the transport's own
-delivery fields (a broadcast's store address and buckets, an ipc buffer's handle) and an HMAC
-signature over all of it with the run's key (`rlkit.protocol.credentials`). The orchestrator
-learns everything about a version from it; a server verifies the signature before it acts on any
-field, and each worker checks what it received against the tensor table before any tensor
-reaches the model.
+transport's own delivery fields (a broadcast's store address and buckets, an ipc buffer's
+handle) and an HMAC signature over all of it with the run's key (`rlkit.protocol.credentials`).
+The orchestrator learns everything about a version from it; a server verifies the signature
+before it acts on any field, and each worker checks what it received against the tensor table
+before any tensor reaches the model. The trainer's logprobs of the canary sequence
+(`rlkit.inference.canary`) follow in a signed file of their own (`Canary`, ``rlkit_canary.json``,
+bound to the record by version and nonce), written once the tensors are on their way: the
+servers load the version while the trainer scores the canary.
 
 Tags: Poly1305 over a tensor's raw bytes (its contiguous CPU view as uint8, so any dtype and
 device), used as a one-time authenticator. Each publication draws a fresh 16-byte nonce
@@ -50,7 +52,7 @@ import secrets
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -60,6 +62,7 @@ if TYPE_CHECKING:  # torch is imported where tensors are handled: the record sid
     import torch
 
 VERSION_FILE = "rlkit_version.json"
+CANARY_FILE = "rlkit_canary.json"
 NONCE_BYTES = 16  # a publication's random nonce: two of them collide with probability 2**-128
 TAG_BYTES = 16  # a Poly1305 tag
 CHUNK_BYTES = 8 << 20  # bytes per `cryptography` Poly1305 call: other threads run between them
@@ -93,20 +96,66 @@ class TensorEntry(BaseModel):
         return numel * getattr(torch, self.dtype).itemsize
 
 
-class Canary(BaseModel):
-    """The trainer's logprobs of a fixed token sequence under this version's weights:
-    logprobs[i] is its logprob of token_ids[i + 1]."""
+class SignedRecord(BaseModel):
+    """A record kept in one file (`FILE`) of a version's directory, signed with the run's key
+    (`rlkit.protocol.credentials`): the signature covers every other field."""
+
+    FILE: ClassVar[str]
+    signature: str | None = None
+
+    def payload(self) -> bytes:
+        """The canonical bytes the signature covers (everything but the signature)."""
+        return self.model_dump_json(exclude={"signature"}).encode()
+
+    def signed(self, token: str | None) -> Self:
+        """This record signed with the run's token; unsigned when there is none (a server, and
+        the orchestrator's canary, then refuse it)."""
+        if token is None:
+            return self.model_copy(update={"signature": None})
+        return self.model_copy(update={"signature": sign(self.payload(), token)})
+
+    def signed_by(self, token: str) -> bool:
+        """Whether the holder of `token` signed exactly this record."""
+        return verify(self.payload(), self.signature, token)
+
+    def write(self, directory: Path) -> None:
+        """Into `directory`, whole or not at all: readers may be looking for it already."""
+        path = Path(directory) / self.FILE
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(self.model_dump_json() + "\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def read(cls, directory: str | Path) -> Self | None:
+        """The record in `directory`, or None when it has none."""
+        path = Path(directory) / cls.FILE
+        return cls.model_validate_json(path.read_text()) if path.is_file() else None
+
+
+class Canary(SignedRecord):
+    """The trainer's logprobs of a fixed token sequence under a published version's weights
+    (logprobs[i]: its logprob of token_ids[i + 1]; `rlkit.inference.canary`). A file of its own,
+    written after the version's tensors are on their way, so the servers load while the trainer
+    scores it; `version` and `nonce` name the publication it belongs to."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    FILE: ClassVar[str] = CANARY_FILE
 
+    version: int = Field(ge=0)
+    nonce: str = Field(pattern=_NONCE.pattern)
     token_ids: list[int]
     logprobs: list[float]
 
+    def belongs_to(self, record: PublishedVersion) -> bool:
+        """Whether this canary scores the publication `record` describes."""
+        return (self.version, self.nonce) == (record.version, record.nonce)
 
-class PublishedVersion(BaseModel):
+
+class PublishedVersion(SignedRecord):
     """A policy version as the trainer published it (module doc)."""
 
     model_config = ConfigDict(extra="forbid")
+    FILE: ClassVar[str] = VERSION_FILE
 
     version: int = Field(ge=0)
     transport: str
@@ -114,9 +163,7 @@ class PublishedVersion(BaseModel):
     # the tensor's one-time Poly1305 key (module doc); drawn anew whenever a version is published
     nonce: str = Field(pattern=_NONCE.pattern)
     tensors: list[TensorEntry]
-    canary: Canary | None = None
     delivery: dict[str, Any] = Field(default_factory=dict)  # the transport's own (typed there)
-    signature: str | None = None
 
     @model_validator(mode="after")
     def _names_unique(self) -> PublishedVersion:
@@ -138,7 +185,7 @@ class PublishedVersion(BaseModel):
     ) -> PublishedVersion:
         """The record of (name, tensor) pairs published as `version` through `transport`: their
         table under a fresh nonce and the run's digest `key`, or under a `Digester`'s nonce with
-        the tags it holds already; `fields`: the record's others (canary, delivery)."""
+        the tags it holds already; `fields`: the record's others (delivery)."""
         if isinstance(key, Digester):
             return cls(
                 version=version,
@@ -159,30 +206,6 @@ class PublishedVersion(BaseModel):
     def shapes(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """{name: (dtype, shape)}: what a server compares with the checkpoint it serves."""
         return {t.name: (t.dtype, t.shape) for t in self.tensors}
-
-    def payload(self) -> bytes:
-        """The canonical bytes the signature covers (everything but the signature)."""
-        return self.model_dump_json(exclude={"signature"}).encode()
-
-    def signed(self, token: str | None) -> PublishedVersion:
-        """This record signed with the run's token (`rlkit.protocol.credentials`); unsigned
-        when there is none (a server then refuses it)."""
-        if token is None:
-            return self.model_copy(update={"signature": None})
-        return self.model_copy(update={"signature": sign(self.payload(), token)})
-
-    def signed_by(self, token: str) -> bool:
-        """Whether the holder of `token` signed exactly this record."""
-        return verify(self.payload(), self.signature, token)
-
-    def write(self, directory: Path) -> None:
-        (Path(directory) / VERSION_FILE).write_text(self.model_dump_json() + "\n")
-
-    @classmethod
-    def read(cls, directory: str | Path) -> PublishedVersion | None:
-        """The record published in `directory`, or None when it has none (e.g. an adapter)."""
-        path = Path(directory) / VERSION_FILE
-        return cls.model_validate_json(path.read_text()) if path.is_file() else None
 
 
 def aligned(n: int) -> int:

@@ -4,8 +4,8 @@ LoRA adapter, as a PEFT adapter directory (`export_adapter`).
 The sharded parameters are gathered to rank 0 on CPU and cast to the checkpoint's original
 dtype under the names vLLM expects; the run's weight transport (`rlkit.weights`) makes them
 reachable (files, a broadcast, a shared buffer) and the version's record
-(`rlkit.protocol.weights.PublishedVersion`: tensor table, the trainer's canary logprobs, the
-transport's delivery fields) goes beside them. Each tensor's tag for the record's table (under
+(`rlkit.protocol.weights.PublishedVersion`: tensor table, the transport's delivery fields) goes
+beside them. Each tensor's tag for the record's table (under
 this publication's fresh nonce) is computed on other threads: where a core is to spare, as soon
 as the tensor is gathered, while the next one is gathered (`rlkit.protocol.weights.Digester`).
 The directory is built under a temporary name, renamed into place, and only then marked
@@ -29,7 +29,7 @@ from rlkit.protocol import handoff
 from rlkit.protocol.credentials import digest_key
 from rlkit.protocol.layout import RunLayout
 from rlkit.protocol.model import LoraConfig
-from rlkit.protocol.weights import Canary, Digester, Named, PublishedVersion
+from rlkit.protocol.weights import Digester, Named, PublishedVersion
 from rlkit.trainer import dist
 from rlkit.trainer.lora import to_peft_state, write_adapter
 from rlkit.trainer.model import PolicyModel
@@ -43,15 +43,14 @@ def export_version(
     transport: WeightTransport | None,
     version: int,
     model_files: ModelFiles,
-    canary: Canary | None = None,
     extra: dict | None = None,
     token: str | None = None,
 ) -> Path | None:
     """Collective. Rank 0 (the exporting rank: it alone holds `transport`) publishes policy
     `version` in `out`: the tensors in their on-disk names and `dtype` (what `save_pretrained`
     would write: tied aliases dropped, in-memory fused layouts reverted), made reachable by the
-    transport, and the version's record (tensor table, canary, the transport's delivery
-    fields) beside them. Returns `out` on rank 0."""
+    transport, and the version's record (tensor table, the transport's delivery fields) beside
+    them. Returns `out` on rank 0 (the canary follows: `Trainer.publish_canary`)."""
     lm = policy.lm
     sent: list[tuple[PublishedVersion, list[Named]]] = []
     # a fresh nonce for this publication; each tensor tagged as soon as it is gathered
@@ -61,7 +60,7 @@ def export_version(
         assert transport is not None, "the exporting rank publishes through a transport"
         state = on_disk(lm, hf_state(lm, full))
         tensors = [(name, tensor.contiguous()) for name, tensor in state.items()]
-        record = PublishedVersion.build(version, transport.name, tensors, digester, canary=canary)
+        record = PublishedVersion.build(version, transport.name, tensors, digester)
         record = transport.publish(tmp, record, tensors).signed(token)
         record.write(tmp)
         sent.append((record, tensors))

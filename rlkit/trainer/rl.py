@@ -118,7 +118,8 @@ class Publisher:
 
     def publish(self, step: int) -> None:
         """Collective: export policy version `step` (weights, or the LoRA adapter), tell the
-        orchestrator, and drop the oldest published versions."""
+        orchestrator, score its canary while the servers load it, and drop the oldest published
+        versions."""
         out = RunLayout(self.run_dir).weights_version(step)
         interval = self.trainer.cfg.ckpt.interval
         transport = self.transport
@@ -128,6 +129,8 @@ class Publisher:
         self.trainer.export(out, extra={"step": step}, version=step, transport=transport)
         if dist.is_main():
             handoff.ring(self.run_dir, handoff.ORCHESTRATOR)
+        self.trainer.publish_canary(out)
+        if dist.is_main():
             prune_weights(self.run_dir, self.trainer.cfg.weights.keep_last)
 
     def signed_elsewhere(self, step: int) -> bool:

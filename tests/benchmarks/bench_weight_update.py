@@ -30,13 +30,13 @@ else), `digest_s` / `digest_gb_s` (the tensor table of one version: the digest
 `rlkit.protocol.weights.PublishedVersion.build` computes), and with `--e2e` (default on
 every size but `qwen3-1.7b`, whose fp32 trainer would not fit beside the rest in 24 GiB)
 `e2e_s`: an FSDP2 `Trainer` (one rank) holding the model, its `export` through the ipc transport
-(gather, cast, tensor table, canary logprobs, shared buffer, signed record) and the server's
-delivery, until the engine serves the version (this process runs with `OMP_WAIT_POLICY=PASSIVE`,
-as `rlkit train` runs a CPU trainer: with OpenMP's default spinning, the canary's forward took
-4.4 s instead of 2.3 s at load 4). `ratios` lists what issue 63 asks for: the ipc
-update less vLLM's reload over the raw copy, end to end over the ipc update, the worker's check
-over the raw copy, broadcast over ipc, the plain broadcast's seconds over the broadcast's
-transfer (the fraction of a plain broadcast's speed it reaches), and vLLM's reload share.
+(gather, cast, tensor table, shared buffer, signed record) and the server's delivery, until the
+engine serves the version, while the trainer scores the canary beside it (this process runs with
+`OMP_WAIT_POLICY=PASSIVE`, as `rlkit train` runs a CPU trainer: with OpenMP's default spinning, the
+canary's forward took 4.4 s instead of 2.3 s at load 4). `ratios` lists what issue 63 asks for: the
+ipc update less vLLM's reload over the raw copy, end to end over the ipc update, the worker's check
+over the raw copy, broadcast over ipc, the plain broadcast's seconds over the broadcast's transfer
+(the fraction of a plain broadcast's speed it reaches), and vLLM's reload share.
 `peak_rss_gb` is this process's and its children's (the server's) high-water mark; `load`: the
 1-minute load average at the start and after each size. Prints one JSON line (and each size's
 transport figures on stderr before its end-to-end phase, which needs the most memory).
@@ -310,9 +310,9 @@ async def measure_server(
 async def measure_e2e(server, work: Path, model: Path, repeats: int) -> dict[str, float]:
     """Median seconds from an FSDP2 trainer's sharded state to the engine serving the version
     (`e2e_s`): `Trainer.export` through the ipc transport (`e2e_export_s`), then the server's
-    delivery; and, apart (after each round), one forward of the canary as the export runs it
-    (`e2e_canary_s`: its share of the export)."""
-    from rlkit.inference.canary import canary_token_ids
+    delivery, while the trainer scores the version's canary as `rlkit train` does
+    (`Trainer.publish_canary` on a thread; `e2e_canary_s`: from the export's end to the canary
+    written, off the update's path)."""
     from rlkit.protocol.model import ModelConfig
     from rlkit.trainer.config import TrainerConfig
     from rlkit.trainer.trainer import Trainer
@@ -322,7 +322,6 @@ async def measure_e2e(server, work: Path, model: Path, repeats: int) -> dict[str
     settings = TransportSettings(TimeoutParams(timeout_s=300), token=server.token)
     transport = transport_class("ipc")(settings, trainer.model_files())
     times: dict[str, list[float]] = {"e2e_s": [], "e2e_export_s": [], "e2e_canary_s": []}
-    ids = canary_token_ids(trainer.tokenizer)
     try:
         async with server.client(timeout=600) as client:
             admin = AdminClient(client)
@@ -332,18 +331,19 @@ async def measure_e2e(server, work: Path, model: Path, repeats: int) -> dict[str
                 t0 = time.perf_counter()
                 trainer.export(out, version=version, transport=transport)
                 t1 = time.perf_counter()
+                canary = asyncio.create_task(asyncio.to_thread(trainer.publish_canary, out))
                 record = PublishedVersion.read(out)
                 assert record is not None
                 outcomes = await type(transport).deliver([admin], str(out), record)
                 t2 = time.perf_counter()
                 assert all(o.loaded for o in outcomes), outcomes
-                transport.settle()
+                await canary
                 t3 = time.perf_counter()
-                trainer.canary_logprobs(ids)
+                transport.settle()
                 for name, seconds in (
                     ("e2e_s", t2 - t0),
                     ("e2e_export_s", t1 - t0),
-                    ("e2e_canary_s", time.perf_counter() - t3),
+                    ("e2e_canary_s", t3 - t1),
                 ):
                     times[name].append(seconds)
     finally:

@@ -11,14 +11,23 @@ from rlkit.protocol.credentials import digest_key, token_from_env
 from rlkit.protocol.weights import Canary, PublishedVersion, iter_safetensors
 
 
-def publish_files(directory: Path | str, version: int = 0, canary: Canary | None = None) -> Path:
-    """Write `directory`'s record (its files as they are), signed with the tests' run token
-    (`$RLKIT_TOKEN_FILE`, conftest.py), and return `directory`."""
+def publish_files(
+    directory: Path | str,
+    version: int = 0,
+    canary: tuple[list[int], list[float]] | None = None,
+) -> Path:
+    """Write `directory`'s record (its files as they are), and with `canary` (token ids, the
+    trainer's logprobs) its canary, signed with the tests' run token (`$RLKIT_TOKEN_FILE`,
+    conftest.py), and return `directory`."""
     directory = Path(directory)
     tensors = iter_safetensors(directory)
-    key = digest_key(token_from_env())
-    record = PublishedVersion.build(version, "filesystem", tensors, key, canary=canary)
-    record.signed(token_from_env()).write(directory)
+    token = token_from_env()
+    record = PublishedVersion.build(version, "filesystem", tensors, digest_key(token))
+    record.signed(token).write(directory)
+    if canary is not None:
+        ids, logprobs = canary
+        scored = Canary(version=version, nonce=record.nonce, token_ids=ids, logprobs=logprobs)
+        scored.signed(token).write(directory)
     return directory
 
 

@@ -346,7 +346,7 @@ def publish_like_the_trainer(src: Path, out: Path, swap_layers: bool = False) ->
         layers[0], layers[1] = layers[1], layers[0]
     model.to(torch.bfloat16).save_pretrained(out)
     tokenizer.save_pretrained(out)
-    return publish_files(out, canary=Canary(token_ids=ids, logprobs=logprobs))
+    return publish_files(out, canary=(ids, logprobs))
 
 
 def hf_logprobs_of(model: torch.nn.Module, ids: list[int]) -> list[float]:
@@ -396,12 +396,12 @@ async def test_canary_catches_two_layers_swapped(
     pool = ClientPool([own_server.url], api_key=own_server.token)
     try:
         await pool.update_weights(str(right), 11)
-        kl = await pool_canary_kl(pool, str(served), right, max_kl=0.01)
+        kl = await pool_canary_kl(pool, str(served), right, 0.01, own_server.token)
         assert kl is not None and kl < 1e-3, kl
         await pool.update_weights(str(wrong), 12)
         assert pool.healthy == [True]  # the tensor table passed: the files are as published
         with pytest.raises(CanaryMismatch, match=f"server {own_server.url} scores the canary"):
-            await pool_canary_kl(pool, str(served), wrong, max_kl=0.01)
+            await pool_canary_kl(pool, str(served), wrong, 0.01, own_server.token)
     finally:
         await pool.aclose()
 
@@ -464,16 +464,19 @@ async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
     trainer."""
     served, new, _ = tied_models
     published = publish_like_the_trainer(new, tmp_path / "published")
-    canary = PublishedVersion.read(published).canary
+    canary = Canary.read(published)
+    assert canary is not None
     tensors = list(iter_safetensors(published))
     sender = Sender("127.0.0.1", timeout_s=8.0, secret=run_secret())
     name = CORRUPTED
 
     async def update(client: InferenceClient, version: int, corrupt: bool):
         record = broadcast_record(sender, version, tensors, 64 * 1024)  # several buckets
-        changes = {"canary": canary, **({"transport": CORRUPTING_BROADCAST} if corrupt else {})}
+        changes = {"transport": CORRUPTING_BROADCAST} if corrupt else {}
         record = record.model_copy(update=changes).signed(token_from_env())
         record.write(published)
+        ours = canary.model_copy(update={"version": version, "nonce": record.nonce})
+        ours.signed(token_from_env()).write(published)  # the canary of this publication
         workers = (await AdminClient(client).status())["workers"]
         announce_peers(
             record, [f"{client.base_url} worker {w}" for w in range(workers)], run_secret()
@@ -526,7 +529,7 @@ async def test_broadcast_update_verified_and_a_silent_trainer_times_out(
         assert await greedy(client, str(served)) != before
     pool = ClientPool([own_server.url], api_key=own_server.token)
     try:
-        kl = await pool_canary_kl(pool, str(served), published, max_kl=0.01)
+        kl = await pool_canary_kl(pool, str(served), published, 0.01, own_server.token)
         assert kl is not None and kl < 1e-3, kl
     finally:
         await pool.aclose()
@@ -563,7 +566,7 @@ async def test_tensors_forged_to_keep_the_old_checksums_are_refused_by_every_tra
     ipc_dir.mkdir()
     ipc = Ipc(TransportSettings(TimeoutParams(timeout_s=30.0), token=token))
     honest_record = PublishedVersion.build(201, Ipc.name, honest, digest_key(token))
-    record = ipc.publish(ipc_dir, honest_record.model_copy(update={"canary": good.canary}), honest)
+    record = ipc.publish(ipc_dir, honest_record, honest)
     assert ipc.current is not None
     ipc.current[1].fill(forged, IpcDelivery.of(record).offsets)
     record.signed(token).write(ipc_dir)
@@ -600,7 +603,7 @@ async def test_tensors_forged_to_keep_the_old_checksums_are_refused_by_every_tra
             before = await greedy(client, str(served))
             version = (await admin.status())["policy_version"]
             broadcast = broadcast_record(sender, 202, honest, 64 * 1024)
-            broadcast = broadcast.model_copy(update={"canary": good.canary}).signed(token)
+            broadcast = broadcast.signed(token)
             broadcast.write(broadcast_dir)
             cases = [(files, 200, False), (ipc_dir, 201, False), (broadcast_dir, 202, True)]
             for path, number, send in cases:

@@ -166,25 +166,28 @@ def test_export_publishes_the_record_with_tensor_table_and_canary(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """Beside the weights: the version's record, whose tensor table matches the files as
-    written and whose canary logprobs (the trainer's) transformers reproduces from the
-    exported (bf16) weights."""
+    written, then its canary, signed and bound to the record, whose logprobs (the trainer's)
+    transformers reproduces from the exported (bf16) weights."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlkit.inference.canary import canary_token_ids
     from rlkit.protocol.credentials import digest_key, token_from_env
-    from rlkit.protocol.weights import PublishedVersion, iter_safetensors, mismatches
+    from rlkit.protocol.weights import Canary, PublishedVersion, iter_safetensors, mismatches
 
     trainer = Trainer(config(tiny_model_dir, tmp_path / "run"), total_steps=1)
     try:
         out = trainer.export(tmp_path / "run" / "weights" / "step_000001", version=1)
+        assert out is not None and Canary.read(out) is None
+        trainer.publish_canary(out)
     finally:
         trainer.close()
     record = PublishedVersion.read(out)
     assert record is not None and (record.version, record.transport) == (1, "filesystem")
     key = digest_key(token_from_env())  # the run's token's key, as the servers check
     assert mismatches(iter_safetensors(out), record, key) == []
-    canary = record.canary
-    assert canary is not None
+    canary = Canary.read(out)
+    assert canary is not None and canary.belongs_to(record)
+    assert canary.signed_by(token_from_env())
     assert canary.token_ids == canary_token_ids(AutoTokenizer.from_pretrained(out))
     ids = torch.tensor([canary.token_ids])
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)

@@ -18,12 +18,14 @@ from rlkit.inference.canary import canary_kl
 from rlkit.orchestrator.config import InferenceConfig
 from rlkit.protocol.credentials import UNKEYED, digest_key, new_token
 from rlkit.protocol.weights import (
+    CANARY_FILE,
     Canary,
     Digester,
     PublishedVersion,
     TensorEntry,
     iter_safetensors,
     mismatches,
+    new_nonce,
     openssl_poly1305,
     published_bytes,
     tensor_table,
@@ -216,11 +218,10 @@ def test_files_received_are_what_was_checked_even_if_the_files_change_afterwards
 def test_record_round_trips_and_its_table_matches_the_files(tmp_path: Path) -> None:
     save_file(tensors(), tmp_path / "model.safetensors")
     assert PublishedVersion.read(tmp_path) is None
-    canary = Canary(token_ids=[1, 2, 3], logprobs=[-0.5, -1.5])
-    record = PublishedVersion.build(4, "filesystem", iter_safetensors(tmp_path), KEY, canary=canary)
+    record = PublishedVersion.build(4, "filesystem", iter_safetensors(tmp_path), KEY)
     record.write(tmp_path)
     read = PublishedVersion.read(tmp_path)
-    assert read == record and read.canary == canary
+    assert read == record
     assert mismatches(iter_safetensors(tmp_path), read, KEY) == []
     assert (
         read.nbytes
@@ -377,3 +378,36 @@ def test_no_code_outside_rlkit_weights_compares_transport_names() -> None:
                 if hits & names:
                     found.append(f"{path.relative_to(root)}:{node.lineno}")
     assert not found, found
+
+
+async def test_a_canary_not_the_trainers_for_this_publication_is_refused(tmp_path: Path) -> None:
+    """The orchestrator scores a version's canary only when the run's token signed it and it
+    names the record's version and nonce: an unsigned one, another key's, or one of an earlier
+    publication of the same version (a resumed run publishes it again under a new nonce) stop
+    the run before any server is asked (the pool's only server does not exist)."""
+    from rlkit.inference.canary import CanaryMismatch, pool_canary_kl
+    from rlkit.inference.pool import ClientPool
+
+    token = new_token()
+    record = PublishedVersion.build(4, "filesystem", [], KEY).signed(token)
+    record.write(tmp_path)
+    ours = Canary(version=4, nonce=record.nonce, token_ids=[1, 2, 3], logprobs=[-0.5, -1.5])
+    earlier = ours.model_copy(update={"nonce": new_nonce()})
+    pool = ClientPool(["http://127.0.0.1:9"], api_key=token)
+    try:
+        for canary, why in (
+            (None, "no canary signed"),
+            (ours, "no canary signed"),  # unsigned
+            (ours.signed(new_token()), "no canary signed"),
+            (earlier.signed(token), "not the one published there"),
+            (ours.model_copy(update={"version": 3}).signed(token), "scores version 3"),
+        ):
+            (tmp_path / CANARY_FILE).unlink(missing_ok=True)
+            if canary is not None:
+                canary.write(tmp_path)
+                assert Canary.read(tmp_path) == canary
+            with pytest.raises(CanaryMismatch, match=why):
+                await pool_canary_kl(pool, "m", tmp_path, 0.05, token)
+        assert ours.signed(token).signed_by(token) and ours.belongs_to(record)
+    finally:
+        await pool.aclose()
