@@ -11,7 +11,8 @@ backoff; anything else raises `InferenceError` at once.
 
 The transport is aiohttp: at hundreds of requests in flight the client's own CPU per request
 bounds eval throughput on a small machine. `bench_eval_throughput.py` measures the client's CPU
-per request (before and after the move from httpx: docs/benchmarks.md).
+per request (before and after the move from httpx: docs/benchmarks.md). Kept connections are
+dropped before the server would close them and never reused once it has (`KeptConnector`).
 """
 
 from __future__ import annotations
@@ -25,11 +26,15 @@ from typing import Any
 import aiohttp
 from multidict import CIMultiDictProxy
 
+from rlkit.connections import KeptConnector
 from rlkit.errors import InferenceError
 from rlkit.proxies import env_proxy
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+# an idle kept connection is dropped before vLLM's server closes it (VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+# 5 s), so no request is sent on one the server is closing (`rlkit.connections`)
+KEEP_ALIVE_S = 4.0
 
 
 @dataclass
@@ -136,7 +141,9 @@ class InferenceClient:
             self._session = aiohttp.ClientSession(
                 headers=self._headers,
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                connector=KeptConnector(
+                    limit=self._max_connections, keepalive_timeout=KEEP_ALIVE_S
+                ),
                 proxy=self._proxy,
             )
         return self._session

@@ -28,17 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import select
 import time
-import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.connector import Connection
-from aiohttp.tracing import Trace
 
+from rlkit.connections import KeptConnector
 from rlkit.errors import SystemRequirementError
 from rlkit.protocol.credentials import read_token
 from rlkit.proxies import env_proxy
@@ -64,49 +60,6 @@ BUSY = "busy past the caller's max_queue_s"  # how a ServiceError for a busy ser
 
 class ServiceRefused(SystemRequirementError):
     """The service refused the credential (401/403)."""
-
-
-class KeptConnector(aiohttp.TCPConnector):
-    """Never sends a request on a kept connection that the service has already closed.
-
-    The client learns that the service closed a kept connection (it restarted, or dropped an idle
-    one) only when its loop next reads that socket; aiohttp looks only at its transport, so a
-    request sent before then goes to a dead connection and errors its rollout. That request is
-    not retried: a POST (`/run`, `/execute`) is not idempotent, and the client cannot tell a
-    request the closing peer never read from one the service received and then died on before
-    its first answer byte (the same ServerDisconnectedError or reset, on a reused connection
-    too), so RFC 9112 section 9.3.1 rules the retry out (aiohttp retries idempotent methods
-    only). Instead the close is looked for before sending: an idle HTTP/1.1 connection has
-    nothing to read unless the peer closed or reset it, so a readable one is dropped for the
-    next kept one or a new one (one poll a reuse). Left: a close landing between that poll and
-    the send, which errors like a service dying mid-request.
-    """
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._handed_out: weakref.WeakSet[ResponseHandler] = weakref.WeakSet()
-
-    async def connect(
-        self, req: aiohttp.ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
-    ) -> Connection:
-        while True:
-            conn = await super().connect(req, traces, timeout)
-            if conn.protocol in self._handed_out and _closed_by_peer(conn.transport):
-                conn.close()  # then the next kept one, or a new one (never dropped)
-                continue
-            if conn.protocol is not None:
-                self._handed_out.add(conn.protocol)
-            return conn
-
-
-def _closed_by_peer(transport: asyncio.Transport | None) -> bool:
-    """Whether an idle kept connection has something to read: the peer's close or reset."""
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None:
-        return False  # nothing to look at: aiohttp's own checks decide
-    poller = select.poll()
-    poller.register(sock.fileno(), select.POLLIN)
-    return bool(poller.poll(0))
 
 
 def service_urls(url: str) -> list[str]:

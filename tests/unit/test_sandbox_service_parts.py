@@ -5,8 +5,7 @@ or dies mid-request."""
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from rlkit.sandbox.process import _CappedReader, end_prefix
 from rlkit.sandbox.service import Admission, Busy
 from rlkit.sandbox.session import PythonSession
 from rlkit.sandbox.wire import decode_files, encode_files
+from tests.helpers.threaded_service import Handler, ThreadedService
 
 
 async def test_admission_runs_the_limit_queues_the_rest_and_refuses_beyond() -> None:
@@ -156,47 +156,6 @@ def test_the_client_keeps_one_connection_per_event_loop_and_closes_it_with_the_l
     second = asyncio.run(calls())
     assert second is not first and second.closed
     assert len(set(peers[:3])) == 1 and len(set(peers[3:])) == 1  # one connection a loop
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class ThreadedService:
-    """A stand-in service on its own event loop in a thread, so it can stop and start again while
-    the client's loop is not running: the client's kept connection then learns of the close only
-    when it is next used (as on a client whose loop was busy while the service restarted)."""
-
-    def __init__(self, port: int, handler: Handler) -> None:
-        self.port, self.handler = port, handler
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.runner: web.AppRunner | None = None
-
-    def _wait(self, work: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(work, self.loop).result(10)
-
-    def start(self) -> None:
-        async def up() -> web.AppRunner:
-            app = web.Application()
-            app.router.add_post("/run", self.handler)
-            runner_ = web.AppRunner(app)
-            await runner_.setup()
-            await web.TCPSite(runner_, "127.0.0.1", self.port).start()
-            return runner_
-
-        self.runner = self._wait(up())
-
-    def stop(self) -> None:
-        if self.runner is not None:
-            self._wait(self.runner.cleanup())
-            self.runner = None
-
-    def close(self) -> None:
-        self.stop()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 @contextmanager
