@@ -25,18 +25,19 @@ transfer: `broadcast_setup_s_first` (the first update: the group is created),
 `broadcast_transfer_s` (their median bucket transfer, up to every worker's confirmation).
 
 Baselines and columns in the same run, per size: `raw_copy_s` (above), `plain_broadcast_s` (the
-same bytes as one buffer in one gloo broadcast from this process to a spawned one, nothing
-else), `digest_s` / `digest_gb_s` (the tensor table of one version: the digest
-`rlkit.protocol.weights.PublishedVersion.build` computes), and with `--e2e` (default on
-every size but `qwen3-1.7b`, whose fp32 trainer would not fit beside the rest in 24 GiB)
-`e2e_s`: an FSDP2 `Trainer` (one rank) holding the model, its `export` through the ipc transport
-(gather, cast, tensor table, shared buffer, signed record) and the server's delivery, until the
-engine serves the version, while the trainer scores the canary beside it (this process runs with
-`OMP_WAIT_POLICY=PASSIVE`, as `rlkit train` runs a CPU trainer: with OpenMP's default spinning, the
-canary's forward took 4.4 s instead of 2.3 s at load 4). `ratios` lists what issue 63 asks for: the
-ipc update less vLLM's reload over the raw copy, end to end over the ipc update, the worker's check
-over the raw copy, broadcast over ipc, the plain broadcast's seconds over the broadcast's transfer
-(the fraction of a plain broadcast's speed it reaches), and vLLM's reload share.
+same bytes as one buffer in one gloo broadcast from this process to a spawned one, nothing else),
+`digest_s` / `digest_gb_s` (the tensor table of one version: the digest
+`rlkit.protocol.weights.PublishedVersion.build` computes), and with `--e2e` (default on every size;
+on a fresh engine, after the transports' versions are let go: at qwen3-1.7b the machine's 24 GiB
+then hold it) `e2e_s`: an FSDP2 `Trainer` (one rank) holding the model, its `export` through the
+ipc transport (gather, cast, tensor table, shared buffer, signed record) and the server's delivery,
+until the engine serves the version, while the trainer scores the canary beside it (this process
+runs with `OMP_WAIT_POLICY=PASSIVE`, as `rlkit train` runs a CPU trainer: with OpenMP's default
+spinning, the canary's forward took 4.4 s instead of 2.3 s at load 4). `ratios` lists what issue 63
+asks for: the ipc update less vLLM's reload over the raw copy, end to end over the ipc update, the
+worker's check over the raw copy, broadcast over ipc, the plain broadcast's seconds over the
+broadcast's transfer (the fraction of a plain broadcast's speed it reaches), and vLLM's reload
+share.
 `peak_rss_gb` is this process's and its children's (the server's) high-water mark; `load`: the
 1-minute load average at the start and after each size. Prints one JSON line (and each size's
 transport figures on stderr before its end-to-end phase, which needs the most memory).
@@ -76,7 +77,7 @@ from rlkit.inference import start_server
 from rlkit.inference.admin import AdminClient
 from rlkit.models import init_tiny
 from rlkit.protocol import credentials, handoff
-from rlkit.protocol.weights import PublishedVersion, iter_safetensors
+from rlkit.protocol.weights import PublishedVersion, iter_safetensors, raw_bytes
 from rlkit.weights import TransportSettings, transport_class
 from rlkit.weights.transport import TimeoutParams
 
@@ -91,8 +92,9 @@ from tests.helpers.bench_children import (  # noqa: E402
 )
 
 TRANSPORTS = ("filesystem", "broadcast", "ipc")
-SIZES = "tiny,small,qwen3-0.6b"  # and qwen3-1.7b (engine and tensors only: ~3.4 GB)
-NO_E2E = ("qwen3-1.7b",)  # sizes whose trainer does not fit beside the rest on this machine
+SIZES = "tiny,small,qwen3-0.6b"  # and qwen3-1.7b (3.4 GB of bf16, 19-20 GB of the machine)
+# the server serves only the canary here: half rlkit's 1 GiB KV cache (memory for qwen3-1.7b)
+SMALL_KV = ["--max-model-len", "2048", "--kv-cache-memory-bytes", "512M"]
 
 
 def tabled(tensors: list[tuple[str, torch.Tensor]], token: str | None) -> PublishedVersion:
@@ -205,6 +207,15 @@ def plain_copy_s(pair, targets: dict[str, torch.Tensor], repeats: int) -> float:
     return min(medians)
 
 
+def resident(tensors: list[tuple[str, torch.Tensor]]) -> None:
+    """Fault in every page of `tensors` (a trainer's gathered tensors are in memory): the bench
+    maps them from the model's file, and at qwen3-1.7b the engine's receive copies pushed them
+    out of the page cache, so the next publish read them back from disk (1.4-2.1 s for 3.3 GB
+    where a copy takes 0.25-0.36)."""
+    for _, tensor in tensors:
+        raw_bytes(tensor)[::4096].max()
+
+
 async def one_update(
     name: str, transport, admin: AdminClient, root: Path, version: int, tensors, tabled
 ) -> tuple[float, float, dict]:
@@ -212,6 +223,7 @@ async def one_update(
     `transport`; its tensor table (the same for every transport) is made beforehand."""
     out = root / f"{name}-{version}"
     out.mkdir()
+    resident(tensors)
     t0 = time.perf_counter()
     record = tabled.model_copy(update={"version": version, "transport": name})
     record = transport.publish(out, record, tensors).signed(admin.token)  # the run's token
@@ -230,6 +242,8 @@ async def one_update(
             json={"path": args[0], "version": args[1], "rank": kwargs.get("rank", 0)},
         )
         split.update(resp.json().get("worker_seconds") or {})
+        server = resp.json().get("server_seconds") or {}
+        split.update({f"server_{phase}": seconds for phase, seconds in server.items()})
         return int(resp.json()["policy_version"])
 
     admin.update_weights = keep_split  # type: ignore[method-assign]
@@ -297,6 +311,11 @@ async def measure_server(
             "worker_receive_s": statistics.median(s["receive"] for s in splits[name]),
             "worker_verify_s": statistics.median(s["verify"] for s in splits[name]),
             "worker_reload_s": load,
+            **{  # the server's phases: record checks, pause, workers (the three above), resume
+                f"{phase}_s": statistics.median(s[phase] for s in splits[name])
+                for phase in splits[name][0]
+                if phase.startswith("server_")
+            },
         }
         out[name]["reload_share"] = load / out[name]["update_s"]
     out["broadcast"].update(
@@ -380,7 +399,9 @@ def measure(size: str, root: Path, repeats: int, e2e: bool) -> dict[str, object]
     digest = digest_s(pair[0], credentials.read_token(token_file), repeats)
     work = root / f"{size}-versions"
     work.mkdir()
-    server = start_server(str(model), log_path=root / f"{size}.log", weights_roots=[work])
+    server = start_server(
+        str(model), log_path=root / f"{size}.log", weights_roots=[work], extra_args=SMALL_KV
+    )
     try:
         server.wait_ready(timeout=900)
         result = asyncio.run(measure_server(server, work, pair, repeats, targets))
@@ -390,6 +411,14 @@ def measure(size: str, root: Path, repeats: int, e2e: bool) -> dict[str, object]
             # on stderr first: what was measured survives an end-to-end phase that dies (the
             # engine killed for memory on a shared machine)
             print(json.dumps({size: rounded(result)}), file=sys.stderr, flush=True)
+            # a fresh engine: after the files' and the broadcast's received copies the first one
+            # keeps ~3.5 GB more at qwen3-1.7b (freed, not given back), which the trainer needs
+            server.stop()
+            server = start_server(
+                str(model), log_path=root / f"{size}-e2e.log", weights_roots=[work],
+                extra_args=SMALL_KV,
+            )  # fmt: skip
+            server.wait_ready(timeout=900)
             result.update(asyncio.run(measure_e2e(server, work, model, repeats)))
         peak = peak_rss_gb(server.pid)
     finally:
@@ -472,7 +501,7 @@ def main() -> None:
     parser.add_argument(
         "--e2e",
         default="",
-        help="sizes with the end-to-end column (default: every size but " + ", ".join(NO_E2E),
+        help="sizes with the end-to-end column (default: every size)",
     )
     args = parser.parse_args()
     if "OMP_WAIT_POLICY" not in os.environ and not torch.cuda.is_available():
@@ -485,7 +514,7 @@ def main() -> None:
         print(json.dumps(rounded(compare(args.base, args.rounds, args.repeats, args.sizes))))
         return
     sizes = args.sizes.split(",")
-    e2e = args.e2e.split(",") if args.e2e else [s for s in sizes if s not in NO_E2E]
+    e2e = args.e2e.split(",") if args.e2e else sizes
     out: dict[str, object] = {"bench": "weight_update", "repeats": args.repeats, "load": []}
     out["load"].append(os.getloadavg()[0])  # type: ignore[union-attr]
     with tempfile.TemporaryDirectory() as tmp:
