@@ -112,6 +112,33 @@ def test_orchestrator_stops_on_a_reported_trainer_failure(tmp_path) -> None:
     assert handoff.trainer_failure(tmp_path) is None
 
 
+def test_the_canary_waits_for_the_trainers_file_and_not_for_a_dead_trainer(tmp_path) -> None:
+    """The trainer writes a version's canary after its tensors (`Trainer.publish_canary`): the
+    orchestrator's canary waits for the file, fails at once when the trainer exited before
+    writing it (its exit code named), and does not wait for an adapter (no record)."""
+    import asyncio
+
+    from rlkit.orchestrator.loop import TrainerFailed, wait_for_canary
+    from rlkit.protocol.credentials import digest_key, new_token
+    from rlkit.protocol.weights import CANARY_FILE, PublishedVersion
+
+    version = tmp_path / "step_000001"
+    version.mkdir()
+    asyncio.run(wait_for_canary(version, tmp_path, 600, trainer_exit=lambda: 1))  # an adapter
+    PublishedVersion.build(1, "filesystem", [], digest_key(new_token())).write(version)
+    with pytest.raises(TrainerFailed, match="exited with code 1 before scoring the canary"):
+        asyncio.run(wait_for_canary(version, tmp_path, 600, trainer_exit=lambda: 1))
+
+    async def written_later() -> None:
+        waiting = asyncio.create_task(wait_for_canary(version, tmp_path, 600, lambda: None))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        (version / CANARY_FILE).write_text("{}")
+        await asyncio.wait_for(waiting, 5)
+
+    asyncio.run(written_later())
+
+
 def test_a_step_fails_soon_after_the_trainer_dies(tmp_path, monkeypatch) -> None:
     """A step waiting for something only the trainer brings (a server's rejoin) fails within a
     poll and a grace period of the trainer's error exit, its work cancelled; a step that fails on
