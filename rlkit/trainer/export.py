@@ -1,16 +1,16 @@
 """Publish the policy as a version the engines load (`export_version`), or, when it trains a
 LoRA adapter, as a PEFT adapter directory (`export_adapter`).
 
-The sharded parameters are gathered to rank 0 on CPU and cast to the checkpoint's original
-dtype under the names vLLM expects; the run's weight transport (`rlkit.weights`) makes them
-reachable (files, a broadcast, a shared buffer) and the version's record
+The sharded parameters are gathered to rank 0 on CPU and cast to the checkpoint's original dtype
+under the names vLLM expects; the run's weight transport (`rlkit.weights`) makes them reachable
+(files, a broadcast, a shared buffer) and the version's record
 (`rlkit.protocol.weights.PublishedVersion`: tensor table, the transport's delivery fields) goes
-beside them. Each tensor's tag for the record's table (under
-this publication's fresh nonce) is computed on other threads: where a core is to spare, as soon
-as the tensor is gathered, while the next one is gathered (`rlkit.protocol.weights.Digester`).
-The directory is built under a temporary name, renamed into place, and only then marked
-published (`rlkit.protocol.handoff.mark_published`) so a reader that waits for it never sees a
-partial version.
+beside them. Each tensor's tag for the record's table (under this publication's fresh nonce) is
+computed on other threads: where a core is to spare, as soon as the tensor is gathered, while
+the next one is gathered (`rlkit.protocol.weights.Digester`). The directory is built under a
+temporary name, renamed into place, and only then marked published
+(`rlkit.protocol.handoff.mark_published`) so a reader that waits for it never sees a partial
+version.
 """
 
 from __future__ import annotations

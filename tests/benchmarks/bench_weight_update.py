@@ -194,17 +194,22 @@ def raw_copy_s(tensors: list[tuple[str, torch.Tensor]], targets: dict[str, torch
     return time.perf_counter() - t0
 
 
-def plain_copy_s(pair, targets: dict[str, torch.Tensor], repeats: int) -> float:
-    """The raw copy's median seconds, the faster of torch's own thread count and one thread
-    (on a shared 2-core machine OpenMP's threads made the copy several times slower)."""
+def copies_s(tensors, targets: dict[str, torch.Tensor], rounds: int = 1) -> dict[int, list[float]]:
+    """Seconds of `rounds` raw copies with torch's own thread count and with one thread (on a
+    shared 2-core machine OpenMP's threads made the copy several times slower)."""
     threads = torch.get_num_threads()
-    medians = []
+    times: dict[int, list[float]] = {}
     for n in sorted({threads, 1}):
         torch.set_num_threads(n)
-        times = [raw_copy_s(pair[i % 2], targets) for i in range(repeats + 1)]
-        medians.append(statistics.median(times[1:]))
+        times[n] = [raw_copy_s(tensors, targets) for _ in range(rounds)]
     torch.set_num_threads(threads)
-    return min(medians)
+    return times
+
+
+def plain_copy_s(pair, targets: dict[str, torch.Tensor], repeats: int) -> float:
+    """The raw copy's median seconds, the faster of the two thread counts (`copies_s`)."""
+    times = copies_s(pair[0], targets, repeats + 1)
+    return min(statistics.median(ts[1:]) for ts in times.values())
 
 
 def resident(tensors: list[tuple[str, torch.Tensor]]) -> None:
@@ -286,13 +291,10 @@ async def measure_server(
                     publish[name].append(p)
                     deliver[name].append(d)
                     splits[name].append(split)
-            threads = torch.get_num_threads()
-            for n in copies:  # the raw copy beside them, each round: the same conditions
-                torch.set_num_threads(n)
-                seconds = raw_copy_s(pair[version % 2], targets)
+            # the raw copy beside them, each round: the same conditions
+            for n, seconds in copies_s(pair[version % 2], targets).items():
                 if i:
-                    copies[n].append(seconds)
-            torch.set_num_threads(threads)
+                    copies[n] += seconds
     for transport in transports.values():  # nothing of theirs held through the e2e phase
         transport.settle()
         spare = getattr(transport, "spare", None)
@@ -405,11 +407,16 @@ def measure(size: str, root: Path, repeats: int, e2e: bool) -> dict[str, object]
     digest = digest_s(pair[0], credentials.read_token(token_file), repeats)
     work = root / f"{size}-versions"
     work.mkdir()
-    server = start_server(
-        str(model), log_path=root / f"{size}.log", weights_roots=[work], extra_args=SMALL_KV
-    )
-    try:
+
+    def serve(log: str):
+        server = start_server(
+            str(model), log_path=root / log, weights_roots=[work], extra_args=SMALL_KV
+        )
         server.wait_ready(timeout=900)
+        return server
+
+    server = serve(f"{size}.log")
+    try:
         result = asyncio.run(measure_server(server, work, pair, repeats, targets))
         del targets
         if e2e:
@@ -420,11 +427,7 @@ def measure(size: str, root: Path, repeats: int, e2e: bool) -> dict[str, object]
             # a fresh engine: after the files' and the broadcast's received copies the first one
             # keeps ~3.5 GB more at qwen3-1.7b (freed, not given back), which the trainer needs
             server.stop()
-            server = start_server(
-                str(model), log_path=root / f"{size}-e2e.log", weights_roots=[work],
-                extra_args=SMALL_KV,
-            )  # fmt: skip
-            server.wait_ready(timeout=900)
+            server = serve(f"{size}-e2e.log")
             result.update(asyncio.run(measure_e2e(server, work, model, repeats)))
         peak = peak_rss_gb(server.pid)
     finally:
