@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import select
-import weakref
-from typing import Any
 
 import aiohttp
-from aiohttp.client_proto import ResponseHandler
 from aiohttp.connector import Connection
 from aiohttp.tracing import Trace
+
+# marks a connection's protocol once handed out: a mark, not a weak set, whose callbacks run at
+# garbage collection, where a signal's KeyboardInterrupt (the launcher's SIGTERM) is swallowed
+HANDED_OUT = "_rlkit_handed_out"
 
 
 class KeptConnector(aiohttp.TCPConnector):
@@ -38,20 +39,17 @@ class KeptConnector(aiohttp.TCPConnector):
     that poll and the send, which errors like a server dying mid-request.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._handed_out: weakref.WeakSet[ResponseHandler] = weakref.WeakSet()
-
     async def connect(
         self, req: aiohttp.ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
     ) -> Connection:
         while True:
             conn = await super().connect(req, traces, timeout)
-            if conn.protocol in self._handed_out and closed_by_peer(conn.transport):
+            kept = getattr(conn.protocol, HANDED_OUT, False)
+            if kept and closed_by_peer(conn.transport):
                 conn.close()  # then the next kept one, or a new one (never dropped)
                 continue
             if conn.protocol is not None:
-                self._handed_out.add(conn.protocol)
+                setattr(conn.protocol, HANDED_OUT, True)
             return conn
 
 
