@@ -2,8 +2,8 @@
 venv with `pip install rlkit` (this tree's wheel, no extra) there is no torch, transformers or
 peft, and `rlkit env push` / `env install` (from a hub), `rlkit eval` against an
 OpenAI-compatible server, and a tool environment's `env check --gold` work; `rlkit train` names
-the extra to install. The venv is built with uv from its cache where uv is installed (seconds;
-as the verifiers bridge builds its venvs), else with venv + pip (minutes)."""
+the extra to install. The venv is built with uv from its cache (seconds; as the verifiers bridge
+builds its venvs)."""
 
 from __future__ import annotations
 
@@ -55,13 +55,10 @@ def test_base_install_evaluates_and_installs_from_a_hub(tmp_path: Path) -> None:
     python = str(venv / "bin" / "python")
     started = time.monotonic()
     uv = find_uv()
-    if uv:  # --seed: pip too, as a user's venv has (`rlkit env install` runs it)
-        seeded = [uv, "venv", "-q", "--seed", "--python", sys.executable, str(venv)]
-        subprocess.run(seeded, check=True)
-        install = [uv, "pip", "install", "-q", "--python", python, str(wheel)]
-    else:
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        install = [python, "-m", "pip", "install", "-q", str(wheel)]
+    # --seed: pip too, as a user's venv has (`rlkit env install` runs it)
+    seeded = [uv, "venv", "-q", "--seed", "--python", sys.executable, str(venv)]
+    subprocess.run(seeded, check=True)
+    install = [uv, "pip", "install", "-q", "--python", python, str(wheel)]
     installed = subprocess.run(install, capture_output=True, text=True)
     assert installed.returncode == 0, installed.stderr[-3000:]
     print(f"base install: {time.monotonic() - started:.0f} s")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import textwrap
 import urllib.error
@@ -87,21 +88,29 @@ def test_discovery_prefers_the_shallowest_and_refuses_ties(tmp_path: Path) -> No
         entry_module([empty], ["e_mod"], False, "e")
 
 
-def test_uv_beside_the_interpreter_when_not_on_path(tmp_path: Path, monkeypatch) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    uv = bin_dir / "uv"
-    uv.write_text("#!/bin/sh\n")
-    uv.chmod(0o755)
+def test_uv_is_the_packages_binary_else_the_one_on_path(tmp_path: Path, monkeypatch) -> None:
+    """uv is found from its package (rlkit depends on it) with nothing on PATH; where the
+    package's binary is gone, from PATH; neither is a clear error."""
+    import uv
+
     monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
-    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
-    assert venvs.find_uv() == str(uv)
-    uv.unlink()
-    assert venvs.find_uv() is None
-    monkeypatch.setenv("PATH", str(bin_dir) + os.pathsep + os.environ.get("PATH", ""))
-    uv.write_text("#!/bin/sh\n")
-    uv.chmod(0o755)
-    assert venvs.find_uv() == str(uv)  # from PATH
+    found = Path(venvs.find_uv())
+    assert found.name == "uv" and os.access(found, os.X_OK)
+    assert subprocess.run([found, "--version"], capture_output=True, text=True).stdout
+
+    def gone() -> str:
+        raise uv._find_uv.UvNotFound("not in the package's bin folder")
+
+    monkeypatch.setattr(uv, "find_uv_bin", gone)
+    with pytest.raises(
+        UsageError, match=r"the uv binary is missing .*put uv on PATH\): not in the package"
+    ):
+        venvs.find_uv()
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    (on_path / "uv").symlink_to(found)
+    monkeypatch.setenv("PATH", str(on_path))
+    assert venvs.find_uv() == str(on_path / "uv")
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:

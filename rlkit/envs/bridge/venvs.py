@@ -3,9 +3,9 @@
 `$RLKIT_BRIDGE_VENVS` (default `$RLKIT_HOME/bridge/venvs`, `~/.rlkit/bridge/venvs`) holds
 `<env>-vf<version>-<hash>/`; the hash covers the requirement list, so an environment that changes
 its dependencies gets a new venv and one that only changes its code reuses the old one (local
-environments are imported from their folder). Built with `uv` (from PATH, else the one beside
-rlkit's interpreter), else `venv` + pip; a file lock makes concurrent runs build it once, and a
-marker written last means a venv whose build was interrupted is rebuilt.
+environments are imported from their folder). Built with `uv` (a dependency of rlkit: seconds
+where venv + pip took ~1.5 minutes a venv); a file lock makes concurrent runs build it once, and
+a marker written last means a venv whose build was interrupted is rebuilt.
 """
 
 from __future__ import annotations
@@ -37,11 +37,21 @@ def venv_dir(env_name: str, verifiers_version: str, requirements: list[str]) -> 
     return venvs_root() / f"vf{verifiers_version}-{digest}"
 
 
-def find_uv() -> str | None:
-    """`uv` from PATH, else the one installed beside rlkit's interpreter (rlkit's venv ships it
-    but its bin folder need not be on PATH), else None (venv + pip)."""
-    beside = Path(sys.executable).parent / "uv"
-    return shutil.which("uv") or (str(beside) if os.access(beside, os.X_OK) else None)
+def find_uv() -> str:
+    """The `uv` binary of the `uv` package rlkit depends on (found from the package, so also
+    when its bin folder is not on PATH), else one on PATH."""
+    from uv import find_uv_bin
+
+    try:
+        return find_uv_bin()
+    except FileNotFoundError as missing:
+        found = shutil.which("uv")
+        if found:
+            return found
+        raise UsageError(
+            "the uv binary is missing (rlkit builds verifiers venvs with it; reinstall rlkit "
+            f"or put uv on PATH): {missing}"
+        ) from None
 
 
 def _run(cmd: list[str], what: str) -> None:
@@ -72,13 +82,8 @@ def ensure_venv(
         t0 = time.monotonic()
         wanted = [f"verifiers=={verifiers_version}", *requirements]
         uv = find_uv()
-        if uv:
-            _run([uv, "venv", "-q", "--python", sys.executable, str(path)], "creating the venv")
-            install = [uv, "pip", "install", "-q", "--python", str(python), *wanted]
-        else:
-            _run([sys.executable, "-m", "venv", str(path)], "creating the venv")
-            pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-            install = [*pip, *wanted]
+        _run([uv, "venv", "-q", "--python", sys.executable, str(path)], "creating the venv")
+        install = [uv, "pip", "install", "-q", "--python", str(python), *wanted]
         _run(install, f"installing verifiers=={verifiers_version} for {env_name}")
         seconds = time.monotonic() - t0
         (path / COMPLETE).write_text(json.dumps({"seconds": seconds}))
