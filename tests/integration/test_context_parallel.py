@@ -330,19 +330,19 @@ LONG_STEPS = 4
 STEP_MARGIN, RUN_MARGIN = 0.08, 0.04
 
 
-def _long_context_run(model: Path, tmp_path: Path, name: str, cp: int) -> tuple[list, str]:
-    from tests.helpers.cli import TEST_ENGINE_ARGS, tiny_train_cmd
+def _long_context_run(
+    model: Path, server_overrides: list[str], tmp_path: Path, name: str, cp: int
+) -> tuple[list, str]:
+    from tests.helpers.cli import tiny_train_cmd
     from tests.helpers.train_runs import SHORT, records, run
 
-    engine_args = json.loads(TEST_ENGINE_ARGS)
-    engine_args[engine_args.index("--max-model-len") + 1] = "4096"  # the tiny model's positions
     run_dir = tmp_path / name
     cmd = tiny_train_cmd(
         model,
         run_dir,
         *SHORT,
+        *server_overrides,
         "--env.0.args={" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in HAYSTACK.items()) + "}",
-        f"--inference.extra_args={json.dumps(engine_args)}",
         f"--orchestrator.max_steps={LONG_STEPS}",
         "--orchestrator.scheduler=sync",
         "--orchestrator.schedulers.sync.batch_groups=4",
@@ -359,18 +359,25 @@ def _long_context_run(model: Path, tmp_path: Path, name: str, cp: int) -> tuple[
 
 
 @pytest.mark.slow
-def test_rlkit_train_with_two_context_parallel_ranks(tiny_model_dir: Path, tmp_path: Path):
+def test_rlkit_train_with_two_context_parallel_ranks(
+    vllm_server, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """`rlkit train` end to end on the long-context task (reverse-text's haystack variant,
-    ~3,200-token prompts; real vLLM server) with two trainer ranks that split every row
+    ~3,200-token prompts; the session's vLLM server, whose context is the tiny model's 4,096
+    positions) with two trainer ranks that split every row
     (`trainer.context_parallel = 2`), against the same two ranks as data parallel (cp = 1) on
     the same seed: the launcher says what the ranks form, every step trains on finite losses
     and publishes its weights, step 1's mismatch KL (the split trainer's logprobs against the
     engine's, same weights: exact tokens) is at rounding level (1e-4 leaves room for the
     engine's bf16), and the reward per step matches cp = 1's within `STEP_MARGIN` and over the
     run within `RUN_MARGIN` (sampling differs between the runs; see the margins)."""
-    split, text = _long_context_run(tiny_model_dir, tmp_path, "cp2", 2)
+    from tests.helpers.session_server import on_session_server
+
+    with on_session_server(vllm_server, tiny_model_dir) as urls:
+        split, text = _long_context_run(tiny_model_dir, urls, tmp_path, "cp2", 2)
     assert "trainer mesh: 2 rank(s) = data parallel 1 x context parallel 2" in text
-    whole, _ = _long_context_run(tiny_model_dir, tmp_path, "cp1", 1)
+    with on_session_server(vllm_server, tiny_model_dir) as urls:
+        whole, _ = _long_context_run(tiny_model_dir, urls, tmp_path, "cp1", 1)
     steps = list(range(1, LONG_STEPS + 1))
     assert [r["step"] for r in split] == [r["step"] for r in whole] == steps
     for record in split:
