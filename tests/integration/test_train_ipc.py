@@ -36,20 +36,22 @@ def rlkit_shm() -> set[str]:
 
 
 def test_ipc_updates_match_the_filesystem_ones_and_leave_nothing_behind(
-    tiny_model_dir: Path, tmp_path: Path
+    vllm_server, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     before = rlkit_shm()
     run_dir = tmp_path / "run"
-    cmd = tiny_train_cmd(
-        tiny_model_dir,
-        run_dir,
-        *SHORT,
-        f"--orchestrator.max_steps={STEPS}",
-        f"--ckpt.interval={CKPT}",
-        "--inference.weight_transfer=ipc",
-    )
-    log = tmp_path / "run.log"
-    assert run(cmd, log) == 0, log.read_text()[-3000:]
+    with on_session_server(vllm_server, tiny_model_dir) as urls:
+        cmd = tiny_train_cmd(
+            tiny_model_dir,
+            run_dir,
+            *SHORT,
+            *urls,
+            f"--orchestrator.max_steps={STEPS}",
+            f"--ckpt.interval={CKPT}",
+            "--inference.weight_transfer=ipc",
+        )
+        log = tmp_path / "run.log"
+        assert run(cmd, log) == 0, log.read_text()[-3000:]
     steps = records(run_dir)
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
     kls = {r["step"]: r["weights_canary_kl"] for r in steps}
