@@ -51,7 +51,7 @@ export PYTHONWARNINGS="ignore:Editable installation"
 # It reads none of pip's configuration, so the folder of local wheels pip is pointed at (where
 # this machine kind keeps the CPU build of torch) is passed on; and it compiles no bytecode
 # unless asked, as pip does: where PYTHONDONTWRITEBYTECODE is set (this machine kind sets it)
-# every process would compile what it imports again (the suite ran ~25% more CPU time).
+# every process would compile what it imports again (the unit tier took 26% more CPU time).
 .venv/bin/python -m pip install -q --upgrade pip "uv==0.13.8"
 install=(.venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python)
 links=${PIP_FIND_LINKS:-$(.venv/bin/python -m pip config get global.find-links 2>/dev/null || true)}

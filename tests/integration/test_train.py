@@ -74,7 +74,7 @@ def sft_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True,
         timeout=1200,
         # one thread, as the demo runs it: two made each step 10-40x slower beside the other
-        # xdist worker (this fixture took 80-148 s; the demo's SFT takes ~15 s)
+        # xdist worker (this fixture took 80-148 s in suites; 23 s with one thread, quiet)
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     return root / "sft" / "final"
