@@ -34,6 +34,7 @@ from rlkit.trainer import dist
 from rlkit.trainer.lora import to_peft_state, write_adapter
 from rlkit.trainer.model import PolicyModel
 from rlkit.weights import ModelFiles, WeightTransport
+from rlkit.weights.transport import destination_of
 
 
 def export_version(
@@ -68,8 +69,14 @@ def export_version(
     def gathered(name: str, tensor: torch.Tensor) -> None:
         digester.add(tensor, hf_name(name))  # the name it is published under, mostly
 
+    # the transport's own memory the gather may cast straight into (ipc's buffer), by name
+    views = destination_of(transport) if transport is not None else None
+
+    def into(name: str) -> torch.Tensor | None:
+        return views.get(hf_name(name)) if views else None
+
     with digester:
-        if _publish(policy, out, dtype, write, extra, gathered=gathered) is None:
+        if _publish(policy, out, dtype, write, extra, gathered=gathered, into=into) is None:
             return None
     assert transport is not None
     transport.published(out, *sent[0])
@@ -139,14 +146,17 @@ def gather_state(
     dtype: torch.dtype,
     trainable_only: bool = False,
     gathered_hook: Callable[[str, torch.Tensor], None] | None = None,
+    into: Callable[[str], torch.Tensor | None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Collective: the whole state dict on rank 0's CPU in `dtype` (empty on other ranks).
 
     Gathered and cast one tensor at a time, so the exporting rank holds the model once in
     `dtype` plus one full fp32 tensor, not a full fp32 copy beside its cast (measured by
-    `tests/benchmarks/bench_export_memory.py`). A tied tensor is gathered once and appears under
-    each of its names. Rank 0 hands each CPU tensor, with its first name, to `gathered_hook` as
-    soon as it exists (the export's tags then run while the next one is gathered)."""
+    `tests/benchmarks/bench_export_memory.py`); where `into(name)` gives a CPU tensor of the
+    shape and `dtype` (a weight transport's buffer), the cast writes there instead of into a
+    new one. A tied tensor is gathered once and appears under each of its names. Rank 0 hands
+    each CPU tensor, with its first name, to `gathered_hook` as soon as it exists (the export's
+    tags then run while the next one is gathered)."""
     main = dist.is_main()
     gathered: dict[int, torch.Tensor | None] = {}  # id of a tensor -> its gathered copy
     state: dict[str, torch.Tensor] = {}
@@ -155,8 +165,12 @@ def gather_state(
             continue
         if id(value) not in gathered:
             whole = dist.whole(value)
-            # a copy even where no cast is needed: the transport may read it after training goes on
-            gathered[id(value)] = whole.detach().to("cpu", dtype, copy=True) if main else None
+            target = into(name) if main and into is not None else None
+            if target is not None and (target.shape, target.dtype) == (whole.shape, dtype):
+                gathered[id(value)] = target.copy_(whole.detach())  # cast on the way
+            else:
+                # a copy even where no cast is needed: the transport may read it later
+                gathered[id(value)] = whole.detach().to("cpu", dtype, copy=True) if main else None
             if main and gathered_hook is not None:
                 gathered_hook(name, gathered[id(value)])
         if main:
@@ -172,11 +186,12 @@ def _publish(
     extra: dict | None,
     trainable_only: bool = False,
     gathered: Callable[[str, torch.Tensor], None] | None = None,
+    into: Callable[[str], torch.Tensor | None] | None = None,
 ) -> Path | None:
-    """Collective: gather the state dict to rank 0 (each tensor to `gathered` as it comes),
-    which lets `write` fill a temporary directory renamed to `out` (a hand-off to the servers:
-    not flushed), then marks it published."""
-    full = gather_state(policy, dtype, trainable_only, gathered)
+    """Collective: gather the state dict to rank 0 (each tensor to `gathered` as it comes, cast
+    into `into(name)` where it gives one), which lets `write` fill a temporary directory renamed
+    to `out` (a hand-off to the servers: not flushed), then marks it published."""
+    full = gather_state(policy, dtype, trainable_only, gathered, into)
     if not dist.is_main():
         dist.barrier()
         return None

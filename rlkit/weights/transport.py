@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from pydantic import Field
 
@@ -16,6 +16,9 @@ from rlkit.config import Config
 from rlkit.errors import InferenceError
 from rlkit.protocol.weights import Digester, Named, PublishedVersion
 from rlkit.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
 
 ModelFiles = Callable[[Path], None]  # writes an HF model's config and tokenizer into a directory
 
@@ -129,6 +132,11 @@ class WeightTransport(Protocol):
         """After the directory at `out` is published (e.g. start sending)."""
         ...
 
+    # Optional (`destination_of`): def destination(self) -> dict[str, torch.Tensor] | None:
+    # before a version is gathered, tensors of the transport's own memory (by published name,
+    # in the newest version's dtypes and shapes) the gather casts straight into instead of new
+    # ones; `publish` gets them back among its tensors (ipc: its buffer's).
+
     def settle(self) -> None:
         """Let the update in flight finish (before the next one and at exit), bounded."""
         ...
@@ -157,6 +165,13 @@ class WeightTransport(Protocol):
 TRANSPORTS: Registry[type[WeightTransport]] = Registry(
     "weight transport", "rlkit.weight_transports", TransportParams, form="module:Class"
 )
+
+
+def destination_of(transport: WeightTransport) -> dict[str, torch.Tensor] | None:
+    """Where `transport` lets the gather write the next version's tensors (its optional
+    `destination`), or None: new tensors, which `publish` copies where they go."""
+    destination = getattr(transport, "destination", None)
+    return destination() if destination is not None else None
 
 
 async def load_files(servers: list[ServerAdmin], directory: str, version: int) -> list[Outcome]:

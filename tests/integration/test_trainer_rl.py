@@ -198,6 +198,81 @@ def test_export_publishes_the_record_with_tensor_table_and_canary(
     assert canary.logprobs == pytest.approx(expected.tolist(), abs=0.05)
 
 
+def test_ipc_export_casts_straight_into_the_buffer(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the second version on (the one before delivered), the gather casts each tensor into
+    the ipc transport's buffer (`Ipc.destination`): the published tensors are the buffer's own
+    bytes, no packing copy, and a worker reads exactly the policy's tensors, which its table
+    accepts. While a worker still loads from the buffer, or the version before is not yet
+    delivered, the gather makes new tensors (the first packed into another buffer)."""
+    from rlkit.protocol import handoff
+    from rlkit.protocol.credentials import digest_key, token_from_env
+    from rlkit.protocol.weights import PublishedVersion, mismatches
+    from rlkit.trainer.export import gather_state, hf_name
+    from rlkit.weights import TransportSettings
+    from rlkit.weights.ipc import Ipc, IpcDelivery, SharedBuffer, open_shared
+    from rlkit.weights.transport import TimeoutParams
+
+    packed: list[int] = []  # per fill: the tensors it copied (those not already in place)
+    fill = SharedBuffer.fill
+
+    def counting_fill(self: SharedBuffer, tensors: list, offsets: list[int]) -> None:
+        mapped = self.mapped
+        in_place = (
+            0
+            if mapped is None
+            else sum(
+                t.data_ptr() == mapped[o:].data_ptr()
+                for (_, t), o in zip(tensors, offsets, strict=True)
+            )
+        )
+        packed.append(len(tensors) - in_place)
+        fill(self, tensors, offsets)
+
+    monkeypatch.setattr(SharedBuffer, "fill", counting_fill)
+    key = digest_key(token_from_env())
+    ipc = Ipc(TransportSettings(TimeoutParams(timeout_s=5), token=token_from_env()))
+    trainer = Trainer(config(tiny_model_dir, tmp_path / "run"), total_steps=3)
+    out = [tmp_path / "run" / "weights" / f"step_{v:06d}" for v in (1, 2, 3)]
+
+    def next_version() -> None:
+        with torch.no_grad():
+            for p in trainer.policy.parameters():
+                p.add_(0.01)
+
+    try:
+        assert ipc.destination() is None  # nothing published yet
+        trainer.export(out[0], version=1, transport=ipc)
+        assert ipc.destination() is None  # not delivered: no wait here
+        handoff.mark_delivered(out[0])
+        next_version()
+        views = ipc.destination()
+        assert views is not None  # the delivered buffer, locked for the gather
+        trainer.export(out[1], version=2, transport=ipc)
+        expected = {
+            hf_name(k): v for k, v in gather_state(trainer.policy, trainer.export_dtype).items()
+        }
+        second = PublishedVersion.read(out[1])
+        received = dict(open_shared(second))  # a worker loading version 2: its lock held
+        handoff.mark_delivered(out[1])
+        next_version()
+        trainer.export(out[2], version=3, transport=ipc)
+    finally:
+        trainer.close()
+    first, third = PublishedVersion.read(out[0]), PublishedVersion.read(out[2])
+    assert IpcDelivery.of(second).name == IpcDelivery.of(first).name  # the same pages
+    n = len(second.tensors)
+    assert packed == [n, 0, n]  # version 2: every tensor already in place, nothing copied
+    assert set(received) == {e.name for e in second.tensors} == set(views)
+    for name, tensor in received.items():
+        assert torch.equal(tensor, expected[name]), name
+        assert torch.equal(views[name], expected[name]), name  # the gather's writes
+    assert mismatches(received.items(), second, key) == []  # untouched by version 3
+    assert IpcDelivery.of(third).name != IpcDelivery.of(second).name  # packed anew
+    assert mismatches(open_shared(third), third, key) == []
+
+
 def rl_trainer_config(tmp: Path, model: Path, run_dir: Path) -> Path:
     """A trainer process's own config: Muon, a checkpoint every step, deterministic kernels."""
     cfg = tmp / f"{run_dir.name}.toml"

@@ -18,6 +18,7 @@ import torch
 from rlkit.protocol import handoff
 from rlkit.protocol.weights import PublishedVersion, mismatches
 from rlkit.weights import Reception, TransportSettings, transport_class
+from rlkit.weights import ipc as ipc_module
 from rlkit.weights.ipc import Ipc, IpcDelivery, IpcError, open_shared
 from rlkit.weights.transport import TimeoutParams
 
@@ -94,15 +95,48 @@ def test_another_process_maps_exactly_the_published_tensors(tmp_path: Path) -> N
     assert in_worker(newer) == []
 
 
-def test_the_copy_on_write_mapping_cannot_change_the_trainers_bytes(tmp_path: Path) -> None:
+def worker_writes(record_json: str) -> None:
+    """A worker scribbling on the view it received."""
+    record = PublishedVersion.model_validate_json(record_json)
+    open_shared(record)[0][1].zero_()
+
+
+@pytest.mark.slow  # spawns a process that imports torch
+def test_the_read_only_mapping_cannot_change_the_trainers_bytes(tmp_path: Path) -> None:
     ipc, record = publish(tmp_path)
     try:
-        mapped = open_shared(record)
-        mapped[0][1].zero_()  # a worker scribbling on its view
+        worker = mp.get_context("spawn").Process(
+            target=worker_writes, args=(record.model_dump_json(),)
+        )
+        worker.start()
+        worker.join(60)
+        assert worker.exitcode == -signal.SIGSEGV  # the write faults
         assert mismatches(open_shared(record), record, KEY) == []
     finally:
         handoff.mark_delivered(tmp_path)
         ipc.settle()
+
+
+def test_a_worker_keeps_its_mapping_and_sees_each_refill(tmp_path: Path) -> None:
+    """The next update's tensors come from the mapping the worker already has (no page
+    faulted in again): the trainer's refill shows through it, and a record of another buffer
+    replaces it."""
+    ipc, record = publish(tmp_path)
+    assert mismatches(open_shared(record), record, KEY) == []
+    kept = ipc_module._kept
+    handoff.mark_delivered(tmp_path)
+    ipc.settle()
+    newer = PublishedVersion.build(2, "ipc", reversed_tensors(), KEY)
+    newer = ipc.publish(tmp_path, newer, reversed_tensors())
+    assert IpcDelivery.of(newer).name == IpcDelivery.of(record).name  # filled again
+    assert mismatches(open_shared(newer), newer, KEY) == []
+    assert ipc_module._kept is kept  # the same mapping, the new bytes
+    assert mismatches(open_shared(record), record, KEY)  # the old record's table refuses them
+    handoff.mark_delivered(tmp_path)
+    ipc.settle()
+    _, other = publish(tmp_path / "other", version=3)  # another trainer's buffer
+    assert mismatches(open_shared(other), other, KEY) == []
+    assert ipc_module._kept is not kept and ipc_module._kept.key[1] == IpcDelivery.of(other).name
 
 
 def test_a_buffer_a_worker_still_maps_is_not_refilled(tmp_path: Path) -> None:
