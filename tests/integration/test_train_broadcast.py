@@ -1,12 +1,14 @@
 """`rlkit train --inference.weight_transfer=broadcast` to two real vLLM CPU servers: every
 version reaches both over the trainer's gloo group (checkpoint steps as files), the canary KL
 after each update is as small as after the filesystem updates of the same run, and a server
-killed mid-broadcast (the worker extension's exit hook, after one bucket) is named, dropped and
-relaunched while the run goes on to its end. And a run's only server, SIGKILLed between updates,
-is relaunched and rejoins with the trainer's filesystem copy of the current version, written on
-request (no broadcast can come before it serves again: no rollouts, no next batch). Meanwhile
-another local process, without the run's token, plants forged handshake messages for every
-later version on the trainer's store (it has no authentication); they change nothing."""
+killed mid-broadcast (the worker extension's exit hook, after one bucket) is named and
+relaunched while the run goes on to its end: dropped until it rejoins, or, when it is back
+within the broadcast's timeout, given the trainer's filesystem copy in the same update. And a
+run's only server, SIGKILLed between updates, is relaunched and rejoins with the trainer's
+filesystem copy of the current version, written on request (no broadcast can come before it
+serves again: no rollouts, no next batch). Meanwhile another local process, without the run's
+token, plants forged handshake messages for every later version on the trainer's store (it
+has no authentication); they change nothing."""
 
 from __future__ import annotations
 
@@ -65,12 +67,16 @@ def test_broadcast_to_two_servers_survives_one_killed_mid_update(
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
 
     output = log.read_text()
-    assert "is down" in output  # the killed server, named by its URL, dropped
+    assert "relaunching" in output  # the killed server's process exits and is started again
     # its engine's death ends its request at once; the trainer names it within the timeout
     assert records[1]["weight_update_s"] < 2 * TIMEOUT_S + 10
     trainer_log = (run_dir / "logs" / "trainer.log").read_text()
     assert "broadcast of version 2" in trainer_log and "rank 2 (http://" in trainer_log
-    assert records[-1]["inference_servers_dropped"] >= 1
+    if "is down" in output:  # named by its URL and dropped, until it rejoins
+        assert records[-1]["inference_servers_dropped"] >= 1
+    else:  # relaunched within the broadcast's timeout: it loaded the filesystem copy at once
+        assert records[-1]["inference_servers_dropped"] == 0
+        assert records[1]["weight_update_s"] >= TIMEOUT_S
 
     kls = {r["step"]: r["weights_canary_kl"] for r in records}
     by_files = kls[CKPT]
