@@ -8,8 +8,9 @@ the final eval, `shutdown` stops what `build` and `start` started.
 Per step N (numbered from 1, as the trainer expects):
 1. `scheduler.next_batch()` (the `orchestrator.scheduler` class; sync: the whole batch; c3po: the
    shortest pool prefix with C >= Phi),
-2. `write_batch` -> `batches/step_N.pt` (ringing the trainer), then the orchestrator
-   state for step N (sampler + prompts handed out but untrained, `rlkit.orchestrator.prompts`),
+2. the orchestrator state for step N (sampler + prompts handed out but untrained,
+   `rlkit.orchestrator.prompts`), then `write_batch` -> `batches/step_N.pt` (ringing the
+   trainer),
 3. sleep until the trainer rings (`rlkit.protocol.handoff`) with `weights/step_N/` published and
    its metrics in place; while it trains, c3po keeps generating,
 4. load the version on every server as policy version N through its transport (each worker
@@ -382,9 +383,11 @@ class Orchestrator:
         rollout_s = time.monotonic() - t0
         await self.settle_canary()  # no batch made under weights the canary refuses is trained
         batch = make_batch(step, groups, self.scheduler.version, self.prompts.take_dropped())
+        # the stream as of this batch, saved before the trainer can see the batch: a trainer
+        # checkpoint at step N always finds step N's state, wherever a SIGKILL lands
+        self.save(step)
         write_batch(batch, self.run_dir)
         handoff.ring(self.run_dir, handoff.TRAINER)
-        self.save(step)  # no await since the batch was taken: the stream is as of this batch
         t1 = time.monotonic()
         path = await self.wait_for_weights(step)
         t2 = time.monotonic()

@@ -2,9 +2,9 @@
 and the prompts handed out but not yet trained (`rlkit.orchestrator.prompts`).
 
 One JSON file per finished step, `orchestrator/step_N.json` (`rlkit.protocol.layout`), written
-atomically right after the step's batch. Kept: every step with a trainer checkpoint and every
-step since the latest one (a later checkpoint may land on it); the rest are pruned as the
-trainer checkpoints.
+atomically before the step's batch is handed to the trainer (so a trainer checkpoint at step N
+always has its state). Kept: every step with a trainer checkpoint and every step since the
+latest one (a later checkpoint may land on it); the rest are pruned as the trainer checkpoints.
 A resumed run restarts at the trainer's latest checkpoint step S: it loads the orchestrator state
 of step S and discards batches, weights and metric lines of later steps, which were produced from
 a stream the resumed run will regenerate: the prompts owed at S first, in draw order, then the

@@ -360,6 +360,49 @@ def test_resume_rolls_back_to_trainer_checkpoint(tmp_path: Path) -> None:
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
 
 
+async def test_the_state_of_a_step_is_saved_before_its_batch_reaches_the_trainer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILL can land right after the batch is written, after the trainer has trained and
+    checkpointed it: the step's orchestrator state must exist by then, or `--resume` refuses
+    the run (a newcomer suite's LoRA kill-resume test once found a checkpoint at step 4 without
+    `orchestrator/step_000004.json`)."""
+    from types import SimpleNamespace
+
+    from rlkit.orchestrator import loop
+    from rlkit.protocol.layout import RunLayout
+
+    run = tmp_path / "run"
+    seen: list[bool] = []
+
+    class Killed(Exception):
+        pass
+
+    def write_batch(batch: object, run_dir: Path) -> None:
+        seen.append(RunLayout(run_dir).orchestrator_state(3).exists())
+        raise Killed  # the process dies as the trainer gets the batch
+
+    async def next_batch() -> list[str]:
+        return ["a group"]
+
+    async def settled() -> None:
+        return None
+
+    sampler = SimpleNamespace(state_dict=lambda: {"marker": 3})
+    orchestrator = loop.Orchestrator.__new__(loop.Orchestrator)
+    orchestrator.run_dir = run
+    orchestrator.scheduler = SimpleNamespace(next_batch=next_batch, version=2)
+    orchestrator.prompts = SimpleNamespace(
+        take_dropped=lambda: [], sampler=sampler, state_dict=lambda: {"owed": []}
+    )
+    orchestrator.settle_canary = settled
+    monkeypatch.setattr(loop, "make_batch", lambda *args: "the batch")
+    monkeypatch.setattr(loop, "write_batch", write_batch)
+    with pytest.raises(Killed):
+        await orchestrator.step(3)
+    assert seen == [True]
+
+
 def test_resume_recovers_the_line_of_a_checkpointed_step_the_orchestrator_never_logged(
     tmp_path: Path,
 ) -> None:
