@@ -16,7 +16,8 @@ then profiles one more with cProfile and splits it:
   layerwise reload's copy back into the kernel tensors);
 - `rest_s`: everything else (the layerwise machinery: meta restore, materialise, loader wraps).
 
-`plain_copy_s` is one copy of the same tensors into preallocated ones (the floor of any load).
+`plain_copy_s` is one copy of the same tensors into preallocated ones (the floor of any load;
+`tests/helpers/bench_copy.py`, as `bench_weight_update.py` times it).
 Prints one JSON line with the medians, the profiled split and each part's share.
 """
 
@@ -28,6 +29,7 @@ import json
 import os
 import pstats
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,6 +41,9 @@ import torch  # noqa: E402
 
 from rlkit.models import init_tiny  # noqa: E402
 from rlkit.protocol.weights import iter_safetensors  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.helpers.bench_copy import plain_copy_s  # noqa: E402
 
 
 def profiled_split(profile: cProfile.Profile) -> dict[str, float]:
@@ -64,13 +69,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = init_tiny(Path(tmp) / args.size, size=args.size)  # type: ignore[arg-type]
         tensors = [(n, t.clone()) for n, t in iter_safetensors(model)]
-        targets = [torch.empty_like(t) for _, t in tensors]
-        copies = []
-        for _ in range(args.repeats + 1):
-            t0 = time.perf_counter()
-            for (_, t), target in zip(tensors, targets, strict=True):
-                target.copy_(t)
-            copies.append(time.perf_counter() - t0)
+        targets = {n: torch.empty_like(t) for n, t in tensors}
+        copy_s = plain_copy_s(tensors, targets, args.repeats)
         del targets
         llm = LLM(
             model=str(model),
@@ -94,7 +94,7 @@ def main() -> None:
         "size": args.size,
         "mbytes": round(sum(t.numel() * t.element_size() for _, t in tensors) / 1e6, 1),
         "reload_s": round(statistics.median(reloads[1:]), 4),
-        "plain_copy_s": round(statistics.median(copies[1:]), 4),
+        "plain_copy_s": round(copy_s, 4),
         "profiled": {k: round(v, 4) for k, v in split.items()},
         "shares": {
             k.removesuffix("_s"): round(split[k] / split["total_s"], 3)

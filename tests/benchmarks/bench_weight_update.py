@@ -90,6 +90,7 @@ from tests.helpers.bench_children import (  # noqa: E402
     high_water_kb,
     json_line_of,
 )
+from tests.helpers.bench_copy import copies_s, plain_copy_s  # noqa: E402
 
 TRANSPORTS = ("filesystem", "broadcast", "ipc")
 SIZES = "tiny,small,qwen3-0.6b"  # and qwen3-1.7b (3.4 GB of bf16, 19-20 GB of the machine)
@@ -185,31 +186,6 @@ class Versions:
 
 def versions(model: Path) -> Versions:
     return Versions(model)
-
-
-def raw_copy_s(tensors: list[tuple[str, torch.Tensor]], targets: dict[str, torch.Tensor]) -> float:
-    t0 = time.perf_counter()
-    for name, tensor in tensors:
-        targets[name].copy_(tensor)
-    return time.perf_counter() - t0
-
-
-def copies_s(tensors, targets: dict[str, torch.Tensor], rounds: int = 1) -> dict[int, list[float]]:
-    """Seconds of `rounds` raw copies with torch's own thread count and with one thread (on a
-    shared 2-core machine OpenMP's threads made the copy several times slower)."""
-    threads = torch.get_num_threads()
-    times: dict[int, list[float]] = {}
-    for n in sorted({threads, 1}):
-        torch.set_num_threads(n)
-        times[n] = [raw_copy_s(tensors, targets) for _ in range(rounds)]
-    torch.set_num_threads(threads)
-    return times
-
-
-def plain_copy_s(pair, targets: dict[str, torch.Tensor], repeats: int) -> float:
-    """The raw copy's median seconds, the faster of the two thread counts (`copies_s`)."""
-    times = copies_s(pair[0], targets, repeats + 1)
-    return min(statistics.median(ts[1:]) for ts in times.values())
 
 
 def resident(tensors: list[tuple[str, torch.Tensor]]) -> None:
@@ -402,7 +378,7 @@ def measure(size: str, root: Path, repeats: int, e2e: bool) -> dict[str, object]
     pair = versions(model)
     targets = {n: torch.empty_like(t) for n, t in pair[0]}
     nbytes = sum(t.numel() * t.element_size() for t in targets.values())
-    raw = plain_copy_s(pair, targets, repeats)
+    raw = plain_copy_s(pair[0], targets, repeats)
     plain = plain_broadcast_s(nbytes, repeats)
     digest = digest_s(pair[0], credentials.read_token(token_file), repeats)
     work = root / f"{size}-versions"
