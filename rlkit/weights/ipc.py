@@ -17,13 +17,13 @@ shared lock (`flock`) on the buffer from before it checks the bytes until it has
 (until the last of the tensors it received is freed), so the bytes it loads are the bytes it
 checked; the trainer refills only under an exclusive lock it gets at once, else it packs the
 version into a new buffer. A worker keeps its mapping of the newest buffer between updates (a
-shared, read-only mapping sees each refill: the next update's check and load touch no new
-page, where mapping afresh faulted every page in again, ~0.05 s a GiB) and lets it go when a
-record names another buffer, so an abandoned buffer's pages live until that worker's next ipc
-update or exit. A worker still holding an older record then reads bytes its tensor table
-refuses, or is refused while the trainer writes. On a GPU host the buffer is host memory,
-which the workers copy to their devices as they load (CUDA IPC handles between a trainer and
-an engine sharing one GPU are not built).
+shared, read-only mapping sees each refill: the next update's check and load touch no new page,
+where mapping afresh faulted every page in again: `bench_weight_update.py`'s worker check) and
+lets it go when a record names another buffer, so an abandoned buffer's pages live until that
+worker's next ipc update or exit. A worker still holding an older record then reads bytes its
+tensor table refuses, or is refused while the trainer writes. On a GPU host the buffer is host
+memory, which the workers copy to their devices as they load (CUDA IPC handles between a trainer
+and an engine sharing one GPU are not built).
 """
 
 from __future__ import annotations
