@@ -31,13 +31,16 @@ same bytes as one buffer in one gloo broadcast from this process to a spawned on
 on a fresh engine, after the transports' versions are let go: at qwen3-1.7b the machine's 24 GiB
 then hold it) `e2e_s`: an FSDP2 `Trainer` (one rank) holding the model, its `export` through the
 ipc transport (gather, cast, tensor table, shared buffer, signed record) and the server's delivery,
-until the engine serves the version, while the trainer scores the canary beside it (this process
-runs with `OMP_WAIT_POLICY=PASSIVE`, as `rlkit train` runs a CPU trainer: with OpenMP's default
-spinning, the canary's forward took 4.4 s instead of 2.3 s at load 4). `ratios` lists what issue 63
-asks for: the ipc update less vLLM's reload over the raw copy, end to end over the ipc update, the
-worker's check over the raw copy, broadcast over ipc, the plain broadcast's seconds over the
-broadcast's transfer (the fraction of a plain broadcast's speed it reaches), and vLLM's reload
-share.
+until the engine serves the version, while the trainer scores the canary beside it as `rlkit train`
+does (this process runs with `OMP_WAIT_POLICY=PASSIVE`, as `rlkit train` runs a CPU trainer: with
+OpenMP's default spinning, the canary's forward took 4.4 s instead of 2.3 s at load 4); and
+`e2e_alone_s`, the same with the canary scored after the engine serves the version, as where the
+trainer has cores (or a device) of its own. The two alternate version by version, so both see the
+same machine; on shared cores their difference is what the canary's scoring costs the delivery.
+`ratios` lists what issue 63 asks for: the ipc update less vLLM's reload over the raw copy, end to
+end (both) over the ipc update, the worker's check over the raw copy, broadcast over ipc, the
+plain broadcast's seconds over the broadcast's transfer (the fraction of a plain broadcast's speed
+it reaches), and vLLM's reload share.
 `peak_rss_gb` is this process's and its children's (the server's) high-water mark; `load`: the
 1-minute load average at the start and after each size. Prints one JSON line (and each size's
 transport figures on stderr before its end-to-end phase, which needs the most memory).
@@ -311,11 +314,11 @@ async def measure_server(
 
 
 async def measure_e2e(server, work: Path, model: Path, repeats: int) -> dict[str, float]:
-    """Median seconds from an FSDP2 trainer's sharded state to the engine serving the version
-    (`e2e_s`): `Trainer.export` through the ipc transport (`e2e_export_s`), then the server's
-    delivery, while the trainer scores the version's canary as `rlkit train` does
-    (`Trainer.publish_canary` on a thread; `e2e_canary_s`: from the export's end to the canary
-    written, off the update's path)."""
+    """Median seconds from an FSDP2 trainer's sharded state to the engine serving the version:
+    `Trainer.export` through the ipc transport (`e2e_export_s`), then the server's delivery,
+    while the trainer scores the version's canary as `rlkit train` does (`e2e_s`;
+    `Trainer.publish_canary` on a thread; `e2e_canary_s`: from the export's end to the canary
+    written) or after the delivery (`e2e_alone_s`), alternating."""
     from rlkit.protocol.model import ModelConfig
     from rlkit.trainer.config import TrainerConfig
     from rlkit.trainer.trainer import Trainer
@@ -324,34 +327,42 @@ async def measure_e2e(server, work: Path, model: Path, repeats: int) -> dict[str
     trainer = Trainer(cfg, total_steps=1)
     settings = TransportSettings(TimeoutParams(timeout_s=300), token=server.token)
     transport = transport_class("ipc")(settings, trainer.model_files())
-    times: dict[str, list[float]] = {"e2e_s": [], "e2e_export_s": [], "e2e_canary_s": []}
+    names = ("e2e_s", "e2e_export_s", "e2e_canary_s", "e2e_alone_s")
+    times: dict[str, list[float]] = {name: [] for name in names}
     try:
         async with server.client(timeout=600) as client:
             admin = AdminClient(client)
             for i in range(repeats + 1):
-                version = 10_000 + i
-                out = work / f"e2e-{version}"
-                t0 = time.perf_counter()
-                trainer.export(out, version=version, transport=transport)
-                t1 = time.perf_counter()
-                canary = asyncio.create_task(asyncio.to_thread(trainer.publish_canary, out))
-                record = PublishedVersion.read(out)
-                assert record is not None
-                outcomes = await type(transport).deliver([admin], str(out), record)
-                t2 = time.perf_counter()
-                assert all(o.loaded for o in outcomes), outcomes
-                await canary
-                t3 = time.perf_counter()
-                transport.settle()
-                for name, seconds in (
-                    ("e2e_s", t2 - t0),
-                    ("e2e_export_s", t1 - t0),
-                    ("e2e_canary_s", t3 - t1),
-                ):
-                    times[name].append(seconds)
+                for beside in (True, False):
+                    version = 10_000 + 2 * i + (not beside)
+                    out = work / f"e2e-{version}"
+                    t0 = time.perf_counter()
+                    trainer.export(out, version=version, transport=transport)
+                    t1 = time.perf_counter()
+                    if beside:
+                        canary = asyncio.create_task(asyncio.to_thread(trainer.publish_canary, out))
+                    record = PublishedVersion.read(out)
+                    assert record is not None
+                    outcomes = await type(transport).deliver([admin], str(out), record)
+                    t2 = time.perf_counter()
+                    assert all(o.loaded for o in outcomes), outcomes
+                    if beside:
+                        await canary
+                    else:
+                        trainer.publish_canary(out)
+                    t3 = time.perf_counter()
+                    transport.settle()
+                    if i == 0:  # the first of each: the trainer's and the engine's warm-up
+                        continue
+                    if beside:
+                        times["e2e_s"].append(t2 - t0)
+                        times["e2e_export_s"].append(t1 - t0)
+                        times["e2e_canary_s"].append(t3 - t1)
+                    else:
+                        times["e2e_alone_s"].append(t2 - t0)
     finally:
         trainer.close()
-    return {name: statistics.median(ts[1:]) for name, ts in times.items()}
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def ratios(result: dict) -> dict[str, float]:
@@ -366,6 +377,7 @@ def ratios(result: dict) -> dict[str, float]:
     }  # broadcast_transfer_vs_plain: >= 0.5
     if "e2e_s" in result:
         out["e2e_over_ipc"] = result["e2e_s"] / ipc["update_s"]  # <= 2
+        out["e2e_alone_over_ipc"] = result["e2e_alone_s"] / ipc["update_s"]
     return out
 
 
