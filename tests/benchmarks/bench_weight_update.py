@@ -29,21 +29,23 @@ same bytes as one buffer in one gloo broadcast from this process to a spawned on
 `digest_s` / `digest_gb_s` (the tensor table of one version: the digest
 `rlkit.protocol.weights.PublishedVersion.build` computes), and with `--e2e` (default on every size;
 on a fresh engine, after the transports' versions are let go: at qwen3-1.7b the machine's 24 GiB
-then hold it) `e2e_s`: an FSDP2 `Trainer` (one rank) holding the model, its `export` through the
-ipc transport (gather, cast, tensor table, shared buffer, signed record) and the server's delivery,
-until the engine serves the version, while the trainer scores the canary beside it as `rlkit train`
-does (this process runs with `OMP_WAIT_POLICY=PASSIVE`, as `rlkit train` runs a CPU trainer: with
-OpenMP's default spinning, the canary's forward took 4.4 s instead of 2.3 s at load 4); and
-`e2e_alone_s`, the same with the canary scored after the engine serves the version, as where the
-trainer has cores (or a device) of its own. The two alternate version by version, so both see the
-same machine; on shared cores their difference is what the canary's scoring costs the delivery.
+then hold it) `e2e_s`: an FSDP2 `Trainer` (one rank, in a process of its own as in `rlkit train`)
+holding the model, its `export` through the ipc transport (gather, cast, tensor table, shared
+buffer, signed record) and the server's delivery, until the engine serves the version, while the
+trainer scores the canary beside it as `rlkit train` does (it runs with `OMP_WAIT_POLICY=PASSIVE`,
+as `rlkit train` runs a CPU trainer: with OpenMP's default spinning, the canary's forward took
+4.4 s instead of 2.3 s at load 4); and `e2e_alone_s`, the same with the canary scored after the
+engine serves the version, as where the trainer has cores (or a device) of its own. The two
+alternate version by version, so both see the same machine; on shared cores their difference is
+what the canary's scoring costs the delivery.
 `ratios` lists what issue 63 asks for: the ipc update less vLLM's reload over the raw copy, end to
 end (both) over the ipc update, the worker's check over the raw copy, broadcast over ipc, the
 plain broadcast's seconds over the broadcast's transfer (the fraction of a plain broadcast's speed
 it reaches), and vLLM's reload share.
-`peak_rss_gb` is this process's and its children's (the server's) high-water mark; `load`: the
-1-minute load average at the start and after each size. Prints one JSON line (and each size's
-transport figures on stderr before its end-to-end phase, which needs the most memory).
+`peak_rss_gb` is this process's and its children's (the server's, the end-to-end phase's
+trainer) high-water marks, summed; `load`: the 1-minute load average at the start and after each
+size. Prints one JSON line (and each size's transport figures on stderr before its end-to-end
+phase, which needs the most memory).
 
     python tests/benchmarks/bench_weight_update.py --repeats 3 --sizes qwen3-0.6b
     python tests/benchmarks/bench_weight_update.py --repeats 2 --sizes qwen3-1.7b
@@ -78,6 +80,7 @@ import torch.distributed as dist
 
 from rlkit.inference import start_server
 from rlkit.inference.admin import AdminClient
+from rlkit.inference.client import InferenceClient
 from rlkit.models import init_tiny
 from rlkit.protocol import credentials, handoff
 from rlkit.protocol.weights import PublishedVersion, iter_safetensors, raw_bytes
@@ -313,7 +316,25 @@ async def measure_server(
     return out
 
 
-async def measure_e2e(server, work: Path, model: Path, repeats: int) -> dict[str, float]:
+def e2e_in_a_process_of_its_own(
+    url: str, token: str, work: Path, model: Path, repeats: int
+) -> dict[str, float]:
+    """`measure_e2e` in a spawned process, as `rlkit train`'s trainer is one: not in this one,
+    which has held the baselines' and the transports' tensors."""
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(e2e_child, (url, token, work, model, repeats))
+
+
+def e2e_child(url: str, token: str, work: Path, model: Path, repeats: int) -> dict[str, float]:
+    """`measure_e2e`'s figures and this trainer process's high-water memory."""
+    out = asyncio.run(measure_e2e(url, token, work, model, repeats))
+    out["e2e_trainer_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return out
+
+
+async def measure_e2e(
+    url: str, token: str, work: Path, model: Path, repeats: int
+) -> dict[str, float]:
     """Median seconds from an FSDP2 trainer's sharded state to the engine serving the version:
     `Trainer.export` through the ipc transport (`e2e_export_s`), then the server's delivery,
     while the trainer scores the version's canary as `rlkit train` does (`e2e_s`;
@@ -325,12 +346,12 @@ async def measure_e2e(server, work: Path, model: Path, repeats: int) -> dict[str
 
     cfg = TrainerConfig(run_dir=str(work / "trainer"), model=ModelConfig(path=str(model)))
     trainer = Trainer(cfg, total_steps=1)
-    settings = TransportSettings(TimeoutParams(timeout_s=300), token=server.token)
+    settings = TransportSettings(TimeoutParams(timeout_s=300), token=token)
     transport = transport_class("ipc")(settings, trainer.model_files())
     names = ("e2e_s", "e2e_export_s", "e2e_canary_s", "e2e_alone_s")
     times: dict[str, list[float]] = {name: [] for name in names}
     try:
-        async with server.client(timeout=600) as client:
+        async with InferenceClient(url, api_key=token, timeout=600) as client:
             admin = AdminClient(client)
             for i in range(repeats + 1):
                 for beside in (True, False):
@@ -416,8 +437,10 @@ def measure(size: str, root: Path, repeats: int, e2e: bool) -> dict[str, object]
             # keeps ~3.5 GB more at qwen3-1.7b (freed, not given back), which the trainer needs
             server.stop()
             server = serve(f"{size}-e2e.log")
-            result.update(asyncio.run(measure_e2e(server, work, model, repeats)))
-        peak = peak_rss_gb(server.pid)
+            result.update(
+                e2e_in_a_process_of_its_own(server.url, server.token, work, model, repeats)
+            )
+        peak = peak_rss_gb(server.pid) + result.get("e2e_trainer_peak_rss_gb", 0.0)
     finally:
         server.stop()
     fs = result["filesystem"]["update_s"]
