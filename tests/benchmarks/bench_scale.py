@@ -4,7 +4,8 @@
 
 Per variant, one `rlkit train` run on the CPU demo's reverse-text config with the sync
 scheduler, `--steps` steps of `--groups` groups of 8, every completion forced to `--tokens`
-tokens (`min_tokens` = `max_tokens`: every size does the same work), a checkpoint at the last
+tokens (`min_tokens` = `max_tokens`: every size does the same work), every group trained even
+when its rewards are all equal (a random-init model solves nothing), a checkpoint at the last
 step; then the trainer alone resumes from that checkpoint (its load time). Variants: `tiny` and
 `small` (rlkit's toy shapes), `0.6b` (Qwen3-0.6B's shape: 28 layers, vocabulary 151,936, full
 weights, fp32 AdamW) and `0.6b-lora` (the same base, LoRA rank 16 on every linear layer).
@@ -107,7 +108,8 @@ def build_model(size: str, out: Path) -> int:
         return json.loads(meta.read_text())["parameters"]
     progress(f"init {size} -> {out}")
     t = time.monotonic()
-    subprocess.run([RLKIT, "model", "init-tiny", "--size", size, "--out", str(out)], check=True)
+    init = [RLKIT, "model", "init-tiny", "--size", size, "--out", str(out)]
+    subprocess.run(init, check=True, stdout=sys.stderr)  # stdout: the one JSON line
     params = json.loads((out / "rlkit_model.json").read_text())["parameters"]
     progress(f"init {size}: {params:,} parameters in {time.monotonic() - t:.0f} s")
     return params
@@ -128,6 +130,10 @@ def train_cmd(model: Path, run_dir: Path, args: argparse.Namespace, lora: bool) 
         f"--orchestrator.sampling={sampling}",
         "--orchestrator.eval.at_start=false",
         "--orchestrator.eval.at_end=false",
+        # a random-init model solves nothing: its groups (every reward 0) are trained anyway,
+        # and the watchdog, which would stop a run without signal, lets this one go on
+        "--orchestrator.drop_zero_advantage=false",
+        "--orchestrator.watchdog.stop_groups=1000000",
         f"--ckpt.interval={args.steps}",
         f"--trainer.weights.keep_last={args.steps + 1}",
         '--inference.extra_args=["--max-num-seqs", "64", "--max-model-len", "512", '
