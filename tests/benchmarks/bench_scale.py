@@ -1,6 +1,7 @@
 """The whole RL loop from toy to real shapes, and how each cost grows with parameters.
 
     python tests/benchmarks/bench_scale.py [--variants tiny,small,0.6b,0.6b-lora] [--steps 3]
+        [--transfer auto|ipc|broadcast]
 
 Per variant, one `rlkit train` run on the CPU demo's reverse-text config with the sync
 scheduler, `--steps` steps of `--groups` groups of 8, every completion forced to `--tokens`
@@ -13,11 +14,11 @@ weights, fp32 AdamW) and `0.6b-lora` (the same base, LoRA rank 16 on every linea
 Measured per variant: parameters, engine start (launch to vLLM's "startup complete"),
 generated tokens/s (completion tokens over the rollout phase), trainer tokens/s and s/step,
 peak RSS of the trainer and of the engine (the kernel's high-water mark, VmHWM, summed over
-each side's processes), weight-update seconds and bytes (filesystem transport), checkpoint
-save and load seconds and size, export seconds (the steps without a checkpoint's settle), and
-the trainer's peak bytes per parameter. Then each cost's growth exponent against parameters
-(least squares in log-log over the full-weight variants, and between the two largest alone:
-at the toy end fixed costs dominate). A progress line per phase goes to
+each side's processes), weight-update seconds and bytes (through `--transfer`, the filesystem by
+default), checkpoint save and load seconds and size, export seconds (the steps without a
+checkpoint's settle), and the trainer's peak bytes per parameter. Then each cost's growth
+exponent against parameters (least squares in log-log over the full-weight variants, and between
+the two largest alone: at the toy end fixed costs dominate). A progress line per phase goes to
 stderr; the one JSON line to stdout.
 """
 
@@ -138,7 +139,8 @@ def train_cmd(model: Path, run_dir: Path, args: argparse.Namespace, lora: bool) 
         f"--trainer.weights.keep_last={args.steps + 1}",
         '--inference.extra_args=["--max-num-seqs", "64", "--max-model-len", "512", '
         '"--enforce-eager"]',
-        *(LORA if lora else []),
+        # LoRA's adapters go as files whatever the transport
+        *(LORA if lora else [f"--inference.weight_transfer={args.transfer}"]),
     ]
 
 
@@ -275,6 +277,9 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=2, help="groups of 8 per step")
     parser.add_argument("--tokens", type=int, default=16, help="tokens of every completion")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per variant")
+    parser.add_argument(
+        "--transfer", default="auto", help="the full-weight runs' inference.weight_transfer"
+    )
     parser.add_argument("--keep", default="", help="keep the runs under this directory")
     args = parser.parse_args()
     variants = args.variants.split(",")
@@ -307,6 +312,7 @@ def main() -> None:
         "steps": args.steps,
         "samples_per_step": 8 * args.groups,
         "completion_tokens": args.tokens,
+        "transfer": args.transfer,
         "variants": results,
         "growth_exponent_vs_parameters": growth,
         "growth_exponent_two_largest": top_growth,
