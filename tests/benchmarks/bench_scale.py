@@ -287,6 +287,8 @@ def main() -> None:
     if unknown:
         sys.exit(f"unknown variant(s) {unknown}; choose from {list(SIZES)}")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.keep or None) as tmp:
         root = Path(args.keep) if args.keep else Path(tmp)
         models: dict[str, tuple[Path, int]] = {}
