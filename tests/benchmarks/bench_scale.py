@@ -1,7 +1,7 @@
 """The whole RL loop from toy to real shapes, and how each cost grows with parameters.
 
     python tests/benchmarks/bench_scale.py [--variants tiny,small,0.6b,0.6b-lora] [--steps 3]
-        [--transfer auto|ipc|broadcast]
+        [--transfer auto|filesystem|ipc|broadcast]
 
 Per variant, one `rlkit train` run on the CPU demo's reverse-text config with the sync
 scheduler, `--steps` steps of `--groups` groups of 8, every completion forced to `--tokens`
